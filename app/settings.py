@@ -1,0 +1,125 @@
+"""Typed settings built once from the environment (configuration layer).
+
+Nothing else in Orderly reads ``os.environ``: processes call :func:`Settings.from_env` at start-up
+and pass the object down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+GATEWAYS = ("pg", "card", "paymos")
+
+# Development defaults (documented in the README). `orderly dev` and `orderly demo` use them;
+# production processes must be given real values.
+DEV_DEFAULTS: dict[str, str] = {
+    "ORDERLY_KAFKA": "127.0.0.1:19092",
+    "ORDERLY_POSTGRES_DSN": "postgresql://postgres@127.0.0.1:15432/postgres",
+    "ORDERLY_SECRET_PG": "dev-pg-secret",
+    "ORDERLY_SECRET_CARD": "whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5",
+    "ORDERLY_SECRET_PAYMOS": "dev-paymos-secret",
+    "ORDERLY_API_TOKEN": "dev-api-token",
+}
+
+
+class SettingsError(ValueError):
+    """A setting is missing or unusable; the message names the variable and the fix."""
+
+
+def _secrets(env: Mapping[str, str], gateway: str) -> tuple[str, ...]:
+    name = f"ORDERLY_SECRET_{gateway.upper()}"
+    raw = env.get(name)
+    if raw is None:
+        raise SettingsError(f"{name} is not set: every gateway needs its signing secret")
+    # An empty HMAC key is forgeable by anyone, so an empty entry is an error, not "no check".
+    parts = tuple(p.strip() for p in raw.split(","))
+    if not parts or any(not p for p in parts):
+        raise SettingsError(
+            f"{name} holds an empty secret: an empty HMAC key is forgeable, set a real secret "
+            "(comma-separated to rotate)"
+        )
+    return parts
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from exc
+    if value < minimum:
+        raise SettingsError(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name}={raw!r} is not a number") from exc
+    if value <= 0:
+        raise SettingsError(f"{name}={value} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str
+    postgres_dsn: str
+    secrets: Mapping[str, tuple[str, ...]]
+    api_token: str
+    effects_url: str | None = None
+    partitions: int = 12
+    replication_factor: int = 1
+    namespace: str = "orderly"
+    ingest_host: str = "127.0.0.1"
+    ingest_port: int = 8080
+    append_timeout_s: float = 5.0
+    processing_guarantee: str = "exactly_once"
+    data_dir: Path = field(default_factory=lambda: Path(".orderly"))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        missing = [n for n in ("ORDERLY_KAFKA", "ORDERLY_POSTGRES_DSN") if not env.get(n)]
+        if missing:
+            raise SettingsError(f"{', '.join(missing)} not set (see README, Configuration)")
+        token = env.get("ORDERLY_API_TOKEN", "")
+        if not token.strip():
+            raise SettingsError("ORDERLY_API_TOKEN is empty: the correlation API needs a bearer token")
+        guarantee = env.get("ORDERLY_PROCESSING_GUARANTEE", "exactly_once")
+        if guarantee not in ("exactly_once", "at_least_once"):
+            raise SettingsError(
+                f"ORDERLY_PROCESSING_GUARANTEE={guarantee!r}: use exactly_once or at_least_once"
+            )
+        namespace = env.get("ORDERLY_NAMESPACE", "orderly")
+        if not namespace.replace("_", "").isalnum() or not namespace[:1].isalpha():
+            raise SettingsError(
+                f"ORDERLY_NAMESPACE={namespace!r}: letters, digits and '_' only, starting with a letter"
+            )
+        return cls(
+            kafka_bootstrap=env["ORDERLY_KAFKA"],
+            postgres_dsn=env["ORDERLY_POSTGRES_DSN"],
+            secrets={g: _secrets(env, g) for g in GATEWAYS},
+            api_token=token,
+            effects_url=env.get("ORDERLY_EFFECTS_URL") or None,
+            partitions=_int(env, "ORDERLY_PARTITIONS", 12),
+            replication_factor=_int(env, "ORDERLY_REPLICATION_FACTOR", 1),
+            namespace=namespace,
+            ingest_host=env.get("ORDERLY_INGEST_HOST", "127.0.0.1"),
+            ingest_port=_int(env, "ORDERLY_INGEST_PORT", 8080, minimum=0),
+            append_timeout_s=_float(env, "ORDERLY_APPEND_TIMEOUT_S", 5.0),
+            processing_guarantee=guarantee,
+            data_dir=Path(env.get("ORDERLY_DATA_DIR", ".orderly")),
+        )
+
+    def with_overrides(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]

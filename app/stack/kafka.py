@@ -1,0 +1,179 @@
+"""A single-node Apache Kafka broker in KRaft mode, from the official jars (embedded stack layer).
+
+The jars come from Maven Central through Maven itself and are cached, so only the first start on a
+machine downloads anything. Used by the test fixtures, `orderly dev` and `orderly demo`.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from importlib import resources
+from pathlib import Path
+
+from app.stack.process import port_accepts, sticky_ports, stop_process, wait_until
+
+KAFKA_VERSION = "4.1.1"
+DEFAULT_CACHE = Path.home() / ".cache" / "orderly"
+
+
+def ensure_jars(cache_dir: Path = DEFAULT_CACHE, version: str = KAFKA_VERSION) -> Path:
+    """Return the folder holding the broker's classpath, fetching it with Maven on first use."""
+    target = cache_dir / f"kafka-{version}"
+    done = target / ".complete"
+    if done.exists():
+        return target / "libs"
+    target.mkdir(parents=True, exist_ok=True)
+    with (target / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test sessions on one machine fetch once
+        if done.exists():
+            return target / "libs"
+        if shutil.which("mvn") is None:
+            raise RuntimeError("Maven (mvn) is needed once to fetch the Kafka jars; install it first")
+        pom = resources.files("app.stack").joinpath("kafka-pom.xml").read_text()
+        (target / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", version))
+        libs = target / "libs"
+        shutil.rmtree(libs, ignore_errors=True)
+        started = time.monotonic()
+        result = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(target / "pom.xml"), "dependency:copy-dependencies",
+             f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+            capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"fetching Kafka {version} with Maven failed:\n{result.stdout}\n{result.stderr}")
+        done.write_text(f"{time.monotonic() - started:.1f}s\n")
+    return target / "libs"
+
+
+class KafkaBroker:
+    """One broker+controller process. ``data_dir`` keeps the log across restarts."""
+
+    def __init__(self, data_dir: Path, *, port: int | None = None, controller_port: int | None = None,
+                 heap_mb: int = 384, cache_dir: Path = DEFAULT_CACHE) -> None:
+        self.data_dir = data_dir
+        self.cache_dir = cache_dir
+        self.heap_mb = heap_mb
+        ports = sticky_ports(data_dir / "ports.json", ("broker", "controller"),
+                             {"broker": port, "controller": controller_port})
+        self.port = ports["broker"]
+        self.controller_port = ports["controller"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _properties(self) -> str:
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"log.dirs={self.data_dir / 'log'}",
+            # Orderly creates every topic with its partition count; an auto-created topic
+            # with one partition would silently break co-partitioning.
+            "auto.create.topics.enable=false",
+            "num.partitions=1",
+            # One node: the internal topics cannot have more replicas than that, and
+            # transactions need their state log to accept writes with one in-sync replica.
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            # Test consumers join at once instead of waiting for more members.
+            "group.initial.rebalance.delay.ms=0",
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms=10000",
+            "",
+        ])
+
+    def _java(self, main: str, *args: str, heap: bool = False) -> list[str]:
+        libs = ensure_jars(self.cache_dir)
+        log4j = resources.files("app.stack").joinpath("log4j2.yaml")
+        opts = [f"-Xms{min(128, self.heap_mb)}m", f"-Xmx{self.heap_mb}m"] if heap else ["-Xmx256m"]
+        return ["java", *opts, f"-Dlog4j2.configurationFile={log4j}",
+                "-cp", f"{libs}/*", main, *args]
+
+    def start(self, timeout: float = 90.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        props = self.data_dir / "server.properties"
+        props.write_text(self._properties())
+        if not (self.data_dir / "log" / "meta.properties").exists():
+            result = subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                           "-c", str(props), "--standalone"),
+                capture_output=True, text=True, check=False,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"kafka storage format failed:\n{result.stdout}\n{result.stderr}")
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(props), heap=True),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        proc = self.proc
+
+        def started() -> bool:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                return b"Kafka Server started" in f.read() and port_accepts(self.port)
+
+        try:
+            wait_until(started, timeout, f"kafka on port {self.port}", lambda: proc.poll() is None)
+        except Exception as exc:
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{exc}\n--- broker log ---\n{tail}") from exc
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
+            self.proc = None
+
+    def kill(self) -> None:
+        """kill -9: what a crashed machine does to the broker."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+def _cluster_id() -> str:
+    """Kafka's cluster id: a random 16-byte UUID, base64url without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def main(argv: list[str]) -> int:
+    """`python -m app.stack.kafka fetch` fetches the jars (used by the Makefile)."""
+    if argv[:1] == ["fetch"]:
+        started = time.monotonic()
+        libs = ensure_jars()
+        print(f"kafka {KAFKA_VERSION} jars in {libs} ({time.monotonic() - started:.1f}s)")
+        return 0
+    print("usage: python -m app.stack.kafka fetch", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

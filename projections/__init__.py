@@ -1,0 +1,1 @@
+"""PostgreSQL read models: numbered forward-only migrations and the writers that fill them."""

@@ -1,0 +1,5 @@
+"""Orderly's Kafka topics: names, settings and typed record schemas (no dependency on app/)."""
+
+from topics.catalog import TopicSpec, TopicNames, catalog, names
+
+__all__ = ["TopicNames", "TopicSpec", "catalog", "names"]

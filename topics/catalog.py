@@ -1,0 +1,62 @@
+"""Every Orderly topic with its settings (DESIGN.md §4), derived from a namespace.
+
+The live namespace is ``orderly``; a replay builds into another (``orderly replay --into NS``),
+so every name is ``f"{namespace}.{suffix}"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FOREVER = "-1"
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+    # Keyed by gateway:resource_id and joined on by agents: must share the raw topic's partitioning.
+    co_partitioned: bool = True
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    raw: str
+    correlations: str
+    quarantine: str
+    state: str
+    decisions: str
+    facts: str
+    effects: str
+    fetch: str
+
+
+def names(namespace: str = "orderly") -> TopicNames:
+    return TopicNames(*(f"{namespace}.{s}" for s in (
+        "raw", "correlations", "quarantine", "state", "decisions", "facts", "effects", "fetch")))
+
+
+def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1) -> list[TopicSpec]:
+    n = names(namespace)
+    keep = {"cleanup.policy": "delete", "retention.ms": FOREVER, "retention.bytes": FOREVER}
+    # min.insync.replicas cannot exceed the replicas there are; with 3+ replicas, 2 must ack.
+    durable = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"}
+
+    def spec(name: str, config: dict[str, str], co_partitioned: bool = True) -> TopicSpec:
+        return TopicSpec(name, partitions, replication_factor, {**durable, **config}, co_partitioned)
+
+    return [
+        # The source of truth: every webhook as received, kept forever so replay can rebuild.
+        spec(n.raw, keep),
+        # Merchant-supplied mappings are input too, replayed with raw.
+        spec(n.correlations, keep),
+        spec(n.quarantine, keep, co_partitioned=False),
+        spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000)}),
+        spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
+        spec(n.facts, keep, co_partitioned=False),
+        spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}, co_partitioned=False),
+        spec(n.fetch, {"cleanup.policy": "delete", "retention.ms": str(14 * DAY_MS)}),
+    ]
