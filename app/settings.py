@@ -123,3 +123,29 @@ class Settings:
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process build these same settings."""
+        env = {
+            "ORDERLY_KAFKA": self.kafka_bootstrap,
+            "ORDERLY_POSTGRES_DSN": self.postgres_dsn,
+            "ORDERLY_API_TOKEN": self.api_token,
+            "ORDERLY_PARTITIONS": str(self.partitions),
+            "ORDERLY_REPLICATION_FACTOR": str(self.replication_factor),
+            "ORDERLY_NAMESPACE": self.namespace,
+            "ORDERLY_INGEST_HOST": self.ingest_host,
+            "ORDERLY_INGEST_PORT": str(self.ingest_port),
+            "ORDERLY_APPEND_TIMEOUT_S": str(self.append_timeout_s),
+            "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
+            "ORDERLY_DATA_DIR": str(self.data_dir),
+        }
+        env.update({f"ORDERLY_SECRET_{g.upper()}": ",".join(s) for g, s in self.secrets.items()})
+        if self.effects_url:
+            env["ORDERLY_EFFECTS_URL"] = self.effects_url
+        return env
+
+
+def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings for the embedded stack: the development defaults, overridden by the environment."""
+    env = os.environ if env is None else env
+    return Settings.from_env({**DEV_DEFAULTS, **env})

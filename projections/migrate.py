@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 import asyncpg
 
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # One lock id for every Orderly migration run, so two processes starting at once apply each file once.
 _LOCK_ID = 0x0D3E_A11
@@ -36,7 +37,7 @@ class MigrationError(RuntimeError):
 
 def available() -> list[Migration]:
     found = []
-    for entry in resources.files("projections").joinpath("migrations").iterdir():
+    for entry in sorted(MIGRATIONS_DIR.iterdir()):
         match = _NAME.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text()))

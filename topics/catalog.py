@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 FOREVER = "-1"
 DAY_MS = 24 * 3600 * 1000
+MAX_RECORD_BYTES = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ def names(namespace: str = "orderly") -> TopicNames:
 def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1) -> list[TopicSpec]:
     n = names(namespace)
     keep = {"cleanup.policy": "delete", "retention.ms": FOREVER, "retention.bytes": FOREVER}
+    # The ingest accepts bodies up to 1 MiB; with headers and batch overhead a record is larger.
+    big = {"max.message.bytes": str(MAX_RECORD_BYTES)}
     # min.insync.replicas cannot exceed the replicas there are; with 3+ replicas, 2 must ack.
     durable = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"}
 
@@ -50,10 +53,10 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
 
     return [
         # The source of truth: every webhook as received, kept forever so replay can rebuild.
-        spec(n.raw, keep),
+        spec(n.raw, {**keep, **big}),
         # Merchant-supplied mappings are input too, replayed with raw.
         spec(n.correlations, keep),
-        spec(n.quarantine, keep, co_partitioned=False),
+        spec(n.quarantine, {**keep, **big}, co_partitioned=False),
         spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000)}),
         spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
         spec(n.facts, keep, co_partitioned=False),

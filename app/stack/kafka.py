@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 import uuid
-from importlib import resources
 from pathlib import Path
 
-from app.stack.process import port_accepts, sticky_ports, stop_process, wait_until
+from app.stack.process import port_accepts, port_is_free, sticky_ports, stop_process, wait_until
 
+HERE = Path(__file__).parent
 KAFKA_VERSION = "4.1.1"
 DEFAULT_CACHE = Path.home() / ".cache" / "orderly"
 
@@ -35,7 +35,7 @@ def ensure_jars(cache_dir: Path = DEFAULT_CACHE, version: str = KAFKA_VERSION) -
             return target / "libs"
         if shutil.which("mvn") is None:
             raise RuntimeError("Maven (mvn) is needed once to fetch the Kafka jars; install it first")
-        pom = resources.files("app.stack").joinpath("kafka-pom.xml").read_text()
+        pom = (HERE / "kafka-pom.xml").read_text()
         (target / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", version))
         libs = target / "libs"
         shutil.rmtree(libs, ignore_errors=True)
@@ -103,7 +103,7 @@ class KafkaBroker:
 
     def _java(self, main: str, *args: str, heap: bool = False) -> list[str]:
         libs = ensure_jars(self.cache_dir)
-        log4j = resources.files("app.stack").joinpath("log4j2.yaml")
+        log4j = HERE / "log4j2.yaml"
         opts = [f"-Xms{min(128, self.heap_mb)}m", f"-Xmx{self.heap_mb}m"] if heap else ["-Xmx256m"]
         return ["java", *opts, f"-Dlog4j2.configurationFile={log4j}",
                 "-cp", f"{libs}/*", main, *args]
@@ -112,6 +112,9 @@ class KafkaBroker:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for port in (self.port, self.controller_port):
+            if not port_is_free(port):
+                raise RuntimeError(f"kafka: port {port} on 127.0.0.1 is in use by another process")
         props = self.data_dir / "server.properties"
         props.write_text(self._properties())
         if not (self.data_dir / "log" / "meta.properties").exists():

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from app.stack.process import port_accepts, sticky_ports, stop_process, wait_until
+from app.stack.process import port_accepts, port_is_free, sticky_ports, stop_process, wait_until
 
 # PostgreSQL refuses to run as root; as root we run it as this unprivileged system user.
 SYSTEM_USER = "orderly_pg"
@@ -72,6 +72,8 @@ class PostgresServer:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not port_is_free(self.port):
+            raise RuntimeError(f"postgres: port {self.port} on 127.0.0.1 is in use by another process")
         bins = bin_dir()
         if not (self.pgdata / "PG_VERSION").exists():
             shutil.rmtree(self.pgdata, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""The `orderly` console script: one sub-command per process or operation."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from app.settings import Settings, SettingsError, dev_settings
+
+
+def _production_settings() -> Settings:
+    return Settings.from_env()
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from app.supervisor import run_dev
+
+    return run_dev(dev_settings())
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+    from app.ingest import run
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    run(settings)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+
+    created, applied = asyncio.run(prepare(_production_settings()))
+    print(f"topics created: {created or 'none'}; migrations applied: {applied or 'none'}")
+    return 0
+
+
+COMMANDS = {
+    "dev": (cmd_dev, "embedded Kafka + PostgreSQL and every process, data in .orderly/"),
+    "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
+    "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orderly", description="Apply payment webhooks in gateway order.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_fn, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command][0](args)
+    except SettingsError as exc:
+        print(f"orderly: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

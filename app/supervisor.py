@@ -1,0 +1,146 @@
+"""`orderly dev`: the embedded stack on one machine under one supervisor (embedded stack layer).
+
+Kafka and PostgreSQL keep their data in ``.orderly/`` so a restart comes back with it. The Orderly
+processes run as child processes and are restarted if they die; Ctrl-C or SIGTERM stops
+everything in order: processes first, then Kafka, then PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from app.bootstrap import prepare
+from app.settings import Settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from app.stack.process import port_accepts, stop_process, wait_until
+
+log = logging.getLogger("orderly.dev")
+
+# The production processes that exist so far, each started as `orderly <name>`.
+PROCESSES = ("ingest",)
+
+
+def kafka_port(bootstrap: str) -> int:
+    return int(bootstrap.split(",")[0].rsplit(":", 1)[1])
+
+
+def postgres_port(dsn: str) -> int:
+    return urlsplit(dsn).port or 5432
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        self.started_at = time.monotonic()
+
+
+class Stack:
+    """Kafka + PostgreSQL + the Orderly processes, for `orderly dev` and `orderly demo`."""
+
+    def __init__(self, settings: Settings, processes: tuple[str, ...] = PROCESSES) -> None:
+        self.settings = settings
+        self.data_dir = settings.data_dir.resolve()
+        self.kafka = KafkaBroker(self.data_dir / "kafka", port=kafka_port(settings.kafka_bootstrap))
+        self.postgres = PostgresServer(self.data_dir / "postgres", port=postgres_port(settings.postgres_dsn))
+        env = {**os.environ, **settings.to_env()}
+        self.children = [
+            Child(name, [sys.executable, "-m", "app.cli", name], env, self.data_dir / f"{name}.log")
+            for name in processes
+        ]
+
+    @property
+    def ingest_url(self) -> str:
+        return f"http://{self.settings.ingest_host}:{self.settings.ingest_port}"
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "ingest_url": self.ingest_url,
+            "postgres_dsn": self.postgres.dsn,
+            "kafka_bootstrap": self.kafka.bootstrap,
+            "metrics_url": f"{self.ingest_url}/metrics",
+        }
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self.postgres.start()
+        self.kafka.start()
+        created, applied = asyncio.run(prepare(self.settings))
+        log.info("infrastructure up in %.1fs; topics created %d, migrations applied %d",
+                 time.monotonic() - started, len(created), len(applied))
+        for child in self.children:
+            child.start()
+        if "ingest" in {c.name for c in self.children}:
+            ingest = next(c for c in self.children if c.name == "ingest")
+            proc = ingest.proc
+            assert proc is not None
+            wait_until(lambda: port_accepts(self.settings.ingest_port, self.settings.ingest_host), 30,
+                       "ingest", lambda: proc.poll() is None)
+        (self.data_dir / "stack.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+
+    def supervise_once(self) -> None:
+        """Restart a child that died, with a backoff that grows while it keeps dying."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            if child.next_start == 0.0:
+                quick_death = now - child.started_at < 10
+                child.restarts = child.restarts + 1 if quick_death else 1
+                child.next_start = now + min(0.5 * 2 ** (child.restarts - 1), 30.0)
+                log.warning("%s exited with %s; restarting", child.name, child.proc.returncode)
+            elif now >= child.next_start:
+                child.next_start = 0.0
+                child.start()
+
+    def stop(self) -> None:
+        for child in self.children:
+            if child.proc is not None:
+                stop_process(child.proc, 15)
+        self.kafka.stop()
+        self.postgres.stop()
+
+
+def run_dev(settings: Settings) -> int:
+    stack = Stack(settings)
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        stack.start()
+        print(json.dumps(stack.describe(), indent=2), flush=True)
+        print(f"stack description written to {stack.data_dir / 'stack.json'}; Ctrl-C stops", flush=True)
+        while not stopping:
+            stack.supervise_once()
+            time.sleep(0.2)
+    finally:
+        stack.stop()
+    return 0

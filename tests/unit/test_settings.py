@@ -1,0 +1,44 @@
+"""Settings from the environment: defaults, and refusals with a clear message."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.settings import DEV_DEFAULTS, Settings, SettingsError, dev_settings
+
+
+def test_dev_defaults_build() -> None:
+    s = dev_settings({})
+    assert s.partitions == 12 and s.namespace == "orderly"
+    assert s.secrets["pg"] == ("dev-pg-secret",)
+
+
+def test_rotation_lists() -> None:
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PG": "new, old"})
+    assert s.secrets["pg"] == ("new", "old")
+
+
+@pytest.mark.parametrize("value", ["", " ", "a,,b", "a, "])
+def test_empty_secret_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match="ORDERLY_SECRET_PAYMOS.*empty"):
+        Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PAYMOS": value})
+
+
+def test_missing_secret_is_refused() -> None:
+    env = {k: v for k, v in DEV_DEFAULTS.items() if k != "ORDERLY_SECRET_CARD"}
+    with pytest.raises(SettingsError, match="ORDERLY_SECRET_CARD is not set"):
+        Settings.from_env(env)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("ORDERLY_PARTITIONS", "zero"), ("ORDERLY_PARTITIONS", "0"), ("ORDERLY_API_TOKEN", ""),
+    ("ORDERLY_NAMESPACE", "1bad"), ("ORDERLY_PROCESSING_GUARANTEE", "maybe"),
+])
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=name):
+        Settings.from_env({**DEV_DEFAULTS, name: value})
+
+
+def test_to_env_round_trips() -> None:
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PG": "a,b", "ORDERLY_PARTITIONS": "5"})
+    assert Settings.from_env(s.to_env()) == s

@@ -1,0 +1,44 @@
+"""Typed records and headers carried by the topics, with their orjson codecs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import orjson
+
+# Headers of every orderly.raw record. The value is the body bytes exactly as received.
+H_GATEWAY = "gateway"
+H_DELIVERY_ID = "delivery_id"
+H_RECEIVED_AT = "received_at"  # unix milliseconds, as ASCII digits
+H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced events)
+H_REASON = "reason"            # quarantine only
+
+
+def raw_headers(gateway: str, delivery_id: str, received_at_ms: int, source: str = "webhook") -> list[tuple[str, bytes]]:
+    return [
+        (H_GATEWAY, gateway.encode()),
+        (H_DELIVERY_ID, delivery_id.encode()),
+        (H_RECEIVED_AT, str(received_at_ms).encode()),
+        (H_SOURCE, source.encode()),
+    ]
+
+
+def header_map(headers: list[tuple[str, bytes]] | tuple[tuple[str, bytes], ...]) -> dict[str, str]:
+    return {k: v.decode() for k, v in headers}
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """The merchant's mapping for a pg deposit, registered when its create-deposit call returns."""
+
+    pg_deposit_id: str
+    merchant_reference: str
+    our_order_id: str
+    our_user_id: str
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Correlation:
+        return cls(**orjson.loads(raw))
