@@ -83,8 +83,13 @@ class Stack:
             "metrics_url": f"{self.ingest_url}/metrics",
         }
 
+    @property
+    def stack_file(self) -> Path:
+        return self.data_dir / "stack.json"
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.stack_file.unlink(missing_ok=True)  # present only while the stack is up
         started = time.monotonic()
         self.postgres.start()
         self.kafka.start()
@@ -99,7 +104,7 @@ class Stack:
             assert proc is not None
             wait_until(lambda: port_accepts(self.settings.ingest_port, self.settings.ingest_host), 30,
                        "ingest", lambda: proc.poll() is None)
-        (self.data_dir / "stack.json").write_text(json.dumps(self.describe(), indent=2) + "\n")
+        self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
 
     def supervise_once(self) -> None:
         """Restart a child that died, with a backoff that grows while it keeps dying."""
@@ -117,6 +122,7 @@ class Stack:
                 child.start()
 
     def stop(self) -> None:
+        self.stack_file.unlink(missing_ok=True)
         for child in self.children:
             if child.proc is not None:
                 stop_process(child.proc, 15)
@@ -137,7 +143,7 @@ def run_dev(settings: Settings) -> int:
     try:
         stack.start()
         print(json.dumps(stack.describe(), indent=2), flush=True)
-        print(f"stack description written to {stack.data_dir / 'stack.json'}; Ctrl-C stops", flush=True)
+        print(f"stack description written to {stack.stack_file}; Ctrl-C stops", flush=True)
         while not stopping:
             stack.supervise_once()
             time.sleep(0.2)

@@ -14,7 +14,9 @@ H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced
 H_REASON = "reason"            # quarantine only
 
 
-def raw_headers(gateway: str, delivery_id: str, received_at_ms: int, source: str = "webhook") -> list[tuple[str, bytes]]:
+def raw_headers(
+    gateway: str, delivery_id: str, received_at_ms: int, source: str = "webhook"
+) -> list[tuple[str, bytes]]:
     return [
         (H_GATEWAY, gateway.encode()),
         (H_DELIVERY_ID, delivery_id.encode()),

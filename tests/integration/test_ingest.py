@@ -125,7 +125,7 @@ async def test_oversized_body_is_413_before_any_hmac(settings: Settings, ingest:
     async with http.post(f"{ingest.url}/webhooks/pg", data=io.BytesIO(edge),
                          headers=signed_headers("pg", edge, settings)) as resp:
         assert (resp.status, (await resp.json()).get("quarantined")) == (200, True)
-    assert ingest.metrics.signature_failures.labels("pg")._value.get() == 0  # noqa: SLF001
+    assert ingest.metrics.signature_failures.labels("pg")._value.get() == 0
     assert await read_topic(settings.kafka_bootstrap, names(settings.namespace).raw) == []
 
 
@@ -133,8 +133,8 @@ async def test_signed_but_unusable_bodies_go_to_quarantine_with_200(
         settings: Settings, ingest: ServedIngest, http: aiohttp.ClientSession) -> None:
     cases = [
         ("pg", b"not json at all", "not a JSON object"),
-        ("pg", orjson.dumps({"id": "evt_9", "type": "refund.created", "data": {"object": {"id": "re_1", "object": "refund"}}}),
-         "unknown object kind"),
+        ("pg", orjson.dumps({"id": "evt_9", "type": "refund.created",
+                             "data": {"object": {"id": "re_1", "object": "refund"}}}), "unknown object kind"),
         ("card", card_event(type_="payment.disputed"), "unknown event type"),
         ("card", orjson.dumps({"id": "evt_2", "type": "payment.captured"}), "payment_ref missing"),
         ("paymos", paymos_event(type_="invoice.refunded"), "unknown event type"),
@@ -149,8 +149,8 @@ async def test_signed_but_unusable_bodies_go_to_quarantine_with_200(
     assert all(r.headers["reason"] and r.key == r.headers["delivery_id"].encode() for r in quarantined)
     assert await read_topic(settings.kafka_bootstrap, n.raw) == []
     metrics = ingest.metrics.quarantined
-    assert metrics.labels("card", "unknown_type")._value.get() == 1  # noqa: SLF001
-    assert metrics.labels("pg", "not_json")._value.get() == 1  # noqa: SLF001
+    assert metrics.labels("card", "unknown_type")._value.get() == 1
+    assert metrics.labels("pg", "not_json")._value.get() == 1
 
 
 async def test_correlations(settings: Settings, ingest: ServedIngest, http: aiohttp.ClientSession) -> None:

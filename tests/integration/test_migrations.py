@@ -84,8 +84,8 @@ async def test_money_check_guards_settled_rows(db: asyncpg.Connection, row: tupl
 
 
 async def test_overpayment_flags_are_append_only(db: asyncpg.Connection) -> None:
-    await db.execute(
-        f"INSERT INTO pg_deposits ({DEPOSIT_COLUMNS}) VALUES ('dep_1', 11, 'settled', 5000, 7000, 5000, 0, 5000, 'o', 'u')")
+    await db.execute(f"INSERT INTO pg_deposits ({DEPOSIT_COLUMNS}) "
+                     "VALUES ('dep_1', 11, 'settled', 5000, 7000, 5000, 0, 5000, 'o', 'u')")
     await db.execute(
         """INSERT INTO pg_deposit_overpayment_flags (claim_id, pg_deposit_id, observed_deposit_version, cause,
              amount_minor, slip_received_at, status_snapshot, action_required_snapshot, raw_flag)

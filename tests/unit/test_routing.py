@@ -65,3 +65,13 @@ def test_routing_never_raises(raw: bytes) -> None:
     for adapter in (pg, card, paymos):
         route = adapter.route(raw)
         assert (route.resource_key is None) != (route.quarantine_reason is None)
+
+
+def test_partitioning_matches_kafkas_default_partitioner() -> None:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from topics.partitioning import partition_for
+
+    for i in range(2000):
+        key = f"pg:dep_{i}".encode()
+        assert partition_for(key, 12) == DefaultPartitioner()(key, list(range(12)), list(range(12)))

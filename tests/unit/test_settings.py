@@ -20,7 +20,7 @@ def test_rotation_lists() -> None:
 
 @pytest.mark.parametrize("value", ["", " ", "a,,b", "a, "])
 def test_empty_secret_is_refused(value: str) -> None:
-    with pytest.raises(SettingsError, match="ORDERLY_SECRET_PAYMOS.*empty"):
+    with pytest.raises(SettingsError, match=r"ORDERLY_SECRET_PAYMOS.*empty"):
         Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PAYMOS": value})
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figures; `python -m bench` (or `make bench`) runs them all."""

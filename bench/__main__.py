@@ -1,0 +1,23 @@
+"""`python -m bench [name ...]`: run the benchmarks and print their figures."""
+
+from __future__ import annotations
+
+import sys
+
+from bench import ingest
+
+BENCHES = {"ingest": ingest.main}
+
+
+def main(argv: list[str]) -> int:
+    chosen = argv or list(BENCHES)
+    for name in chosen:
+        if name not in BENCHES:
+            print(f"unknown benchmark {name!r}; choose from {', '.join(BENCHES)}", file=sys.stderr)
+            return 2
+        BENCHES[name]()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,94 @@
+"""`orderly dev`: the whole embedded stack starts, answers, stops on SIGTERM, and comes back with
+its data after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import orjson
+
+from app.settings import dev_settings
+from app.stack.process import free_port, port_is_free
+from tests.support import read_topic, signed_headers
+from topics.catalog import names
+
+
+def start_dev(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "app.cli", "dev"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def wait_for_stack(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> dict[str, str]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        stack = data_dir / "stack.json"
+        if stack.exists():
+            return dict(json.loads(stack.read_text()))
+        time.sleep(0.2)
+    raise AssertionError("orderly dev did not come up:\n" + log.read_text()[-3000:])
+
+
+def stop_dev(proc: subprocess.Popen[bytes]) -> int:
+    os.kill(proc.pid, signal.SIGTERM)
+    return proc.wait(90)
+
+
+async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
+    data_dir = tmp_path / ".orderly"
+    kafka_port, pg_port, ingest_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{kafka_port}",
+           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{pg_port}/postgres",
+           "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_PARTITIONS": "2"}
+    settings = dev_settings(env)
+    log = tmp_path / "dev.log"
+
+    proc = start_dev(env, log)
+    try:
+        stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        assert stack == {"ingest_url": f"http://127.0.0.1:{ingest_port}",
+                         "postgres_dsn": settings.postgres_dsn,
+                         "kafka_bootstrap": settings.kafka_bootstrap,
+                         "metrics_url": f"http://127.0.0.1:{ingest_port}/metrics"}
+        body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.settled", "sequence": 1,
+                             "created": "2026-11-29T10:33:15Z",
+                             "data": {"object": {"id": "dep_dev", "object": "deposit", "version": 1}}})
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{stack['ingest_url']}/webhooks/pg", data=body,
+                                 headers=signed_headers("pg", body, settings)) as resp:
+                assert resp.status == 200
+            async with http.put(f"{stack['ingest_url']}/correlations/pg/deposits/dep_dev",
+                                data=orjson.dumps({"merchant_reference": "m", "our_order_id": "o",
+                                                   "our_user_id": "u"}),
+                                headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                assert resp.status == 200
+            async with http.get(stack["metrics_url"]) as resp:
+                assert "orderly_ingest_requests_total" in await resp.text()
+        assert await asyncio.to_thread(stop_dev, proc) == 0
+        for port in (kafka_port, pg_port, ingest_port):
+            assert port_is_free(port), f"port {port} still held after SIGTERM"
+
+        proc = start_dev(env, log)  # same data dir: the log and the tables come back
+        await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        [record] = await read_topic(settings.kafka_bootstrap, names("orderly").raw)
+        assert record.value == body
+        conn = await asyncpg.connect(settings.postgres_dsn)
+        try:
+            row = await conn.fetchrow("SELECT * FROM orderly.pg_deposit_correlations")
+            assert dict(row) == {"pg_deposit_id": "dep_dev", "merchant_reference": "m",
+                                 "our_order_id": "o", "our_user_id": "u"}
+        finally:
+            await conn.close()
+    finally:
+        if proc.poll() is None:
+            stop_dev(proc)
