@@ -1,0 +1,233 @@
+"""The pg version guard as pure decisions: the document's cases, parking, and properties."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core.model import Decision, Delivery
+from app.core.pg import apply_correlation, apply_event
+from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
+
+CORR = {"pg_deposit_id": "dep_1", "merchant_reference": "mr_1", "our_order_id": "ord_1", "our_user_id": "usr_1"}
+def run(events: list[bytes | dict[str, Any]], key: str = "pg:dep_1") -> tuple[dict[str, Any], list[Decision]]:
+    state: dict[str, Any] | None = None
+    out: list[Decision] = []
+    for n, ev in enumerate(events):
+        delivery = Delivery(f"dlv_{n}", "pg", key, 1_700_000_000_000 + n, n)
+        if isinstance(ev, dict):
+            state, decisions = apply_correlation(state, ev, delivery)
+        else:
+            state, decisions = apply_event(state, ev, delivery)
+        out += decisions
+    assert state is not None
+    return state, out
+
+
+def effects(decisions: list[Decision]) -> list[str]:
+    return [e.dedupe_key for d in decisions for e in d.effects]
+
+
+def balance(decisions: list[Decision]) -> int:
+    total = 0
+    for d in decisions:
+        for e in d.effects:
+            if e.type == "credit_user":
+                total += e.payload["amount_minor"]
+            elif e.type == "debit_user":
+                total -= e.payload["amount_minor"]
+    return total
+
+
+def test_case_a_expired_after_settled_changes_nothing() -> None:
+    state, out = run([CORR, deposit("dep_1", 7, "slip_received"), deposit("dep_1", 9, "settled"),
+                      deposit("dep_1", 6, "expired")])
+    assert [d.outcome for d in out] == ["applied", "applied", "applied", "stale"]
+    assert state["object"]["status"] == "settled" and state["version"] == 9
+    assert out[-1].effects == [] and out[-1].row is None
+    assert balance(out) == AMOUNT
+
+
+def test_case_b_settled_after_reversed_credits_nothing() -> None:
+    state, out = run([CORR, deposit("dep_1", 12, "reversed"), deposit("dep_1", 9, "settled")])
+    assert [d.outcome for d in out] == ["applied", "applied", "stale"]
+    assert state["object"]["status"] == "reversed"
+    assert balance(out) == 0 and not any(e.endswith("release_goods") for e in effects(out))
+    # reversed without a prior credit debits nothing either
+    assert not any(e.endswith("debit_user") for e in effects(out))
+
+
+def test_settled_then_reversed_credits_once_and_debits_once() -> None:
+    _, out = run([CORR, deposit("dep_1", 9, "settled"), deposit("dep_1", 12, "reversed"),
+                  deposit("dep_1", 9, "settled", event_id="evt_redelivered_fresh_id")])
+    assert effects(out) == ["deposit:dep_1:credit_user", "deposit:dep_1:release_goods",
+                            "deposit:dep_1:debit_user", "deposit:dep_1:hold_goods"]
+    assert balance(out) == 0
+
+
+def test_credit_uses_amount_received_not_credited_amount() -> None:
+    _, out = run([CORR, deposit("dep_1", 9, "settled")])
+    credit = next(e for d in out for e in d.effects if e.type == "credit_user")
+    assert credit.payload == {"user_id": "usr_1", "order_id": "ord_1", "amount_minor": AMOUNT}
+    release = next(e for d in out for e in d.effects if e.type == "release_goods")
+    assert release.payload == {"order_id": "ord_1", "partial": False, "received": AMOUNT, "ordered": AMOUNT}
+
+
+def test_case_c_fills_out_of_order_keep_the_highest_totals() -> None:
+    fills = [withdrawal("wdr_1", 9, "filling", 700_000, fill={"leg_ref": "leg_2", "amount_minor": 300_000}),
+             withdrawal("wdr_1", 11, "settled", 1_000_000, fill={"leg_ref": "leg_3", "amount_minor": 300_000}),
+             withdrawal("wdr_1", 7, "filling", 400_000, fill={"leg_ref": "leg_1", "amount_minor": 400_000})]
+    state, out = run(fills, key="pg:wdr_1")
+    assert [d.outcome for d in out] == ["applied", "applied", "stale"]
+    assert state["object"]["remaining_minor"] == 0
+    # every fill row is appended, the stale one included
+    assert [f.key for d in out for f in d.facts] == ["leg_2", "leg_3", "leg_1"]
+    assert effects(out) == ["withdrawal:wdr_1:close_payout"]
+    assert out[1].row is not None and out[1].row["remaining_minor"] == 0
+
+
+def test_withdrawal_does_not_close_on_first_fill_or_twice() -> None:
+    _, out = run([withdrawal("wdr_1", 3, "filling", 400_000),
+                  withdrawal("wdr_1", 5, "settled", 1_000_000),
+                  withdrawal("wdr_1", 6, "settled", 1_000_000)], key="pg:wdr_1")
+    assert effects(out) == ["withdrawal:wdr_1:close_payout"]
+
+
+def test_attribute_only_update_applies_without_a_second_credit() -> None:
+    _, out = run([CORR, deposit("dep_1", 9, "settled"), deposit("dep_1", 10, "settled", note="attr change")])
+    assert [d.outcome for d in out] == ["applied", "applied", "applied"]
+    assert out[2].row is not None and out[2].row["pg_version"] == 10
+    assert out[2].effects == []
+
+
+def test_late_slip_after_expiry_shows_slip_then_settles() -> None:
+    _, out = run([CORR, deposit("dep_1", 6, "expired"), deposit("dep_1", 9, "settled")])
+    assert [e.type for d in out for e in d.effects] == ["show_late_slip", "credit_user", "release_goods"]
+    _, out = run([CORR, deposit("dep_1", 6, "expired", is_terminal=True)])
+    assert [e.type for d in out for e in d.effects] == ["fail_order"]
+
+
+def test_switch_branches() -> None:
+    _, out = run([CORR, deposit("dep_1", 2, "under_review"), deposit("dep_1", 3, "rejected",
+                  rejection={"display_th": "ปฏิเสธ"}), deposit("dep_1", 4, "brand_new_status")])
+    kinds = [(e.type, e.payload) for d in out for e in d.effects]
+    assert kinds == [("show_pending_review", {"order_id": "ord_1", "message": "กำลังตรวจสอบ"}),
+                     ("fail_order", {"order_id": "ord_1", "reason": "ปฏิเสธ"}),
+                     ("update_order_status", {"order_id": "ord_1", "status": "brand_new_status"})]
+    assert all(k.startswith("evt_") for k in effects(out))  # snapshot effects are keyed on the event
+
+
+def test_overpayment_flag_from_a_stale_event_is_still_kept() -> None:
+    flag = {"claim_id": "clm_1", "cause": "same_transfer_excess", "amount_minor": 2000,
+            "slip_received_at": "2026-11-29T10:30:00Z", "status": "open", "action_required": "contact_support"}
+    _, out = run([CORR, deposit("dep_1", 12, "reversed"), deposit("dep_1", 11, "settled", overpayment=flag)])
+    assert out[-1].outcome == "stale" and [f.key for f in out[-1].facts] == ["clm_1"]
+    assert out[-1].facts[0].data["observed_deposit_version"] == 11
+    collision = {**flag, "amount_minor": 9999}
+    _, out = run([CORR, deposit("dep_1", 11, "settled", overpayment=flag),
+                  deposit("dep_1", 13, "settled", overpayment=collision)])
+    assert out[-1].error is not None and "collision" in out[-1].error and out[-1].facts == []
+
+
+def test_webhook_before_correlation_is_parked_then_applied() -> None:
+    state, out = run([deposit("dep_1", 6, "expired"), deposit("dep_1", 9, "settled"), CORR])
+    assert [d.outcome for d in out] == ["parked", "parked", "applied", "unparked", "stale"]
+    assert state["parked"] == [] and state["version"] == 9
+    # only the newest parked snapshot applies: no fail_order for a deposit that settled
+    assert [e.type for d in out for e in d.effects] == ["credit_user", "release_goods"]
+    assert out[3].delivery_id == out[1].delivery_id and out[3].seq > out[1].seq
+
+
+def test_metadata_is_never_used_for_the_user() -> None:
+    _, out = run([CORR, deposit("dep_1", 9, "settled")])
+    assert all(e.payload.get("user_id") in (None, "usr_1") for d in out for e in d.effects)
+
+
+def test_duplicates_and_invalid_input() -> None:
+    ev = deposit("dep_1", 9, "settled")
+    _, out = run([CORR, ev, ev])
+    assert [d.outcome for d in out] == ["applied", "applied", "duplicate"]
+    bad = orjson.loads(deposit("dep_1", 9, "settled"))
+    bad["data"]["object"]["amount_received_minor"] = 12.5  # money is never a float
+    _, out = run([CORR, orjson.dumps(bad)])
+    assert out[-1].outcome == "quarantined" and "integer" in (out[-1].error or "")
+    bad["data"]["object"]["amount_received_minor"] = AMOUNT + 1  # breaks pg_deposit_money_ck
+    bad["id"] = "evt_other"
+    _, out = run([CORR, orjson.dumps(bad)])
+    assert out[-1].outcome == "quarantined" and "money" in (out[-1].error or "")
+
+
+def test_balance_transactions_dedupe_on_id() -> None:
+    _, out = run([balance_txn("btxn_1", 5000), balance_txn("btxn_1", 5000, event_id="evt_again")], key="pg:btxn_1")
+    assert [d.outcome for d in out] == ["applied", "duplicate"]
+
+
+# --- properties -------------------------------------------------------------------------------
+
+LIFECYCLES = [
+    ["pending", "slip_received", "settled"],
+    ["pending", "expired", "slip_received", "settled"],          # Case A's late slip
+    ["pending", "slip_received", "settled", "reversed"],         # Case B
+    ["pending", "under_review", "settled"],
+    ["pending", "expired"],
+    ["pending", "slip_received", "rejected"],
+    ["pending", "settled", "settled", "reversed"],               # attribute-only update in between
+]
+
+
+@st.composite
+def deliveries(draw: st.DrawFn) -> tuple[list[str], list[bytes | dict[str, Any]]]:
+    statuses = draw(st.sampled_from(LIFECYCLES))
+    versions = sorted(draw(st.lists(st.integers(1, 1000), min_size=len(statuses), max_size=len(statuses),
+                                    unique=True)))
+    events: list[bytes | dict[str, Any]] = [deposit("dep_1", v, s) for v, s in zip(versions, statuses, strict=True)]
+    events.append(CORR)
+    dupes = draw(st.lists(st.sampled_from(events), max_size=4))
+    order = draw(st.permutations(events + dupes))
+    return statuses, list(order)
+
+
+@settings(max_examples=400)
+@given(deliveries())
+def test_any_order_with_duplicates_ends_in_the_gateways_final_state(case: tuple[list[str], list[Any]]) -> None:
+    statuses, order = case
+    state, out = run(order)
+    final = max((orjson.loads(e) for e in order if isinstance(e, bytes)), key=lambda b: b["data"]["object"]["version"])
+    assert state["object"] == final["data"]["object"]
+    keys = effects(out)
+    assert len(keys) == len(set(keys)), "an effect was emitted twice"
+    # one-shot effects at most once; the user's balance equals the truth
+    truth = AMOUNT if final["data"]["object"]["status"] == "settled" else 0
+    assert balance(out) == truth
+    counts = Counter(k.rsplit(":", 1)[1] for k in keys if k.startswith("deposit:"))
+    assert all(c == 1 for c in counts.values())
+    if statuses[-1] == "settled":
+        assert counts["credit_user"] == 1 and counts["release_goods"] == 1
+    # every delivery got exactly one final outcome; a duplicate never emits anything
+    assert all(not d.effects for d in out if d.outcome in ("duplicate", "stale", "parked"))
+
+
+@settings(max_examples=200)
+@given(st.permutations(list(range(3))), st.lists(st.integers(0, 2), max_size=3))
+def test_any_order_of_fills_ends_at_the_final_totals(order: list[int], dupes: list[int]) -> None:
+    fills = [withdrawal("wdr_1", 7, "filling", 400_000, fill={"leg_ref": "leg_1", "amount_minor": 400_000}),
+             withdrawal("wdr_1", 9, "filling", 700_000, fill={"leg_ref": "leg_2", "amount_minor": 300_000}),
+             withdrawal("wdr_1", 11, "settled", 1_000_000, fill={"leg_ref": "leg_3", "amount_minor": 300_000})]
+    state, out = run([fills[i] for i in order + dupes], key="pg:wdr_1")
+    assert (state["object"]["filled_minor"], state["object"]["remaining_minor"]) == (1_000_000, 0)
+    assert effects(out) == ["withdrawal:wdr_1:close_payout"]
+    assert {f.key for d in out for f in d.facts} == {"leg_1", "leg_2", "leg_3"}
+
+
+@settings(max_examples=100)
+@given(deliveries())
+def test_replay_equals_incremental(case: tuple[list[str], list[Any]]) -> None:
+    _, order = case
+    a_state, a_out = run(order)
+    b_state, b_out = run(order)
+    assert a_state == b_state
+    assert [(d.outcome, d.effects) for d in a_out] == [(d.outcome, d.effects) for d in b_out]
