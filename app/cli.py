@@ -30,6 +30,26 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+    from app.worker import run
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    run(settings)
+    return 0
+
+
+def cmd_projector(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+    from projections.projector import run
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    asyncio.run(run(settings))
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
 
@@ -41,6 +61,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 COMMANDS = {
     "dev": (cmd_dev, "embedded Kafka + PostgreSQL and every process, data in .orderly/"),
     "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
+    "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
+    "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
     "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
 }
 
@@ -52,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command][0](args)
     except SettingsError as exc:

@@ -17,16 +17,15 @@ from typing import Any
 import asyncpg
 import orjson
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from app.gateways import ADAPTERS, card
 from app.gateways.base import Route, SignatureError
 from app.metrics import IngestMetrics
+from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
-from topics.catalog import MAX_RECORD_BYTES, names
-from topics.partitioning import partition_for
+from topics.catalog import names
 from topics.records import H_REASON, Correlation, raw_headers
 
 log = logging.getLogger("orderly.ingest")
@@ -61,9 +60,8 @@ class Appender:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self.metrics = metrics
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: KeyedProducer | None = None
         self._starting: asyncio.Task[None] | None = None
-        self._partitions: dict[str, int] = {}
 
     async def start(self) -> None:
         self._starting = asyncio.create_task(self._keep_trying_to_start())
@@ -72,11 +70,7 @@ class Appender:
         # The ingest comes up even when Kafka is down; until the producer starts it answers 503.
         delay = 0.2
         while self._producer is None:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True,
-                linger_ms=2, request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
-                max_batch_size=256 * 1024, max_request_size=MAX_RECORD_BYTES,
-            )
+            producer = KeyedProducer(self.bootstrap, request_timeout_ms=max(1000, int(self.timeout_s * 1000)))
             try:
                 await producer.start()
             except KafkaError as exc:
@@ -101,13 +95,7 @@ class Appender:
                     await asyncio.shield(self._starting)  # still connecting: wait within the deadline
                 if self._producer is None:
                     raise Unavailable("kafka producer not connected")
-                # Choosing the partition here (same murmur2 as Kafka's default) skips aiokafka's
-                # per-message partitioner path, which costs more than the rest of the send.
-                count = self._partitions.get(topic)
-                if count is None:
-                    count = self._partitions[topic] = len(await self._producer.partitions_for(topic))
-                await self._producer.send_and_wait(topic, value, key=key, headers=headers,
-                                                   partition=partition_for(key, count))
+                await self._producer.send_and_wait(topic, key, value, headers)
         except (TimeoutError, KafkaError) as exc:
             self.metrics.append_failures.labels(topic).inc()
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc
@@ -119,7 +107,7 @@ class Appender:
             return False
         try:
             async with asyncio.timeout(2):
-                return bool(await producer.partitions_for(topic))
+                return bool(await producer.producer.partitions_for(topic))
         except (TimeoutError, KafkaError):
             return False
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -30,3 +31,52 @@ class IngestMetrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter("orderly_worker_decisions", "Deliveries decided, by gateway and outcome",
+                                 ["gateway", "outcome"], registry=self.registry)
+        self.effects = Counter("orderly_worker_effects", "Effects emitted by applied transitions",
+                               ["gateway", "type"], registry=self.registry)
+        self.errors = Counter("orderly_worker_errors", "Decisions carrying an error (e.g. claim_id collision)",
+                              ["gateway"], registry=self.registry)
+        self.batch_seconds = Histogram("orderly_worker_batch_seconds", "Time to decide and emit one batch",
+                                       buckets=APPEND_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("orderly_worker_batch_size", "Records per batch",
+                                    buckets=(1, 10, 50, 100, 250, 500, 1000), registry=self.registry)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class ProjectorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.projected = Counter("orderly_projector_decisions", "Decisions written to PostgreSQL",
+                                 registry=self.registry)
+        self.errors = Counter("orderly_projector_errors", "Errors surfaced to projection_errors",
+                              registry=self.registry)
+        self.batch_seconds = Histogram("orderly_projector_batch_seconds", "One batch transaction",
+                                       buckets=APPEND_BUCKETS, registry=self.registry)
+        self.gaps_open = Gauge("orderly_pg_sequence_gaps_open", "Open gaps in pg's event sequence",
+                               registry=self.registry)
+        self.sequences_missing = Gauge("orderly_pg_sequence_missing", "Sequence numbers not seen yet (pg)",
+                                       registry=self.registry)
+        self.backfills = Counter("orderly_pg_backfill_requests", "Gaps older than the limit sent to orderly.fetch",
+                                 registry=self.registry)
+
+
+async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> web.AppRunner:
+    """A /metrics endpoint for a process that has no HTTP server of its own."""
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner

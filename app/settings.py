@@ -85,6 +85,9 @@ class Settings:
     append_timeout_s: float = 5.0
     processing_guarantee: str = "exactly_once"
     data_dir: Path = field(default_factory=lambda: Path(".orderly"))
+    metrics_port: int = 0  # worker, projector, effects: serve /metrics here (0 = off)
+    gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
+    effects_max_attempts: int = 10
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -119,6 +122,9 @@ class Settings:
             append_timeout_s=_float(env, "ORDERLY_APPEND_TIMEOUT_S", 5.0),
             processing_guarantee=guarantee,
             data_dir=Path(env.get("ORDERLY_DATA_DIR", ".orderly")),
+            metrics_port=_int(env, "ORDERLY_METRICS_PORT", 0, minimum=0),
+            gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
+            effects_max_attempts=_int(env, "ORDERLY_EFFECTS_MAX_ATTEMPTS", 10),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -138,6 +144,9 @@ class Settings:
             "ORDERLY_APPEND_TIMEOUT_S": str(self.append_timeout_s),
             "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
             "ORDERLY_DATA_DIR": str(self.data_dir),
+            "ORDERLY_METRICS_PORT": str(self.metrics_port),
+            "ORDERLY_GAP_BACKFILL_AFTER_S": str(self.gap_backfill_after_s),
+            "ORDERLY_EFFECTS_MAX_ATTEMPTS": str(self.effects_max_attempts),
         }
         env.update({f"ORDERLY_SECRET_{g.upper()}": ",".join(s) for g, s in self.secrets.items()})
         if self.effects_url:

@@ -62,6 +62,7 @@ class Decision:
     event_type: str | None = None
     sequence: int | None = None  # the gateway's global sequence (pg), for gap tracking
     row: dict[str, Any] | None = None  # the read-model row after an applied transition
+    table: str | None = None  # the read-model table ``row`` belongs to
     effects: list[Effect] = field(default_factory=list)
     facts: list[Fact] = field(default_factory=list)
     payload: Any = None  # the parsed event, for the timeline

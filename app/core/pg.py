@@ -119,6 +119,12 @@ def _overpayment_fact(state: State, obj: dict[str, Any]) -> tuple[list[Fact], st
     if not isinstance(flag, dict) or not flag.get("claim_id"):
         return [], None
     claim_id = str(flag["claim_id"])
+    amount = flag.get("amount_minor")
+    if (flag.get("cause") not in ("same_transfer_excess", "additional_transfer")
+            or not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0
+            or flag.get("status") != "open" or flag.get("action_required") != "contact_support"
+            or not isinstance(flag.get("slip_received_at"), str)):
+        return [], f"overpayment flag {claim_id} does not match the documented shape; not stored"
     seen = state["claims"].get(claim_id)
     if seen is not None and seen != flag:
         # Never swallowed: the first-seen flag stays, the decision carries the error.
@@ -187,7 +193,8 @@ def _guard_deposit(state: State, body: dict[str, Any], d: Delivery, applied_outc
         return decide(d, STALE, facts=facts, error=error, **common)
     state["version"], state["object"] = obj["version"], obj
     effects = _deposit_effects(state, obj, body["id"], d)
-    return decide(d, applied_outcome, row=_deposit_row(state), effects=effects, facts=facts, error=error, **common)
+    return decide(d, applied_outcome, row=_deposit_row(state), table="pg_deposits", effects=effects, facts=facts,
+                  error=error, **common)
 
 
 def _guard_withdrawal(state: State, body: dict[str, Any], d: Delivery) -> Decision:
@@ -207,7 +214,8 @@ def _guard_withdrawal(state: State, body: dict[str, Any], d: Delivery) -> Decisi
         payout_id = obj["metadata"]["payout_id"]
         effects.append(Effect(f"withdrawal:{obj['id']}:close_payout", "close_payout", "pg", obj["id"],
                               {"payout_id": payout_id}, d.delivery_id))
-    return decide(d, APPLIED, row=_withdrawal_row(state), effects=effects, facts=facts, **common)
+    return decide(d, APPLIED, row=_withdrawal_row(state), table="pg_withdrawals", effects=effects, facts=facts,
+                  **common)
 
 
 def _common(body: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +288,7 @@ def _apply_event(state: State, raw: bytes, d: Delivery) -> tuple[State, list[Dec
                "amount_minor": obj["amount_minor"], "bucket_from": obj.get("bucket_from"),
                "bucket_to": obj.get("bucket_to"), "source_id": (obj.get("source") or {}).get("id"),
                "created_at": obj["created_at"], "balance_after": obj.get("balance_after")}
-        return state, [decide(d, APPLIED, row=row, **common)]
+        return state, [decide(d, APPLIED, row=row, table="pg_balance_txns", **common)]
     if kind == WITHDRAWAL:
         return state, [_guard_withdrawal(state, body, d)]
     if kind != DEPOSIT:

@@ -1,0 +1,157 @@
+"""`orderly worker`: the Faust stream processor around the pure core (thin I/O shell).
+
+One agent consumes ``orderly.raw`` and ``orderly.correlations`` (co-partitioned, so the instance
+that owns a partition sees every record about its resources in log order) and keeps each
+resource's state in a changelogged Faust table.
+
+Exactly-once, and why the order inside a batch matters. With ``processing_guarantee=
+exactly_once`` Faust commits the table's changelog and the consumed offsets in one Kafka
+transaction, but records an agent sends to other topics are *not* in it (tests/integration/
+test_faust_recovery.py shows a re-publish after kill -9). So each batch first sends its outputs and
+waits for Kafka to acknowledge them, and only then writes the table. Any commit therefore covers
+state whose outputs are already durable; a crash before the commit replays the batch, which
+re-emits the same records with the same keys, and every sink dedupes on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import faust
+import orjson
+from aiohttp import web
+
+from app.core import pg
+from app.core.model import QUARANTINED, Decision, Delivery, decide
+from app.metrics import WorkerMetrics
+from app.producer import KeyedProducer
+from app.settings import Settings
+from topics.catalog import names
+from topics.records import header_map
+
+log = logging.getLogger("orderly.worker")
+BATCH_MAX, BATCH_WITHIN_S = 1000, 0.05
+
+
+def output_records(decision: Decision, n_state: str, n: Any, state: dict[str, Any] | None) -> list[tuple[str, bytes, bytes]]:
+    key = f"{decision.gateway}:{decision.resource_id}".encode()
+    records = [(n.decisions, key, decision.to_bytes())]
+    for effect in decision.effects:
+        records.append((n.effects, effect.dedupe_key.encode(), orjson.dumps(effect.to_dict())))
+    for fact in decision.facts:
+        records.append((n.facts, fact.key.encode(), orjson.dumps(
+            {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
+             "resource_id": decision.resource_id, "data": fact.data})))
+    if state is not None:
+        records.append((n_state, key, orjson.dumps(state)))
+    return records
+
+
+def decide_record(topic: str, n: Any, state: dict[str, Any] | None, key: bytes, value: bytes,
+                  headers: dict[str, str], offset: int, partition: int) -> tuple[dict[str, Any] | None, list[Decision]]:
+    resource_key = key.decode()
+    gateway = headers.get("gateway") or resource_key.partition(":")[0]
+    delivery = Delivery(
+        delivery_id=headers.get("delivery_id") or f"{topic}:{partition}:{offset}",
+        gateway=gateway, resource_key=resource_key,
+        received_at_ms=int(headers.get("received_at") or 0), seq=offset, source=headers.get("source", "webhook"))
+    if topic == n.correlations:
+        return pg.apply_correlation(state, orjson.loads(value), delivery)
+    if gateway == "pg":
+        return pg.apply_event(state, value, delivery)
+    # card (issue 5) and paymos (issue 6) have no reducer in this worker yet: their deliveries are
+    # kept in orderly.raw and recorded as quarantined, so a replay applies them once they do.
+    return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r} yet")]
+
+
+def build_app(settings: Settings) -> faust.App:
+    n = names(settings.namespace)
+    app = faust.App(
+        f"{settings.namespace}-worker",
+        broker=f"kafka://{settings.kafka_bootstrap}",
+        store="memory://",
+        processing_guarantee=settings.processing_guarantee,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        datadir=str(settings.data_dir / f"{settings.namespace}-worker"),
+        web_enabled=bool(settings.metrics_port),
+        web_bind="127.0.0.1" if settings.ingest_host == "127.0.0.1" else "0.0.0.0",  # noqa: S104
+        web_port=settings.metrics_port or 6066,
+        broker_session_timeout=10,
+        broker_heartbeat_interval=1,
+        consumer_auto_offset_reset="earliest",
+        key_serializer="raw",
+        value_serializer="raw",  # values are JSON bytes made by orjson, not Faust's codecs
+    )
+    source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
+                       key_serializer="raw", value_serializer="raw")
+    table = app.Table("resources", partitions=settings.partitions, key_type=bytes, value_type=bytes)
+    metrics = WorkerMetrics()
+    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=5)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def start_producer() -> None:
+        await producer.start()
+
+    @app.agent(source)
+    async def process(stream: faust.StreamT[bytes]) -> None:
+        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+            started = time.perf_counter()
+            overlay: dict[bytes, dict[str, Any] | None] = {}
+            last_event: dict[bytes, Any] = {}
+            records: list[tuple[str, bytes, bytes]] = []
+            for event in events:
+                key = event.key
+                if key in overlay:
+                    state = overlay[key]
+                else:
+                    stored = table.get(key)
+                    state = orjson.loads(stored) if stored is not None else None
+                message = event.message
+                state, decisions = decide_record(message.topic, n, state, key, event.value,
+                                                 header_map(message.headers or []), message.offset,
+                                                 message.partition)
+                overlay[key] = state
+                last_event[key] = event
+                changed = any(d.row is not None or d.outcome in ("parked", "applied", "unparked")
+                              for d in decisions)
+                for i, decision in enumerate(decisions):
+                    snap = pg.snapshot(state) if state is not None and changed and i == len(decisions) - 1 else None
+                    records += output_records(decision, n.state, n, snap)
+                    metrics.decisions.labels(decision.gateway, decision.outcome).inc()
+                    for effect in decision.effects:
+                        metrics.effects.labels(decision.gateway, effect.type).inc()
+                    if decision.error:
+                        metrics.errors.labels(decision.gateway).inc()
+                        log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
+            await producer.send_all(records)  # durable before the state that implies them
+            for key, state in overlay.items():
+                if state is not None:
+                    # Faust writes a table key to the changelog partition of the current event
+                    stream._set_current_event(last_event[key])  # type: ignore[attr-defined]
+                    table[key] = orjson.dumps(state)
+            metrics.batch_seconds.observe(time.perf_counter() - started)
+            metrics.batch_size.observe(len(events))
+
+    if settings.metrics_port:
+        @app.page("/metrics")
+        async def metrics_page(web_view: Any, request: Any) -> Any:
+            body, content_type = metrics.render()
+            return web_view.bytes(body, content_type=content_type.split(";")[0])
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
+    async def stop_producer(app: faust.App, **kwargs: Any) -> None:
+        await producer.stop()
+
+    return app
+
+
+def run(settings: Settings, loglevel: str = "warn") -> None:
+    app = build_app(settings)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()
+
+
+__all__ = ["build_app", "run", "web"]

@@ -1,0 +1,230 @@
+"""`orderly projector`: writes the PostgreSQL read models from ``orderly.decisions`` (I/O layer).
+
+Each batch is one transaction that writes the rows *and* the consumed offsets, and every row write
+repeats the guard (``WHERE version < EXCLUDED.version``, ``ON CONFLICT DO NOTHING`` for append-only
+facts), so a record delivered again after a crash or a rebalance changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from asyncpg.pool import PoolConnectionProxy
+
+from app.core.gaps import Gap, due_for_backfill, observe
+from app.metrics import ProjectorMetrics, serve_metrics
+from app.producer import KeyedProducer
+from app.settings import Settings
+from projections import sql
+from projections.migrate import quote_ident
+from topics.catalog import names
+
+log = logging.getLogger("orderly.projector")
+CONSUMER = "projector"
+Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+def _ms_to_ts(ms: int) -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: ProjectorMetrics) -> None:
+    """Write one batch of decisions (already in log order) inside the caller's transaction."""
+    await conn.executemany(sql.UPSERT_WEBHOOK_EVENT, [
+        (d["delivery_id"], d["gateway"], d["event_id"], d["resource_id"], d["event_type"],
+         _ms_to_ts(d["received_at_ms"]), d["outcome"], orjson.dumps(d["payload"]).decode(), d["seq"], d["error"])
+        for d in decisions])
+    for d in decisions:
+        for fact in d["facts"]:
+            if fact["kind"] == "correlation":
+                c = fact["data"]
+                await conn.execute(sql.INSERT_CORRELATION, c["pg_deposit_id"], c["merchant_reference"],
+                                   c["our_order_id"], c["our_user_id"])
+        row, table = d["row"], d["table"]
+        if row is not None:
+            await conn.execute(sql.UPSERT_ROW[table], *sql.row_args(table, row))
+        for fact in d["facts"]:
+            await _fact(conn, d, fact, metrics)
+        for effect in d["effects"]:
+            if effect["type"] in ("credit_user", "debit_user"):
+                sign = 1 if effect["type"] == "credit_user" else -1
+                await conn.execute(sql.INSERT_LEDGER, effect["dedupe_key"], effect["payload"]["user_id"],
+                                   sign * effect["payload"]["amount_minor"], effect["resource_id"])
+        if d["error"]:
+            metrics.errors.inc()
+            await conn.execute(sql.INSERT_ERROR, "decision", d["delivery_id"],
+                               orjson.dumps({"error": d["error"], "resource": d["resource_id"]}).decode())
+
+
+async def _fact(conn: Conn, d: dict[str, Any], fact: dict[str, Any], metrics: ProjectorMetrics) -> None:
+    kind, data = fact["kind"], fact["data"]
+    if kind == "withdrawal_fill":
+        await conn.execute(sql.INSERT_FILL, data["leg_ref"], data["pg_withdrawal_id"], data.get("sequence"),
+                           data["amount_minor"], data.get("fee_recognized_minor"), data.get("settled_at"),
+                           data.get("auto_confirm_at"), data.get("balance_transaction_id"))
+    elif kind == "overpayment_flag":
+        flag = data["flag"]
+        args = (data["claim_id"], data["pg_deposit_id"], data["observed_deposit_version"], flag.get("cause"),
+                flag.get("amount_minor"), flag.get("slip_received_at"), flag.get("status"),
+                flag.get("action_required"), flag.get("expected_response_at"), orjson.dumps(flag).decode())
+        inserted = await conn.fetchval(sql.INSERT_FLAG, *args)
+        if inserted is None:
+            # Already there: the same claim from a newer snapshot is fine; other content never is.
+            same = await conn.fetchval(sql.SAME_FLAG, args[0], args[1], *args[3:])
+            if not same:
+                metrics.errors.inc()
+                log.error("overpayment claim_id collision: %s", data["claim_id"])
+                await conn.execute(sql.INSERT_ERROR, "overpayment_claim_collision", data["claim_id"],
+                                   orjson.dumps(data).decode())
+
+
+def _gaps(rows: list[asyncpg.Record]) -> list[Gap]:
+    return [Gap(r["start_seq"], r["end_seq"], int(r["first_seen_at"].timestamp() * 1000),
+                r["backfill_requested_at"] is not None) for r in rows]
+
+
+async def observe_sequences(conn: Conn, decisions: Sequence[dict[str, Any]],
+                            metrics: ProjectorMetrics) -> None:
+    seen = [(d["sequence"], d["received_at_ms"]) for d in decisions
+            if d["gateway"] == "pg" and d["sequence"] is not None and d["outcome"] != "quarantined"]
+    if not seen:
+        return
+    await conn.execute(sql.LOCK_SEQUENCES)
+    max_seen = await conn.fetchval(sql.SELECT_SEQUENCE_MAX)
+    rows = await conn.fetch(sql.SELECT_GAPS)
+    gaps = before = _gaps(rows)
+    start_max = max_seen
+    for seq, at_ms in seen:
+        max_seen, gaps = observe(max_seen, gaps, seq, at_ms)
+    if max_seen != start_max:
+        await conn.execute(sql.UPSERT_SEQUENCE_MAX, max_seen)
+    if gaps != before:
+        def requested_at(g: Gap) -> Any:
+            return next((r["backfill_requested_at"] for r in rows
+                         if r["start_seq"] <= g.start and g.end <= r["end_seq"]), None)
+        await conn.execute(sql.DELETE_GAPS)
+        await conn.executemany(sql.INSERT_GAP, [(g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
+                                                for g in gaps])
+    metrics.gaps_open.set(len(gaps))
+    metrics.sequences_missing.set(sum(g.missing for g in gaps))
+
+
+class _Offsets(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On assignment, resume each partition where the last committed transaction left it."""
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.projector.seek_to_stored(list(assigned))
+
+
+class Projector:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.n = names(settings.namespace)
+        self.metrics = ProjectorMetrics()
+        self.pool: asyncpg.Pool | None = None
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap, group_id=f"{settings.namespace}-projector",
+            enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
+            max_poll_records=2000, session_timeout_ms=10_000, heartbeat_interval_ms=1000)
+        self.producer = KeyedProducer(settings.kafka_bootstrap)
+
+    async def seek_to_stored(self, partitions: list[TopicPartition]) -> None:
+        assert self.pool is not None
+        rows = await self.pool.fetch(sql.SELECT_OFFSETS, CONSUMER, self.n.decisions)
+        stored = {r["partition"]: r["next_offset"] for r in rows}
+        for tp in partitions:
+            if tp.partition in stored:
+                self.consumer.seek(tp, stored[tp.partition])
+            else:
+                await self.consumer.seek_to_beginning(tp)
+
+    async def start(self) -> None:
+        self.pool = await asyncpg.create_pool(
+            self.settings.postgres_dsn, min_size=1, max_size=4,
+            server_settings={"search_path": quote_ident(self.settings.namespace)})
+        await self.producer.start()
+        self.consumer.subscribe([self.n.decisions], listener=_Offsets(self))
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await self.producer.stop()
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def run_once(self, timeout_ms: int = 200) -> int:
+        """Project one batch; returns how many decisions were written."""
+        assert self.pool is not None
+        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=2000)
+        if not batch:
+            return 0
+        started = time.perf_counter()
+        written = 0
+        async with self.pool.acquire() as conn, conn.transaction():
+            for tp, messages in batch.items():
+                stored = await conn.fetchval(sql.LOCK_OFFSET, CONSUMER, tp.topic, tp.partition)
+                # another instance may have written past us during a rebalance: skip what it wrote
+                fresh = [m for m in messages if stored is None or m.offset >= stored]
+                if not fresh:
+                    continue
+                decisions = [orjson.loads(m.value) for m in fresh]
+                await project(conn, decisions, self.metrics)
+                await observe_sequences(conn, decisions, self.metrics)
+                await conn.execute(sql.UPSERT_OFFSET, CONSUMER, tp.topic, tp.partition, fresh[-1].offset + 1)
+                written += len(decisions)
+        self.metrics.projected.inc(written)
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        return written
+
+    async def request_backfills(self) -> int:
+        """Emit one fetch request per gap open longer than the limit (default 4 days)."""
+        assert self.pool is not None
+        now_ms = int(time.time() * 1000)
+        after_ms = int(self.settings.gap_backfill_after_s * 1000)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql.LOCK_SEQUENCES)
+            gaps = _gaps(await conn.fetch(sql.SELECT_GAPS))
+            due = due_for_backfill(gaps, now_ms, after_ms)
+            for gap in due:
+                request = {"gateway": "pg", "kind": "backfill", "since_sequence": gap.start - 1,
+                           "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms}
+                await self.producer.send_and_wait(self.n.fetch, f"pg:sequence:{gap.start}".encode(),
+                                                  orjson.dumps(request))
+                await conn.execute(sql.MARK_BACKFILL_REQUESTED, gap.start)
+            self.metrics.backfills.inc(len(due))
+        return len(due)
+
+
+async def run(settings: Settings) -> None:
+    projector = Projector(settings)
+    await projector.start()
+    runner = await serve_metrics(projector.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    last_check = 0.0
+    try:
+        while True:
+            await projector.run_once()
+            if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
+                last_check = time.monotonic()
+                await projector.request_backfills()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await projector.stop()
+
+
+__all__ = ["Projector", "asyncio", "project", "run"]
