@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 from app.settings import Settings, SettingsError, dev_settings
@@ -50,6 +51,16 @@ def cmd_projector(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_effects(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+    from app.effects import run
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    asyncio.run(run(settings))
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
 
@@ -63,6 +74,7 @@ COMMANDS = {
     "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
     "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
     "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
+    "effects": (cmd_effects, "records effects once in PostgreSQL and delivers them to ORDERLY_EFFECTS_URL"),
     "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
 }
 
@@ -75,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    if os.environ.get("ORDERLY_DEBUG_SINKS"):
+        logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
     try:
         return COMMANDS[args.command][0](args)
     except SettingsError as exc:

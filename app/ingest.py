@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
+from app import timeline
 from app.gateways import ADAPTERS, card
 from app.gateways.base import Route, SignatureError
 from app.metrics import IngestMetrics
@@ -246,6 +247,19 @@ async def put_correlation(request: web.Request) -> web.Response:
     return _json(200, status="stored")
 
 
+async def get_resource(request: web.Request) -> web.Response:
+    gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
+    if gateway not in ADAPTERS:
+        return _json(404, error=f"unknown gateway {gateway!r}")
+    try:
+        body = await timeline.resource(await request.app[CORRELATIONS].pool(), gateway, resource_id)
+    except (Unavailable, OSError, asyncpg.PostgresConnectionError) as exc:
+        return _json(503, error=f"postgres unavailable: {exc}")
+    if body is None:
+        return _json(404, error=f"no deliveries and no state for {gateway}:{resource_id}")
+    return web.Response(body=timeline.dumps(body), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return _json(200, status="ok")
 
@@ -280,6 +294,7 @@ def create_app(settings: Settings) -> web.Application:
     app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)
     app.router.add_post("/webhooks/{gateway}", receive_webhook)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", put_correlation)
+    app.router.add_get("/resources/{gateway}/{resource_id}", get_resource)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

@@ -80,3 +80,15 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+class EffectsMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.recorded = Counter("orderly_effects_recorded", "Effect records consumed (duplicates included)",
+                                registry=self.registry)
+        self.delivered = Counter("orderly_effects_delivered", "Effects delivered (2xx)", ["type"],
+                                 registry=self.registry)
+        self.failures = Counter("orderly_effects_delivery_failures", "Failed delivery attempts", ["type"],
+                                registry=self.registry)
+        self.dead = Counter("orderly_effects_dead", "Effects given up after the last attempt", registry=self.registry)

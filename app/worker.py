@@ -16,26 +16,32 @@ re-emits the same records with the same keys, and every sink dedupes on them.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import weakref
 from typing import Any
 
 import faust
 import orjson
 from aiohttp import web
+from faust.streams import _current_event
 
 from app.core import pg
 from app.core.model import QUARANTINED, Decision, Delivery, decide
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
-from topics.catalog import names
+from topics.catalog import TopicNames, names
 from topics.records import header_map
 
 log = logging.getLogger("orderly.worker")
 BATCH_MAX, BATCH_WITHIN_S = 1000, 0.05
 
 
-def output_records(decision: Decision, n_state: str, n: Any, state: dict[str, Any] | None) -> list[tuple[str, bytes, bytes]]:
+Record = tuple[str, bytes, bytes]
+
+
+def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | None) -> list[Record]:
     key = f"{decision.gateway}:{decision.resource_id}".encode()
     records = [(n.decisions, key, decision.to_bytes())]
     for effect in decision.effects:
@@ -45,11 +51,11 @@ def output_records(decision: Decision, n_state: str, n: Any, state: dict[str, An
             {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
              "resource_id": decision.resource_id, "data": fact.data})))
     if state is not None:
-        records.append((n_state, key, orjson.dumps(state)))
+        records.append((n.state, key, orjson.dumps(state)))
     return records
 
 
-def decide_record(topic: str, n: Any, state: dict[str, Any] | None, key: bytes, value: bytes,
+def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: bytes, value: bytes,
                   headers: dict[str, str], offset: int, partition: int) -> tuple[dict[str, Any] | None, list[Decision]]:
     resource_key = key.decode()
     gateway = headers.get("gateway") or resource_key.partition(":")[0]
@@ -66,6 +72,18 @@ def decide_record(topic: str, n: Any, state: dict[str, Any] | None, key: bytes, 
     return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r} yet")]
 
 
+def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:
+    """Set a table key as if inside ``event``'s iteration (Faust picks the changelog partition
+    from the current event). Only this task's context variable is touched: changing the stream's
+    own current event instead would make take_events() buffer the wrong event for a record that
+    arrives meanwhile (seen here as one record processed twice and the next one lost)."""
+    token = _current_event.set(weakref.ref(event))
+    try:
+        table[key] = value
+    finally:
+        _current_event.reset(token)
+
+
 def build_app(settings: Settings) -> faust.App:
     n = names(settings.namespace)
     app = faust.App(
@@ -77,7 +95,7 @@ def build_app(settings: Settings) -> faust.App:
         topic_replication_factor=settings.replication_factor,
         datadir=str(settings.data_dir / f"{settings.namespace}-worker"),
         web_enabled=bool(settings.metrics_port),
-        web_bind="127.0.0.1" if settings.ingest_host == "127.0.0.1" else "0.0.0.0",  # noqa: S104
+        web_bind="127.0.0.1" if settings.ingest_host == "127.0.0.1" else "0.0.0.0",
         web_port=settings.metrics_port or 6066,
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
@@ -119,7 +137,7 @@ def build_app(settings: Settings) -> faust.App:
                               for d in decisions)
                 for i, decision in enumerate(decisions):
                     snap = pg.snapshot(state) if state is not None and changed and i == len(decisions) - 1 else None
-                    records += output_records(decision, n.state, n, snap)
+                    records += output_records(decision, n, snap)
                     metrics.decisions.labels(decision.gateway, decision.outcome).inc()
                     for effect in decision.effects:
                         metrics.effects.labels(decision.gateway, effect.type).inc()
@@ -129,9 +147,7 @@ def build_app(settings: Settings) -> faust.App:
             await producer.send_all(records)  # durable before the state that implies them
             for key, state in overlay.items():
                 if state is not None:
-                    # Faust writes a table key to the changelog partition of the current event
-                    stream._set_current_event(last_event[key])  # type: ignore[attr-defined]
-                    table[key] = orjson.dumps(state)
+                    write_table(table, key, orjson.dumps(state), last_event[key])
             metrics.batch_seconds.observe(time.perf_counter() - started)
             metrics.batch_size.observe(len(events))
 
@@ -148,9 +164,9 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
-def run(settings: Settings, loglevel: str = "warn") -> None:
+def run(settings: Settings) -> None:
     app = build_app(settings)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker = faust.Worker(app, loglevel=os.environ.get("ORDERLY_FAUST_LOGLEVEL", "warn"), quiet=True)
     worker.execute_from_commandline()
 
 

@@ -7,7 +7,6 @@ facts), so a record delivered again after a crash or a rebalance changes nothing
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -15,20 +14,17 @@ from typing import Any
 
 import asyncpg
 import orjson
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from asyncpg.pool import PoolConnectionProxy
 
 from app.core.gaps import Gap, due_for_backfill, observe
 from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections import sql
-from projections.migrate import quote_ident
+from projections.sink import Conn, PgSink
 from topics.catalog import names
 
 log = logging.getLogger("orderly.projector")
 CONSUMER = "projector"
-Conn = asyncpg.Connection | PoolConnectionProxy
 
 
 def _ms_to_ts(ms: int) -> Any:
@@ -118,85 +114,42 @@ async def observe_sequences(conn: Conn, decisions: Sequence[dict[str, Any]],
     metrics.sequences_missing.set(sum(g.missing for g in gaps))
 
 
-class _Offsets(ConsumerRebalanceListener):  # type: ignore[misc]
-    """On assignment, resume each partition where the last committed transaction left it."""
-
-    def __init__(self, projector: Projector) -> None:
-        self.projector = projector
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        return None
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.projector.seek_to_stored(list(assigned))
-
-
 class Projector:
+    """orderly.decisions → read models, ledger entries, timeline and sequence gaps."""
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.n = names(settings.namespace)
         self.metrics = ProjectorMetrics()
-        self.pool: asyncpg.Pool | None = None
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.kafka_bootstrap, group_id=f"{settings.namespace}-projector",
-            enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
-            max_poll_records=2000, session_timeout_ms=10_000, heartbeat_interval_ms=1000)
+        self.sink = PgSink(settings, CONSUMER, self.n.decisions, self._apply)
         self.producer = KeyedProducer(settings.kafka_bootstrap)
 
-    async def seek_to_stored(self, partitions: list[TopicPartition]) -> None:
-        assert self.pool is not None
-        rows = await self.pool.fetch(sql.SELECT_OFFSETS, CONSUMER, self.n.decisions)
-        stored = {r["partition"]: r["next_offset"] for r in rows}
-        for tp in partitions:
-            if tp.partition in stored:
-                self.consumer.seek(tp, stored[tp.partition])
-            else:
-                await self.consumer.seek_to_beginning(tp)
+    async def _apply(self, conn: Conn, messages: list[Any]) -> None:
+        started = time.perf_counter()
+        decisions = [orjson.loads(m.value) for m in messages]
+        await project(conn, decisions, self.metrics)
+        await observe_sequences(conn, decisions, self.metrics)
+        self.metrics.projected.inc(len(decisions))
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     async def start(self) -> None:
-        self.pool = await asyncpg.create_pool(
-            self.settings.postgres_dsn, min_size=1, max_size=4,
-            server_settings={"search_path": quote_ident(self.settings.namespace)})
         await self.producer.start()
-        self.consumer.subscribe([self.n.decisions], listener=_Offsets(self))
-        await self.consumer.start()
+        await self.sink.start()
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        await self.sink.stop()
         await self.producer.stop()
-        if self.pool is not None:
-            await self.pool.close()
 
     async def run_once(self, timeout_ms: int = 200) -> int:
-        """Project one batch; returns how many decisions were written."""
-        assert self.pool is not None
-        batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=2000)
-        if not batch:
-            return 0
-        started = time.perf_counter()
-        written = 0
-        async with self.pool.acquire() as conn, conn.transaction():
-            for tp, messages in batch.items():
-                stored = await conn.fetchval(sql.LOCK_OFFSET, CONSUMER, tp.topic, tp.partition)
-                # another instance may have written past us during a rebalance: skip what it wrote
-                fresh = [m for m in messages if stored is None or m.offset >= stored]
-                if not fresh:
-                    continue
-                decisions = [orjson.loads(m.value) for m in fresh]
-                await project(conn, decisions, self.metrics)
-                await observe_sequences(conn, decisions, self.metrics)
-                await conn.execute(sql.UPSERT_OFFSET, CONSUMER, tp.topic, tp.partition, fresh[-1].offset + 1)
-                written += len(decisions)
-        self.metrics.projected.inc(written)
-        self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        return written
+        return await self.sink.run_once(timeout_ms)
 
     async def request_backfills(self) -> int:
         """Emit one fetch request per gap open longer than the limit (default 4 days)."""
-        assert self.pool is not None
+        pool = self.sink.pool
+        assert pool is not None
         now_ms = int(time.time() * 1000)
         after_ms = int(self.settings.gap_backfill_after_s * 1000)
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with pool.acquire() as conn, conn.transaction():
             await conn.execute(sql.LOCK_SEQUENCES)
             gaps = _gaps(await conn.fetch(sql.SELECT_GAPS))
             due = due_for_backfill(gaps, now_ms, after_ms)
@@ -227,4 +180,3 @@ async def run(settings: Settings) -> None:
         await projector.stop()
 
 
-__all__ = ["Projector", "asyncio", "project", "run"]

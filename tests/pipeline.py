@@ -1,0 +1,157 @@
+"""A running Orderly pipeline for end-to-end tests: worker, projector and effects worker as real
+processes, the ingest served in a thread, and a stub merchant endpoint counting effect deliveries."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from app.bootstrap import prepare
+from app.settings import Settings
+from app.stack.process import free_port
+from projections.migrate import quote_ident
+from tests.support import ServedIngest, serve_ingest
+
+PROCESSES = ("worker", "projector", "effects")
+
+
+@dataclass
+class EffectsStub:
+    """The merchant's effects endpoint: counts every delivery per Idempotency-Key."""
+
+    url: str = ""
+    deliveries: Counter[str] = field(default_factory=Counter)
+    fail_first: int = 0  # answer 503 to the first N requests (retry path)
+    seen: int = 0
+
+
+@contextmanager
+def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
+    stub = EffectsStub(fail_first=fail_first)
+    port = free_port()
+    loop = asyncio.new_event_loop()
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        stub.seen += 1
+        if stub.seen <= stub.fail_first:
+            return web.Response(status=503)
+        stub.deliveries[request.headers["Idempotency-Key"]] += 1
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/effects", handle)
+    runner = web.AppRunner(app, access_log=None)
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    stub.url = f"http://127.0.0.1:{port}/effects"
+    try:
+        yield stub
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, logs: Path) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = {**os.environ, **settings.to_env(), "ORDERLY_FAUST_LOGLEVEL": "info", "ORDERLY_DEBUG_SINKS": "1"}
+
+    def start(self, name: str) -> None:
+        with (self.logs / f"{name}.log").open("ab") as out:
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "app.cli", name], env=self.env,
+                                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+    def assert_alive(self) -> None:
+        for name, proc in self.procs.items():
+            assert proc.poll() is None, f"{name} died:\n" + (self.logs / f"{name}.log").read_text()[-4000:]
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+
+@dataclass
+class Running:
+    settings: Settings
+    pipeline: Pipeline
+    ingest: ServedIngest
+    stub: EffectsStub
+
+    async def connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(self.settings.postgres_dsn,
+                                     server_settings={"search_path": quote_ident(self.settings.namespace)})
+
+    async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0) -> Any:
+        """Poll PostgreSQL until ``check`` returns something truthy."""
+        conn = await self.connect()
+        try:
+            deadline = time.monotonic() + timeout
+            last: Any = None
+            while time.monotonic() < deadline:
+                self.pipeline.assert_alive()
+                last = await check(conn)
+                if last:
+                    return last
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"not reached in {timeout}s (last: {last!r})\n"
+                                 + self.pipeline.log("worker")[-3000:] + self.pipeline.log("projector")[-2000:])
+        finally:
+            await conn.close()
+
+
+@contextmanager
+def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -> Iterator[Running]:
+    with ExitStack() as stack:
+        stub = stack.enter_context(effects_stub(stub_fail_first))
+        settings = settings.with_overrides(effects_url=stub.url, data_dir=logs)
+        asyncio.run(prepare(settings))
+        pipeline = Pipeline(settings, logs)
+        for name in PROCESSES:
+            pipeline.start(name)
+        stack.callback(pipeline.stop)
+        ingest = stack.enter_context(serve_ingest(settings))
+        yield Running(settings, pipeline, ingest, stub)
