@@ -207,7 +207,8 @@ async def test_sequence_gap_is_recorded_and_backfilled_after_the_limit(pipe: Run
     assert {"gateway": "pg", "kind": "backfill", "since_sequence": base, "until_sequence": base + 2} \
         .items() <= next(r for r in requests if r["since_sequence"] == base).items()
     # the late event closes the gap
-    await post(pipe, deposit("dep_s", 2, "pending", sequence=base + 1), deposit("dep_s", 3, "pending", sequence=base + 2))
+    await post(pipe, deposit("dep_s", 2, "pending", sequence=base + 1),
+               deposit("dep_s", 3, "pending", sequence=base + 2))
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 0 FROM pg_sequence_gaps WHERE start_seq >= $1", base))
 
 
