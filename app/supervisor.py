@@ -28,7 +28,7 @@ from app.stack.process import port_accepts, stop_process, wait_until
 log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
-PROCESSES = ("ingest",)
+PROCESSES = ("ingest", "worker", "projector", "effects")
 
 
 def kafka_port(bootstrap: str) -> int:
@@ -66,9 +66,12 @@ class Stack:
         self.kafka = KafkaBroker(self.data_dir / "kafka", port=kafka_port(settings.kafka_bootstrap))
         self.postgres = PostgresServer(self.data_dir / "postgres", port=postgres_port(settings.postgres_dsn))
         env = {**os.environ, **settings.to_env()}
+        # each process without an HTTP server of its own serves /metrics on the next port up
         self.children = [
-            Child(name, [sys.executable, "-m", "app.cli", name], env, self.data_dir / f"{name}.log")
-            for name in processes
+            Child(name, [sys.executable, "-m", "app.cli", name],
+                  {**env, "ORDERLY_METRICS_PORT": str(settings.ingest_port + i) if i else "0"},
+                  self.data_dir / f"{name}.log")
+            for i, name in enumerate(processes)
         ]
 
     @property

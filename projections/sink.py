@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from asyncpg.pool import PoolConnectionProxy
@@ -92,10 +93,32 @@ class PgSink:
                     continue
                 log.debug("%s %s[%d] offsets %d..%d", self.name, tp.topic, tp.partition, fresh[0].offset,
                           fresh[-1].offset)
-                await self.apply(conn, fresh)
+                await self._apply_guarded(conn, fresh)
                 await conn.execute(sql.UPSERT_OFFSET, self.name, tp.topic, tp.partition, fresh[-1].offset + 1)
                 written += len(fresh)
         return written
+
+    async def _apply_guarded(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
+        """Apply the batch; if the database refuses it, apply record by record and set aside the
+        ones it refuses (with the reason, in projection_errors), so one bad record cannot wedge the
+        sink and nothing it refuses is half-written."""
+        try:
+            async with conn.transaction():  # a savepoint
+                await self.apply(conn, messages)
+            return
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            log.error("%s: batch refused by PostgreSQL (%s); retrying record by record", self.name, exc)
+        for message in messages:
+            try:
+                async with conn.transaction():
+                    await self.apply(conn, [message])
+            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+                log.error("%s: %s[%d]@%d set aside: %s", self.name, message.topic, message.partition,
+                          message.offset, exc)
+                await conn.execute(sql.INSERT_ERROR, f"{self.name}_refused",
+                                   f"{message.topic}:{message.partition}:{message.offset}",
+                                   orjson.dumps({"error": str(exc), "value": message.value.decode(errors="replace")}
+                                                ).decode())
 
     async def drain(self, idle_s: float = 1.0, limit_s: float = 60.0) -> int:
         """Run until nothing arrives for ``idle_s`` (replay and tests)."""

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
+import hypothesis  # noqa: F401  (loaded before any test: see the note in README, "Known issues")
 import pytest
 
 from app.stack.kafka import KafkaBroker

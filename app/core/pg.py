@@ -226,8 +226,12 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _validate(kind: str, obj: dict[str, Any]) -> None:
+    if not isinstance(obj.get("id"), str) or not obj["id"]:
+        raise Invalid(f"{kind} without an id")
     if kind in (DEPOSIT, WITHDRAWAL):
         _int(obj, "version", True)
+        if not isinstance(obj.get("status"), str) or not obj["status"]:
+            raise Invalid(f"{kind} without a status")
     if kind == DEPOSIT:
         check_deposit_money(obj)
     elif kind == WITHDRAWAL:

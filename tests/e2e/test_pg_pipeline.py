@@ -217,6 +217,7 @@ LIFECYCLES = [["pending", "slip_received", "settled"], ["pending", "expired", "s
               ["pending", "settled", "settled", "reversed"]]
 
 
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")  # see test_ingest_fuzz
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
 @given(data=st.data())

@@ -1,0 +1,94 @@
+"""The projector on its own: guarded upserts, offsets in the same transaction (a redelivered batch
+changes nothing), and a record PostgreSQL refuses is set aside instead of wedging the sink."""
+
+from __future__ import annotations
+
+import asyncpg
+import orjson
+
+from app.bootstrap import prepare
+from app.core.model import Delivery
+from app.core.pg import apply_correlation, apply_event
+from app.producer import KeyedProducer
+from app.settings import Settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from projections import sql
+from projections.projector import Projector
+from tests.pg_events import deposit
+from tests.support import make_settings
+from topics.catalog import names
+
+CORR = {"pg_deposit_id": "dep_p", "merchant_reference": "mr_p", "our_order_id": "ord_p", "our_user_id": "usr_p"}
+
+
+def decisions_for(events: list[bytes]) -> list[bytes]:
+    state, out = apply_correlation(None, CORR, Delivery("dlv_c", "pg", "pg:dep_p", 1_700_000_000_000, 0))
+    for i, ev in enumerate(events):
+        state, more = apply_event(state, ev, Delivery(f"dlv_{i}", "pg", "pg:dep_p", 1_700_000_000_001 + i, i + 1))
+        out += more
+    return [d.to_bytes() for d in out]
+
+
+async def publish(s: Settings, values: list[bytes]) -> None:
+    producer = KeyedProducer(s.kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_all([(names(s.namespace).decisions, b"pg:dep_p", v) for v in values])
+    finally:
+        await producer.stop()
+
+
+async def drain(s: Settings) -> None:
+    projector = Projector(s)
+    await projector.start()
+    try:
+        await projector.sink.drain(idle_s=1.5)
+    finally:
+        await projector.stop()
+
+
+async def test_redelivered_decisions_change_nothing(kafka: KafkaBroker, postgres: PostgresServer,
+                                                    namespace: str) -> None:
+    s = make_settings(kafka.bootstrap, postgres.dsn, namespace)
+    await prepare(s)
+    await publish(s, decisions_for([deposit("dep_p", 9, "settled"), deposit("dep_p", 6, "expired")]))
+    await drain(s)
+    conn = await asyncpg.connect(postgres.dsn, server_settings={"search_path": namespace})
+    try:
+        snapshot = [await conn.fetch(f"SELECT * FROM {t} ORDER BY 1") for t in
+                    ("pg_deposits", "ledger_entries", "webhook_events", "pg_deposit_correlations")]
+        assert snapshot[0][0]["status"] == "settled" and len(snapshot[1]) == 1
+        # forget the offsets: every decision is delivered again
+        await conn.execute("DELETE FROM projector_offsets")
+        await drain(s)
+        again = [await conn.fetch(f"SELECT * FROM {t} ORDER BY 1") for t in
+                 ("pg_deposits", "ledger_entries", "webhook_events", "pg_deposit_correlations")]
+        assert again == snapshot
+        # a decision carrying an older version never overwrites a newer row
+        older = decisions_for([deposit("dep_p", 3, "pending")])[-1]
+        await publish(s, [older])
+        await drain(s)
+        assert await conn.fetchval("SELECT pg_version FROM pg_deposits WHERE pg_deposit_id='dep_p'") == 9
+    finally:
+        await conn.close()
+
+
+async def test_a_refused_record_is_set_aside(kafka: KafkaBroker, postgres: PostgresServer, namespace: str) -> None:
+    s = make_settings(kafka.bootstrap, postgres.dsn, namespace)
+    await prepare(s)
+    good = decisions_for([deposit("dep_p", 9, "settled")])
+    bad = orjson.loads(good[-1])
+    bad["delivery_id"], bad["row"]["status"], bad["row"]["pg_version"] = "dlv_bad", None, 10  # NOT NULL breaks
+    await publish(s, [good[0], orjson.dumps(bad), good[1]])
+    await drain(s)
+    conn = await asyncpg.connect(postgres.dsn, server_settings={"search_path": namespace})
+    try:
+        assert await conn.fetchval("SELECT status FROM pg_deposits") == "settled"
+        [error] = await conn.fetch("SELECT kind, detail FROM projection_errors")
+        assert error["kind"] == "projector_refused" and "status" in orjson.loads(error["detail"])["error"]
+        assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE delivery_id = 'dlv_bad'") == 0
+        offsets = await conn.fetch(sql.SELECT_OFFSETS, "projector", names(namespace).decisions)
+        assert sum(r["next_offset"] for r in offsets) == 3
+    finally:
+        await conn.close()
