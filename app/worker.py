@@ -19,6 +19,7 @@ import logging
 import os
 import time
 import weakref
+from collections import Counter
 from typing import Any
 
 import faust
@@ -45,7 +46,7 @@ def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | No
     key = f"{decision.gateway}:{decision.resource_id}".encode()
     records = [(n.decisions, key, decision.to_bytes())]
     for effect in decision.effects:
-        records.append((n.effects, effect.dedupe_key.encode(), orjson.dumps(effect.to_dict())))
+        records.append((n.effects, effect.dedupe_key.encode(), effect.to_bytes()))
     for fact in decision.facts:
         records.append((n.facts, fact.key.encode(), orjson.dumps(
             {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
@@ -102,6 +103,10 @@ def build_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",  # values are JSON bytes made by orjson, not Faust's codecs
+        # A changelog write per resource per batch goes to one of up to `partitions` transactional
+        # producers; lingering lets each send a batch instead of a request per record.
+        producer_linger=0.005,
+        producer_max_batch_size=256 * 1024,
     )
     source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
@@ -119,6 +124,8 @@ def build_app(settings: Settings) -> faust.App:
             started = time.perf_counter()
             overlay: dict[bytes, dict[str, Any] | None] = {}
             last_event: dict[bytes, Any] = {}
+            outcomes: Counter[tuple[str, str]] = Counter()
+            changed: set[bytes] = set()
             records: list[tuple[str, bytes, bytes]] = []
             for event in events:
                 key = event.key
@@ -133,18 +140,22 @@ def build_app(settings: Settings) -> faust.App:
                                                  message.partition)
                 overlay[key] = state
                 last_event[key] = event
-                changed = any(d.row is not None or d.outcome in ("parked", "applied", "unparked")
-                              for d in decisions)
-                for i, decision in enumerate(decisions):
-                    snap = pg.snapshot(state) if state is not None and changed and i == len(decisions) - 1 else None
-                    records += output_records(decision, n, snap)
-                    metrics.decisions.labels(decision.gateway, decision.outcome).inc()
+                if any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions):
+                    changed.add(key)
+                for decision in decisions:
+                    records += output_records(decision, n, None)
+                    outcomes[(decision.gateway, decision.outcome)] += 1
                     for effect in decision.effects:
                         metrics.effects.labels(decision.gateway, effect.type).inc()
                     if decision.error:
                         metrics.errors.labels(decision.gateway).inc()
                         log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
+            # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
+            records += [(n.state, key, orjson.dumps(pg.snapshot(st))) for key in changed
+                        if (st := overlay[key]) is not None]
             await producer.send_all(records)  # durable before the state that implies them
+            for (gateway, outcome), count in outcomes.items():
+                metrics.decisions.labels(gateway, outcome).inc(count)
             for key, state in overlay.items():
                 if state is not None:
                     write_table(table, key, orjson.dumps(state), last_event[key])

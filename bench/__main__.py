@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import ingest
+from bench import ingest, worker
 
-BENCHES = {"ingest": ingest.main}
+BENCHES = {"ingest": ingest.main, "worker": worker.main}
 
 
 def main(argv: list[str]) -> int:

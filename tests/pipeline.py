@@ -65,6 +65,7 @@ def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
         ready.set()
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
+        loop.close()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

@@ -40,6 +40,9 @@ class Effect:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self)
+
 
 @dataclass(frozen=True)
 class Fact:
@@ -69,7 +72,7 @@ class Decision:
     error: str | None = None
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson serialises dataclasses natively, without asdict's deep copy
 
     @staticmethod
     def from_bytes(raw: bytes) -> dict[str, Any]:

@@ -1,0 +1,132 @@
+"""Worker throughput: pg events/s decided by one `orderly worker` from a pre-filled orderly.raw,
+with exactly-once on and off, measured side by side in one run.
+
+The rate is taken from the decisions' own Kafka timestamps (first to last), so Faust's start-up and
+rebalance time are not counted: it is the steady-state apply rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+from app.bootstrap import prepare
+from app.producer import KeyedProducer
+from app.settings import Settings, dev_settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from app.stack.process import stop_process
+from tests.pg_events import deposit
+from topics.catalog import names
+from topics.records import raw_headers
+
+DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "5000"))
+PARTITIONS = os.environ.get("BENCH_PARTITIONS", "12")
+
+
+async def prefill(settings: Settings) -> int:
+    """Correlations for every deposit, then 4 deliveries each (one a redelivery), interleaved."""
+    n = names(settings.namespace)
+    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        futures = []
+        for i in range(DEPOSITS):
+            dep = f"dep_b{i}"
+            corr = {"pg_deposit_id": dep, "merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
+                    "our_user_id": f"u_{dep}"}
+            futures.append(await producer.send(n.correlations, f"pg:{dep}".encode(), orjson.dumps(corr),
+                                               raw_headers("pg", f"c{i}", 1_700_000_000_000, "merchant")))
+        count = 0
+        for step, status in enumerate(["pending", "slip_received", "settled", "settled"]):
+            for i in range(DEPOSITS):
+                dep = f"dep_b{i}"
+                version = min(step, 2) + 1
+                body = deposit(dep, version, status, sequence=i * 3 + version)
+                futures.append(await producer.send(n.raw, f"pg:{dep}".encode(), body,
+                                                   raw_headers("pg", f"d{step}-{i}", 1_700_000_000_000)))
+                count += 1
+        await asyncio.gather(*futures)
+        return count
+    finally:
+        await producer.stop()
+
+
+async def measure(settings: Settings, expected: int, limit_s: float = 600) -> tuple[float, int]:
+    consumer = AIOKafkaConsumer(names(settings.namespace).decisions, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    first = last = None
+    seen = 0
+    try:
+        async with asyncio.timeout(limit_s):
+            while seen < expected:
+                batch = await consumer.getmany(timeout_ms=1000, max_records=5000)
+                for messages in batch.values():
+                    for m in messages:
+                        seen += 1
+                        first = m.timestamp if first is None else min(first, m.timestamp)
+                        last = m.timestamp if last is None else max(last, m.timestamp)
+    finally:
+        await consumer.stop()
+    assert first is not None and last is not None
+    return seen / max((last - first) / 1000, 1e-3), seen
+
+
+def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, float]:
+    namespace = f"bench_{guarantee}_{int(time.time())}"
+    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
+           "ORDERLY_NAMESPACE": namespace, "ORDERLY_PROCESSING_GUARANTEE": guarantee, "ORDERLY_DATA_DIR": str(work),
+           "ORDERLY_PARTITIONS": PARTITIONS}
+    settings = dev_settings(env)
+    env.update(settings.to_env())
+    asyncio.run(prepare(settings))
+    events = asyncio.run(prefill(settings))
+    expected = events + DEPOSITS  # one decision per delivery and per correlation
+    started = time.monotonic()
+    with (work / f"worker-{guarantee}.log").open("ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        rate, seen = asyncio.run(measure(settings, expected))
+    finally:
+        stop_process(worker, 30)
+    return {"decisions": seen, "rate": rate, "wall_s": time.monotonic() - started}
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="orderly-bench-worker-"))
+    kafka = KafkaBroker(work / "kafka", heap_mb=512)
+    postgres = PostgresServer(work / "postgres")
+    kafka.start()
+    postgres.start()
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for guarantee in ("at_least_once", "exactly_once"):
+            results[guarantee] = run_mode(kafka, postgres, guarantee, work)
+    finally:
+        kafka.stop()
+        postgres.stop()
+    ratio = results["exactly_once"]["rate"] / results["at_least_once"]["rate"]
+    print(f"\nworker benchmark: {DEPOSITS} deposits, {DEPOSITS * 5} records (4 deliveries + 1 correlation each), "
+          f"{os.cpu_count()} cores, one worker, {PARTITIONS} partitions")
+    print(f"{'mode':<16}{'decisions/s':>14}{'wall s (incl. start-up)':>26}")
+    for mode, r in results.items():
+        print(f"{mode:<16}{r['rate']:>14.0f}{r['wall_s']:>26.1f}")
+    print(f"exactly-once / at-least-once: {ratio:.2f} (target >= 0.70); target >= 5000 decisions/s")
+    out = Path("bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "worker.json").write_text(json.dumps({"deposits": DEPOSITS, "results": results, "ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
