@@ -9,9 +9,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class IngestMetrics:
+class _Metrics:
+    """One process's metrics in a registry of its own."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class IngestMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
         self.requests = Counter(
             "orderly_ingest_requests", "Requests by gateway and outcome "
             "(stored, quarantined, unauthorized, too_large, unavailable, not_found, bad_request, conflict)",
@@ -29,13 +39,10 @@ class IngestMetrics:
             "orderly_ingest_append_failures", "Appends that failed or passed the deadline (answered 503)",
             ["topic"], registry=self.registry)
 
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-
-class WorkerMetrics:
+class WorkerMetrics(_Metrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.decisions = Counter("orderly_worker_decisions", "Deliveries decided, by gateway and outcome",
                                  ["gateway", "outcome"], registry=self.registry)
         self.effects = Counter("orderly_worker_effects", "Effects emitted by applied transitions",
@@ -47,13 +54,10 @@ class WorkerMetrics:
         self.batch_size = Histogram("orderly_worker_batch_size", "Records per batch",
                                     buckets=(1, 10, 50, 100, 250, 500, 1000), registry=self.registry)
 
-    def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-
-class ProjectorMetrics:
+class ProjectorMetrics(_Metrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.projected = Counter("orderly_projector_decisions", "Decisions written to PostgreSQL",
                                  registry=self.registry)
         self.errors = Counter("orderly_projector_errors", "Errors surfaced to projection_errors",
@@ -82,9 +86,9 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
     return runner
 
 
-class EffectsMetrics:
+class EffectsMetrics(_Metrics):
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        super().__init__()
         self.recorded = Counter("orderly_effects_recorded", "Effect records consumed (duplicates included)",
                                 registry=self.registry)
         self.delivered = Counter("orderly_effects_delivered", "Effects delivered (2xx)", ["type"],

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -22,9 +21,8 @@ from aiohttp import web
 
 from app.bootstrap import prepare
 from app.settings import Settings
-from app.stack.process import free_port
 from projections.migrate import quote_ident
-from tests.support import ServedIngest, serve_ingest
+from tests.support import ServedIngest, serve_in_thread, serve_ingest
 
 PROCESSES = ("worker", "projector", "effects")
 
@@ -42,8 +40,6 @@ class EffectsStub:
 @contextmanager
 def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
     stub = EffectsStub(fail_first=fail_first)
-    port = free_port()
-    loop = asyncio.new_event_loop()
 
     async def handle(request: web.Request) -> web.Response:
         await request.read()
@@ -55,27 +51,9 @@ def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
 
     app = web.Application()
     app.router.add_post("/effects", handle)
-    runner = web.AppRunner(app, access_log=None)
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    stub.url = f"http://127.0.0.1:{port}/effects"
-    try:
+    with serve_in_thread(app) as url:
+        stub.url = f"{url}/effects"
         yield stub
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
 
 
 class Pipeline:

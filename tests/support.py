@@ -49,11 +49,10 @@ class ServedIngest:
 
 
 @contextmanager
-def serve_ingest(settings: Settings) -> Iterator[ServedIngest]:
-    """Run the real ingest app on a loopback port in a thread with its own event loop."""
+def serve_in_thread(app: web.Application) -> Iterator[str]:
+    """Serve an aiohttp app on a loopback port from a thread with its own event loop; yields its URL."""
     port = free_port()
     loop = asyncio.new_event_loop()
-    app = create_app(settings)
     runner = web.AppRunner(app, access_log=None)
     ready = threading.Event()
 
@@ -68,12 +67,20 @@ def serve_ingest(settings: Settings) -> Iterator[ServedIngest]:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    assert ready.wait(20), "ingest did not start"
+    assert ready.wait(20), "server did not start"
     try:
-        yield ServedIngest(f"http://127.0.0.1:{port}", app[METRICS])
+        yield f"http://127.0.0.1:{port}"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(20)
+
+
+@contextmanager
+def serve_ingest(settings: Settings) -> Iterator[ServedIngest]:
+    """Run the real ingest app on a loopback port in a thread with its own event loop."""
+    app = create_app(settings)
+    with serve_in_thread(app) as url:
+        yield ServedIngest(url, app[METRICS])
 
 
 @dataclass(frozen=True)

@@ -90,3 +90,26 @@ def text_field(obj: Any, *path: str) -> str | None:
             return None
         obj = obj.get(step)
     return obj if isinstance(obj, str) and obj else None
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fields every gateway's routing needs: the parsed body, its event id and type."""
+
+    body: dict[str, Any]
+    event_id: str
+    event_type: str
+
+    def quarantine(self, code: str, reason: str) -> Route:
+        return Route.quarantine(code, reason, self.event_id, self.event_type)
+
+
+def envelope(raw: bytes, id_field: str, type_field: str) -> Envelope | Route:
+    """Parse a verified body far enough to route it, or say why it goes to quarantine."""
+    body = load_json_object(raw)
+    if body is None:
+        return Route.quarantine("not_json", "body is not a JSON object")
+    event_id, event_type = text_field(body, id_field), text_field(body, type_field)
+    if event_id is None or event_type is None:
+        return Route.quarantine("missing_fields", f"missing {id_field} or {type_field}", event_id, event_type)
+    return Envelope(body, event_id, event_type)

@@ -14,8 +14,8 @@ from app.gateways.base import (
     SignatureError,
     any_match,
     check_timestamp,
+    envelope,
     hmac_sha256,
-    load_json_object,
     text_field,
 )
 
@@ -70,16 +70,12 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 
 
 def route(raw: bytes) -> Route:
-    body = load_json_object(raw)
-    if body is None:
-        return Route.quarantine("not_json", "body is not a JSON object")
-    event_id = text_field(body, "id")
-    event_type = text_field(body, "type")
-    payment_ref = text_field(body, "payment_ref")
-    if event_id is None or event_type is None:
-        return Route.quarantine("missing_fields", "missing id or type", event_id, event_type)
-    if event_type not in EVENT_TYPES:
-        return Route.quarantine("unknown_type", f"unknown event type {event_type!r}", event_id, event_type)
+    env = envelope(raw, "id", "type")
+    if isinstance(env, Route):
+        return env
+    if env.event_type not in EVENT_TYPES:
+        return env.quarantine("unknown_type", f"unknown event type {env.event_type!r}")
+    payment_ref = text_field(env.body, "payment_ref")
     if payment_ref is None:
-        return Route.quarantine("missing_fields", "payment_ref missing", event_id, event_type)
-    return Route(f"{name}:{payment_ref}", event_id, event_type)
+        return env.quarantine("missing_fields", "payment_ref missing")
+    return Route(f"{name}:{payment_ref}", env.event_id, env.event_type)

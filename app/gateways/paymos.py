@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.gateways.base import Route, SignatureError, any_match, hmac_sha256, load_json_object, text_field
+from app.gateways.base import Route, SignatureError, any_match, envelope, hmac_sha256, text_field
 
 name = "paymos"
 SIGNATURE_HEADER = "X-Paymos-Signature"
@@ -57,18 +57,14 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 
 
 def route(raw: bytes) -> Route:
-    body = load_json_object(raw)
-    if body is None:
-        return Route.quarantine("not_json", "body is not a JSON object")
-    event_id = text_field(body, "event_id")
-    event_type = text_field(body, "event_type")
-    resource_id = text_field(body, "data", "id")
-    if event_id is None or event_type is None:
-        return Route.quarantine("missing_fields", "missing event_id or event_type", event_id, event_type)
-    if event_type not in EVENT_TYPES:
-        return Route.quarantine("unknown_type", f"unknown event type {event_type!r}", event_id, event_type)
+    env = envelope(raw, "event_id", "event_type")
+    if isinstance(env, Route):
+        return env
+    if env.event_type not in EVENT_TYPES:
+        return env.quarantine("unknown_type", f"unknown event type {env.event_type!r}")
+    resource_id = text_field(env.body, "data", "id")
     if resource_id is None:
-        return Route.quarantine("missing_fields", "data.id missing", event_id, event_type)
-    if text_field(body, "data", "object") != OBJECT_OF[event_type]:
-        return Route.quarantine("unknown_object", f"data.object does not match {event_type}", event_id, event_type)
-    return Route(f"{name}:{resource_id}", event_id, event_type)
+        return env.quarantine("missing_fields", "data.id missing")
+    if text_field(env.body, "data", "object") != OBJECT_OF[env.event_type]:
+        return env.quarantine("unknown_object", f"data.object does not match {env.event_type}")
+    return Route(f"{name}:{resource_id}", env.event_id, env.event_type)

@@ -14,8 +14,8 @@ from app.gateways.base import (
     SignatureError,
     any_match,
     check_timestamp,
+    envelope,
     hmac_sha256,
-    load_json_object,
     text_field,
 )
 
@@ -66,17 +66,13 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 
 
 def route(raw: bytes) -> Route:
-    body = load_json_object(raw)
-    if body is None:
-        return Route.quarantine("not_json", "body is not a JSON object")
-    event_id = text_field(body, "id")
-    event_type = text_field(body, "type")
-    kind = text_field(body, "data", "object", "object")
-    resource_id = text_field(body, "data", "object", "id")
-    if event_id is None or event_type is None:
-        return Route.quarantine("missing_fields", "missing id or type", event_id, event_type)
+    env = envelope(raw, "id", "type")
+    if isinstance(env, Route):
+        return env
+    kind = text_field(env.body, "data", "object", "object")
     if kind not in OBJECT_KINDS:
-        return Route.quarantine("unknown_object", f"unknown object kind {kind!r}", event_id, event_type)
+        return env.quarantine("unknown_object", f"unknown object kind {kind!r}")
+    resource_id = text_field(env.body, "data", "object", "id")
     if resource_id is None:
-        return Route.quarantine("missing_fields", "data.object.id missing", event_id, event_type)
-    return Route(f"{name}:{resource_id}", event_id, event_type)
+        return env.quarantine("missing_fields", "data.object.id missing")
+    return Route(f"{name}:{resource_id}", env.event_id, env.event_type)
