@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import ingest, worker
+from bench import e2e, ingest, worker
 
-BENCHES = {"ingest": ingest.main, "worker": worker.main}
+BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main}
 
 
 def main(argv: list[str]) -> int:

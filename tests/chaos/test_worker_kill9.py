@@ -109,13 +109,15 @@ async def test_kill_9_worker_while_events_flow(pipe: Running) -> None:
         assert credits >= sum(1 for f in truth.values() if f == "settled")
         # every delivery has exactly one timeline row and none is still parked
         assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE outcome = 'parked'") == 0
-        keys = [r["dedupe_key"] for r in await conn.fetch("SELECT dedupe_key FROM effects")]
     finally:
         await conn.close()
-    # the merchant received every effect exactly once
-    for _ in range(300):
-        if all(pipe.stub.deliveries[k] for k in keys):
-            break
-        await asyncio.sleep(0.2)
+
+    # the effects worker consumes orderly.effects on its own: wait until it has recorded and
+    # delivered everything, then the merchant must have received every effect exactly once
+    async def all_delivered(conn: object) -> list[str] | None:
+        rows = await conn.fetch("SELECT dedupe_key, delivered_at FROM effects")  # type: ignore[attr-defined]
+        keys = [r["dedupe_key"] for r in rows]
+        done = all(r["delivered_at"] is not None for r in rows) and set(keys) == set(pipe.stub.deliveries)
+        return keys if done else None
+    keys = await pipe.wait_for(all_delivered, timeout=120)
     assert {k: pipe.stub.deliveries[k] for k in keys} == dict.fromkeys(keys, 1)
-    assert set(pipe.stub.deliveries) == set(keys)

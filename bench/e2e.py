@@ -1,0 +1,175 @@
+"""End to end: pg webhooks/s from the HTTP ingest to the PostgreSQL read model (exactly-once on and
+off), side by side in one run with the pg document's own design (bench/baseline.py: one PostgreSQL
+transaction per webhook) on the same signed events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+import orjson
+
+from app.bootstrap import prepare
+from app.settings import Settings, dev_settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from projections.migrate import migrate
+from tests.pg_events import deposit
+from tests.support import signed_headers
+
+DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "3000"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))
+PROCESSES = ("worker", "projector", "effects")
+
+
+def correlation(i: int) -> dict[str, str]:
+    dep = f"dep_e{i}"
+    return {"pg_deposit_id": dep, "merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
+            "our_user_id": f"u_{dep}"}
+
+
+def write_requests(settings: Settings, path: Path) -> int:
+    out = []
+    for version, status in enumerate(["pending", "slip_received", "settled"], start=1):
+        for i in range(DEPOSITS):
+            raw = deposit(f"dep_e{i}", version, status, sequence=i * 3 + version)
+            out.append({"path": "/webhooks/pg", "body": raw.decode(), "headers": signed_headers("pg", raw, settings)})
+    path.write_bytes(orjson.dumps(out))
+    return len(out)
+
+
+def load(url: str, requests_file: Path, count: int) -> dict[str, float]:
+    result = subprocess.run([sys.executable, "-m", "bench.load", url, str(requests_file), str(CONCURRENCY), "600",
+                             "0", str(count)], capture_output=True, text=True, check=True)
+    return dict(json.loads(result.stdout))
+
+
+def serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_until(lambda: port_accepts(port), 60, " ".join(argv), lambda: proc.poll() is None)
+    return proc
+
+
+async def count_projected(settings: Settings) -> int:
+    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM webhook_events WHERE event_type LIKE 'deposit.%'"))
+    finally:
+        await conn.close()
+
+
+async def put_correlations(url: str, token: str) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        sem = asyncio.Semaphore(32)
+
+        async def one(i: int) -> None:
+            c = correlation(i)
+            async with sem, http.put(f"{url}/correlations/pg/deposits/{c['pg_deposit_id']}",
+                                     data=orjson.dumps({k: v for k, v in c.items() if k != "pg_deposit_id"}),
+                                     headers={"Authorization": f"Bearer {token}"}) as resp:
+                assert resp.status == 200
+
+        await asyncio.gather(*(one(i) for i in range(DEPOSITS)))
+
+
+def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, float]:
+    port = free_port()
+    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
+           "ORDERLY_NAMESPACE": f"e2e_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
+           "ORDERLY_INGEST_PORT": str(port), "ORDERLY_DATA_DIR": str(work),
+           "ORDERLY_PARTITIONS": os.environ.get("BENCH_PARTITIONS", "12")}
+    settings = dev_settings(env)
+    env.update(settings.to_env())
+    asyncio.run(prepare(settings))
+    requests_file = work / f"requests-{guarantee}.json"
+    count = write_requests(settings, requests_file)
+    procs = [serve([sys.executable, "-m", "app.cli", "ingest"], env, port, work / f"ingest-{guarantee}.log")]
+    for name in PROCESSES:
+        with (work / f"{name}-{guarantee}.log").open("ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", name], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(put_correlations(url, settings.api_token))
+        time.sleep(12)  # the worker joins its group and recovers; not part of the measurement
+        started = time.monotonic()
+        result = load(url, requests_file, count)
+        acked = int(result["requests"] - result["non_2xx"])
+        while asyncio.run(count_projected(settings)) < acked:
+            if time.monotonic() - started > 600:
+                raise TimeoutError("the pipeline did not drain in 600 s")
+            time.sleep(0.2)
+        elapsed = time.monotonic() - started
+    finally:
+        for proc in procs:
+            stop_process(proc, 30)
+    return {"events": acked, "rate": acked / elapsed, "ingest_rate": result["rate"], "ingest_p99_ms": result["p99_ms"]}
+
+
+def run_baseline(postgres: PostgresServer, work: Path) -> dict[str, float]:
+    schema, port = "baseline", free_port()
+    settings = dev_settings({"ORDERLY_NAMESPACE": schema})
+
+    async def setup() -> None:
+        conn = await asyncpg.connect(postgres.dsn)
+        try:
+            await migrate(conn, schema)
+            await conn.executemany(
+                f"INSERT INTO {schema}.pg_deposit_correlations VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                [tuple(correlation(i).values()) for i in range(DEPOSITS)])
+        finally:
+            await conn.close()
+
+    asyncio.run(setup())
+    requests_file = work / "requests-baseline.json"
+    count = write_requests(settings, requests_file)
+    proc = serve([sys.executable, "-m", "bench.baseline", postgres.dsn, schema, settings.secrets["pg"][0], str(port)],
+                 dict(os.environ), port, work / "baseline.log")
+    try:
+        result = load(f"http://127.0.0.1:{port}", requests_file, count)
+    finally:
+        stop_process(proc, 30)
+    return {"events": result["requests"] - result["non_2xx"], "rate": result["rate"], "p99_ms": result["p99_ms"]}
+
+
+def main() -> None:
+    work = Path(tempfile.mkdtemp(prefix="orderly-bench-e2e-"))
+    kafka = KafkaBroker(work / "kafka", heap_mb=512)
+    postgres = PostgresServer(work / "postgres")
+    kafka.start()
+    postgres.start()
+    results: dict[str, dict[str, float]] = {}
+    try:
+        results["baseline"] = run_baseline(postgres, work)
+        for guarantee in ("at_least_once", "exactly_once"):
+            results[guarantee] = run_pipeline(kafka, postgres, guarantee, work)
+    finally:
+        kafka.stop()
+        postgres.stop()
+    base = results["baseline"]["rate"]
+    print(f"\nend-to-end benchmark: {DEPOSITS} deposits x 3 signed webhooks, {CONCURRENCY} concurrent clients, "
+          f"{os.cpu_count()} cores, Kafka and PostgreSQL on the same machine")
+    print(f"{'design':<44}{'events/s':>10}{'x baseline':>12}")
+    print(f"{'baseline: one PostgreSQL transaction per webhook':<44}{base:>10.0f}{1:>12.2f}")
+    for mode in ("at_least_once", "exactly_once"):
+        r = results[mode]["rate"]
+        print(f"{'Orderly HTTP -> read model, ' + mode:<44}{r:>10.0f}{r / base:>12.2f}")
+    print("target: Orderly >= 2x baseline in both modes")
+    out = Path("bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
