@@ -40,7 +40,8 @@ def write_requests(settings: Settings, path: Path) -> int:
     out = []
     for version, status in enumerate(["pending", "slip_received", "settled"], start=1):
         for i in range(DEPOSITS):
-            raw = deposit(f"dep_e{i}", version, status, sequence=i * 3 + version)
+            # the gateway's sequence follows creation order across all deposits
+            raw = deposit(f"dep_e{i}", version, status, sequence=(version - 1) * DEPOSITS + i + 1)
             out.append({"path": "/webhooks/pg", "body": raw.decode(), "headers": signed_headers("pg", raw, settings)})
     path.write_bytes(orjson.dumps(out))
     return len(out)

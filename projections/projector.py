@@ -34,53 +34,60 @@ def _ms_to_ts(ms: int) -> Any:
 
 
 async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: ProjectorMetrics) -> None:
-    """Write one batch of decisions (already in log order) inside the caller's transaction."""
+    """Write one batch of decisions (already in log order) inside the caller's transaction.
+
+    One executemany per table, in an order that satisfies the foreign keys (rows before the fills
+    and flags that reference them); within a table the log order is kept, so the SQL guard sees
+    a resource's snapshots in the order the worker decided them.
+    """
     await conn.executemany(sql.UPSERT_WEBHOOK_EVENT, [
         (d["delivery_id"], d["gateway"], d["event_id"], d["resource_id"], d["event_type"],
          _ms_to_ts(d["received_at_ms"]), d["outcome"], orjson.dumps(d["payload"]).decode(), d["seq"], d["error"])
         for d in decisions])
+    facts = [(d, f) for d in decisions for f in d["facts"]]
+    correlations = [f["data"] for _, f in facts if f["kind"] == "correlation"]
+    if correlations:
+        await conn.executemany(sql.INSERT_CORRELATION, [
+            (c["pg_deposit_id"], c["merchant_reference"], c["our_order_id"], c["our_user_id"]) for c in correlations])
+    rows: dict[str, list[list[Any]]] = {}
     for d in decisions:
-        for fact in d["facts"]:
-            if fact["kind"] == "correlation":
-                c = fact["data"]
-                await conn.execute(sql.INSERT_CORRELATION, c["pg_deposit_id"], c["merchant_reference"],
-                                   c["our_order_id"], c["our_user_id"])
-        row, table = d["row"], d["table"]
-        if row is not None:
-            await conn.execute(sql.UPSERT_ROW[table], *sql.row_args(table, row))
-        for fact in d["facts"]:
-            await _fact(conn, d, fact, metrics)
-        for effect in d["effects"]:
-            if effect["type"] in ("credit_user", "debit_user"):
-                sign = 1 if effect["type"] == "credit_user" else -1
-                await conn.execute(sql.INSERT_LEDGER, effect["dedupe_key"], effect["payload"]["user_id"],
-                                   sign * effect["payload"]["amount_minor"], effect["resource_id"])
+        if d["row"] is not None:
+            rows.setdefault(d["table"], []).append(sql.row_args(d["table"], d["row"]))
+    for table, args in rows.items():
+        await conn.executemany(sql.UPSERT_ROW[table], args)
+    fills = [f["data"] for _, f in facts if f["kind"] == "withdrawal_fill"]
+    if fills:
+        await conn.executemany(sql.INSERT_FILL, [
+            (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
+             f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id")) for f in fills])
+    for _, fact in facts:
+        if fact["kind"] == "overpayment_flag":
+            await _flag(conn, fact["data"], metrics)
+    ledger = [(e["dedupe_key"], e["payload"]["user_id"],
+               (1 if e["type"] == "credit_user" else -1) * e["payload"]["amount_minor"], e["resource_id"])
+              for d in decisions for e in d["effects"] if e["type"] in ("credit_user", "debit_user")]
+    if ledger:
+        await conn.executemany(sql.INSERT_LEDGER, ledger)
+    for d in decisions:
         if d["error"]:
             metrics.errors.inc()
             await conn.execute(sql.INSERT_ERROR, "decision", d["delivery_id"],
                                orjson.dumps({"error": d["error"], "resource": d["resource_id"]}).decode())
 
 
-async def _fact(conn: Conn, d: dict[str, Any], fact: dict[str, Any], metrics: ProjectorMetrics) -> None:
-    kind, data = fact["kind"], fact["data"]
-    if kind == "withdrawal_fill":
-        await conn.execute(sql.INSERT_FILL, data["leg_ref"], data["pg_withdrawal_id"], data.get("sequence"),
-                           data["amount_minor"], data.get("fee_recognized_minor"), data.get("settled_at"),
-                           data.get("auto_confirm_at"), data.get("balance_transaction_id"))
-    elif kind == "overpayment_flag":
-        flag = data["flag"]
-        args = (data["claim_id"], data["pg_deposit_id"], data["observed_deposit_version"], flag.get("cause"),
-                flag.get("amount_minor"), flag.get("slip_received_at"), flag.get("status"),
-                flag.get("action_required"), flag.get("expected_response_at"), orjson.dumps(flag).decode())
-        inserted = await conn.fetchval(sql.INSERT_FLAG, *args)
-        if inserted is None:
-            # Already there: the same claim from a newer snapshot is fine; other content never is.
-            same = await conn.fetchval(sql.SAME_FLAG, args[0], args[1], *args[3:])
-            if not same:
-                metrics.errors.inc()
-                log.error("overpayment claim_id collision: %s", data["claim_id"])
-                await conn.execute(sql.INSERT_ERROR, "overpayment_claim_collision", data["claim_id"],
-                                   orjson.dumps(data).decode())
+async def _flag(conn: Conn, data: dict[str, Any], metrics: ProjectorMetrics) -> None:
+    flag = data["flag"]
+    args = (data["claim_id"], data["pg_deposit_id"], data["observed_deposit_version"], flag.get("cause"),
+            flag.get("amount_minor"), flag.get("slip_received_at"), flag.get("status"),
+            flag.get("action_required"), flag.get("expected_response_at"), orjson.dumps(flag).decode())
+    if await conn.fetchval(sql.INSERT_FLAG, *args) is not None:
+        return
+    # Already there: the same claim from a newer snapshot is fine; other content never is.
+    if not await conn.fetchval(sql.SAME_FLAG, args[0], args[1], *args[3:]):
+        metrics.errors.inc()
+        log.error("overpayment claim_id collision: %s", data["claim_id"])
+        await conn.execute(sql.INSERT_ERROR, "overpayment_claim_collision", data["claim_id"],
+                           orjson.dumps(data).decode())
 
 
 def _gaps(rows: list[asyncpg.Record]) -> list[Gap]:
@@ -104,12 +111,17 @@ async def observe_sequences(conn: Conn, decisions: Sequence[dict[str, Any]],
     if max_seen != start_max:
         await conn.execute(sql.UPSERT_SEQUENCE_MAX, max_seen)
     if gaps != before:
+        # write only what changed: a burst can leave thousands of gaps open
+        old, new = set(before), set(gaps)
+        requested = {r["start_seq"]: r["backfill_requested_at"] for r in rows}
+
         def requested_at(g: Gap) -> Any:
-            return next((r["backfill_requested_at"] for r in rows
-                         if r["start_seq"] <= g.start and g.end <= r["end_seq"]), None)
-        await conn.execute(sql.DELETE_GAPS)
+            parent = next((b for b in before if b.start <= g.start and g.end <= b.end), None)
+            return requested.get(parent.start) if parent is not None else None
+
+        await conn.executemany(sql.DELETE_GAP, [(g.start,) for g in old - new])
         await conn.executemany(sql.INSERT_GAP, [(g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
-                                                for g in gaps])
+                                                for g in sorted(new - old, key=lambda g: g.start)])
     metrics.gaps_open.set(len(gaps))
     metrics.sequences_missing.set(sum(g.missing for g in gaps))
 

@@ -122,7 +122,7 @@ ON CONFLICT (merchant) DO UPDATE SET max_seen = EXCLUDED.max_seen"""
 SELECT_GAPS = """
 SELECT start_seq, end_seq, first_seen_at, backfill_requested_at FROM pg_sequence_gaps
  WHERE merchant = 'pg' ORDER BY start_seq"""
-DELETE_GAPS = "DELETE FROM pg_sequence_gaps WHERE merchant = 'pg'"
+DELETE_GAP = "DELETE FROM pg_sequence_gaps WHERE merchant = 'pg' AND start_seq = $1"
 INSERT_GAP = """
 INSERT INTO pg_sequence_gaps (merchant, start_seq, end_seq, first_seen_at, backfill_requested_at)
 VALUES ('pg', $1, $2, $3, $4)"""

@@ -6,6 +6,7 @@ it is a record and a metric, never a wait; only a gap still open after 4 days is
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 
 
@@ -22,24 +23,25 @@ class Gap:
 
 
 def observe(max_seen: int | None, gaps: list[Gap], seq: int, now_ms: int) -> tuple[int, list[Gap]]:
-    """Fold one observed sequence number into (highest seen, open gaps)."""
+    """Fold one observed sequence number into (highest seen, open gaps sorted by start).
+
+    O(log gaps) to find the gap a late number falls in: a burst of out-of-order deliveries can
+    leave thousands of gaps open at once.
+    """
     if max_seen is None:
         return seq, gaps
     if seq > max_seen + 1:
         return seq, [*gaps, Gap(max_seen + 1, seq - 1, now_ms)]
     if seq > max_seen:
         return seq, gaps
-    out: list[Gap] = []
-    for gap in gaps:
-        if not gap.start <= seq <= gap.end:
-            out.append(gap)
-            continue
-        # the late event fills its number: the gap shrinks or splits, keeping its first-seen time
-        if gap.start < seq:
-            out.append(replace(gap, end=seq - 1))
-        if seq < gap.end:
-            out.append(replace(gap, start=seq + 1))
-    return max_seen, out
+    i = bisect.bisect_right(gaps, seq, key=lambda g: g.start) - 1
+    if i < 0 or not gaps[i].start <= seq <= gaps[i].end:
+        return max_seen, gaps  # seen before, or before tracking began
+    gap = gaps[i]
+    # the late event fills its number: the gap shrinks or splits, keeping its first-seen time
+    pieces = ([replace(gap, end=seq - 1)] if gap.start < seq else []) + \
+             ([replace(gap, start=seq + 1)] if seq < gap.end else [])
+    return max_seen, [*gaps[:i], *pieces, *gaps[i + 1:]]
 
 
 def due_for_backfill(gaps: list[Gap], now_ms: int, after_ms: int) -> list[Gap]:
