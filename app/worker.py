@@ -112,7 +112,7 @@ def build_app(settings: Settings) -> faust.App:
                        key_serializer="raw", value_serializer="raw")
     table = app.Table("resources", partitions=settings.partitions, key_type=bytes, value_type=bytes)
     metrics = WorkerMetrics()
-    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=5)
+    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=10)
 
     @app.task  # type: ignore[untyped-decorator]
     async def start_producer() -> None:

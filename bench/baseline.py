@@ -5,12 +5,14 @@ outbox insert) before answering 200. Same signature check, same events, same mac
 from __future__ import annotations
 
 import sys
+import time
 
 import asyncpg
 import orjson
 from aiohttp import web
 
 from app.gateways import pg
+from app.gateways.base import SignatureError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pg_webhook_inbox (event_id text PRIMARY KEY, event_type text NOT NULL,
@@ -34,8 +36,8 @@ ON CONFLICT (pg_deposit_id) DO UPDATE
 async def handle(request: web.Request) -> web.Response:
     raw = await request.read()
     try:
-        pg.verify(raw, request.headers, request.app["secrets"], __import__("time").time())
-    except pg.SignatureError:
+        pg.verify(raw, request.headers, request.app["secrets"], time.time())
+    except SignatureError:
         return web.Response(status=401)
     event = orjson.loads(raw)
     o = event["data"]["object"]

