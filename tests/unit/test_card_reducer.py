@@ -1,0 +1,110 @@
+"""The card reducer: the playbook's pay_8c21 walk-through, parking, synced events, properties."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core.card import CardEvent, Reduced, effects_due, event_from_body, parse_time_ms, reduce
+
+T0 = parse_time_ms("2026-11-29T10:02:15.123Z")
+
+
+def ev(eid: str, kind: str, at: int, amount: int = 0, sequence: int | None = None) -> CardEvent:
+    return CardEvent(eid, kind, T0 + at, amount, sequence)
+
+
+def totals(r: Reduced) -> tuple[str, int, int, int]:
+    return r.state, r.authorised_minor, r.captured_minor, r.refunded_minor
+
+
+def test_capture_before_authorisation_parks_then_applies() -> None:
+    capture, auth = ev("e2", "captured", 4_000, 12000), ev("e1", "authorised", 0, 12000)
+    assert reduce([capture]).parked == ["e2"]
+    assert totals(reduce([capture, auth])) == ("captured", 12000, 12000, 0)
+
+
+def test_pay_8c21_partial_refund_between_captures_applies() -> None:
+    events = [ev("a", "authorised", 0, 12000), ev("c1", "captured", 1000, 8000),
+              ev("r", "refunded", 2000, 3500), ev("c2", "captured", 3000, 3500)]
+    r = reduce(events)
+    assert totals(r) == ("captured", 12000, 11500, 3500) and r.parked == []
+
+
+def test_pay_8c21_over_refund_parks_until_the_capture_lands() -> None:
+    events = [ev("a", "authorised", 0, 12000), ev("c1", "captured", 1000, 8000), ev("r", "refunded", 2000, 10000)]
+    r = reduce(events)
+    assert totals(r) == ("captured", 12000, 8000, 0) and r.parked == ["r"]
+    r = reduce([*events, ev("c2", "captured", 3000, 3500)])
+    assert totals(r) == ("captured", 12000, 11500, 10000) and r.parked == []
+    assert r.applied == ["a", "c1", "c2", "r"]
+
+
+def test_only_level_totals_move_to_refunded() -> None:
+    r = reduce([ev("a", "authorised", 0, 5000), ev("c", "captured", 1, 5000), ev("r", "refunded", 2, 5000)])
+    assert r.state == "refunded"
+    assert effects_due(r, set()) == ["mark_order_paid", "mark_order_refunded"]
+    assert effects_due(r, {"mark_order_paid"}) == ["mark_order_refunded"]
+
+
+def test_same_timestamp_uses_the_rank() -> None:
+    # auto-capture in the same millisecond as the authorisation
+    r = reduce([ev("zzz", "captured", 0, 100), ev("aaa", "authorised", 0, 100)])
+    assert totals(r) == ("captured", 100, 100, 0)
+
+
+def test_void_after_authorisation() -> None:
+    r = reduce([ev("v", "voided", 5), ev("a", "authorised", 0, 700)])
+    assert r.state == "voided" and effects_due(r, set()) == ["release_authorisation"]
+
+
+def test_sequence_wins_over_clocks_when_every_event_has_one() -> None:
+    # the capture's clock is earlier, but the gateway's sequence says it came second
+    r = reduce([ev("c", "captured", 0, 100, sequence=2), ev("a", "authorised", 50, 100, sequence=1)])
+    assert r.applied == ["a", "c"]
+
+
+def test_synced_event_is_the_new_base() -> None:
+    synced = CardEvent("sync", "synced", T0 + 60_000, synced={"state": "captured", "authorised_minor": 12000,
+                                                              "captured_minor": 12000, "refunded_minor": 0})
+    # the authorisation never arrived: the fetch brings the payment to Captured
+    r = reduce([ev("c", "captured", 4_000, 12000), synced])
+    assert r.state == "captured" and r.captured_minor == 12000
+    later_refund = ev("r", "refunded", 70_000, 2000)
+    assert totals(reduce([synced, later_refund])) == ("captured", 12000, 12000, 2000)
+
+
+def test_redelivery_with_the_same_id_counts_once_and_a_fresh_id_is_visible() -> None:
+    base = [ev("a", "authorised", 0, 9000), ev("c", "captured", 1, 8000)]
+    assert reduce([*base, base[1]]).captured_minor == 8000
+    # a redelivery under a fresh id is a second event to the reducer (reconciliation sees two rows)
+    assert reduce([*base, ev("c_again", "captured", 1, 8000)]).parked == []
+
+
+def test_event_parsing_refuses_floats() -> None:
+    body = {"id": "e", "type": "payment.captured", "payment_ref": "p", "sequence": None,
+            "occurred_at": "2026-11-29T10:02:15.123Z", "amount_minor": 80.5, "currency": "EUR"}
+    try:
+        event_from_body(body)
+    except ValueError as exc:
+        assert "integer" in str(exc)
+    else:
+        raise AssertionError("a float amount was accepted")
+    assert event_from_body({**body, "amount_minor": 8000}).occurred_at_ms == T0
+
+
+LIFECYCLE = [("a", "authorised", 0, 12000), ("c1", "captured", 1000, 8000), ("r1", "refunded", 2000, 3000),
+             ("c2", "captured", 3000, 3500), ("r2", "refunded", 4000, 8500)]
+
+
+@settings(max_examples=300)
+@given(st.permutations(LIFECYCLE), st.lists(st.sampled_from(LIFECYCLE), max_size=4), st.booleans())
+def test_any_order_and_duplication_ends_in_the_gateways_final_state(
+        order: list[tuple[str, str, int, int]], dupes: list[tuple[str, str, int, int]], sequenced: bool) -> None:
+    def build(e: tuple[str, str, int, int]) -> CardEvent:
+        i = [x[0] for x in LIFECYCLE].index(e[0])
+        return ev(e[0], e[1], e[2], e[3], sequence=i + 1 if sequenced else None)
+    r = reduce([build(e) for e in order + dupes])
+    # 11500 captured, 11500 refunded in the end: level totals, so Refunded
+    assert totals(r) == ("refunded", 12000, 11500, 11500) and r.parked == []
+    assert r == reduce([build(e) for e in LIFECYCLE])  # replay in gateway order equals any arrival order
