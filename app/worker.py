@@ -27,7 +27,7 @@ import orjson
 from aiohttp import web
 from faust.streams import _current_event
 
-from app.core import pg
+from app.core import card, pg
 from app.core.model import QUARANTINED, Decision, Delivery, decide
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
@@ -40,6 +40,7 @@ BATCH_MAX, BATCH_WITHIN_S = 1000, 0.05
 
 
 Record = tuple[str, bytes, bytes]
+SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot}
 
 
 def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | None) -> list[Record]:
@@ -68,8 +69,10 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
         return pg.apply_correlation(state, orjson.loads(value), delivery)
     if gateway == "pg":
         return pg.apply_event(state, value, delivery)
-    # card (issue 5) and paymos (issue 6) have no reducer in this worker yet: their deliveries are
-    # kept in orderly.raw and recorded as quarantined, so a replay applies them once they do.
+    if gateway == "card":
+        return card.apply_event(state, value, delivery)
+    # paymos (issue 6) has no reducer in this worker yet: its deliveries are kept in orderly.raw
+    # and recorded as quarantined, so a replay applies them once it does.
     return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r} yet")]
 
 
@@ -151,7 +154,7 @@ def build_app(settings: Settings) -> faust.App:
                         metrics.errors.labels(decision.gateway).inc()
                         log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
             # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
-            records += [(n.state, key, orjson.dumps(pg.snapshot(st))) for key in changed
+            records += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st))) for key in changed
                         if (st := overlay[key]) is not None]
             await producer.send_all(records)  # durable before the state that implies them
             for (gateway, outcome), count in outcomes.items():

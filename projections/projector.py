@@ -60,6 +60,15 @@ async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: Proj
         await conn.executemany(sql.INSERT_FILL, [
             (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
              f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id")) for f in fills])
+    card_events = [f["data"] for _, f in facts if f["kind"] == "card_event"]
+    if card_events:
+        await conn.executemany(sql.INSERT_CARD_EVENT, [
+            (e["gateway_event_id"], e["payment_ref"], e["event_type"], e["sequence"], e["occurred_at"],
+             e["received_at"], e["payload"].encode(), e["source"]) for e in card_events])
+    applied = [(f["data"]["gateway_event_id"], f["data"]["applied_at"]) for _, f in facts
+               if f["kind"] == "card_event_applied"]
+    if applied:
+        await conn.executemany(sql.MARK_CARD_EVENT_APPLIED, applied)
     for _, fact in facts:
         if fact["kind"] == "overpayment_flag":
             await _flag(conn, fact["data"], metrics)

@@ -58,7 +58,18 @@ INSERT INTO pg_balance_txns (btxn_id, type, direction, amount_minor, bucket_from
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::timestamptz)
 ON CONFLICT (btxn_id) DO NOTHING"""
 
-UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balance_txns": _BALANCE_TXN}
+_CARD_PAYMENT = """
+INSERT INTO card_payments (payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency, version)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (payment_ref) DO UPDATE
+  SET state = EXCLUDED.state, authorised_minor = EXCLUDED.authorised_minor,
+      captured_minor = EXCLUDED.captured_minor,      -- written whole from the reducer, never +=
+      refunded_minor = EXCLUDED.refunded_minor, currency = EXCLUDED.currency, version = EXCLUDED.version,
+      updated_at = now()
+  WHERE card_payments.version < EXCLUDED.version"""
+
+UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balance_txns": _BALANCE_TXN,
+              "card_payments": _CARD_PAYMENT}
 
 _COLUMNS = {
     "pg_deposits": ("pg_deposit_id", "pg_version", "status", "is_terminal", "late_slip_accepted_until",
@@ -70,6 +81,8 @@ _COLUMNS = {
                        "settled_splits", "our_payout_id", "closed_at"),
     "pg_balance_txns": ("btxn_id", "type", "direction", "amount_minor", "bucket_from", "bucket_to", "source_id",
                         "created_at"),
+    "card_payments": ("payment_ref", "state", "authorised_minor", "captured_minor", "refunded_minor", "currency",
+                      "version"),
 }
 _JSON = {"fee_breakdown", "overpayment"}
 
@@ -128,3 +141,10 @@ INSERT INTO pg_sequence_gaps (merchant, start_seq, end_seq, first_seen_at, backf
 VALUES ('pg', $1, $2, $3, $4)"""
 MARK_BACKFILL_REQUESTED = """
 UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = 'pg' AND start_seq = $1"""
+
+INSERT_CARD_EVENT = """
+INSERT INTO card_events (gateway_event_id, payment_ref, event_type, sequence, occurred_at, received_at, payload, source)
+VALUES ($1, $2, $3, $4, $5::text::timestamptz, $6::text::timestamptz, $7, $8)
+ON CONFLICT (gateway_event_id) DO NOTHING"""
+MARK_CARD_EVENT_APPLIED = """
+UPDATE card_events SET applied_at = $2::text::timestamptz WHERE gateway_event_id = $1 AND applied_at IS NULL"""

@@ -15,9 +15,26 @@ gateway's GET answer) replaces the working state and totals; later events apply 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
+
+import orjson
+
+from app.core.model import (
+    APPLIED,
+    DUPLICATE,
+    PARKED,
+    QUARANTINED,
+    SYNCED,
+    UNPARKED,
+    Decision,
+    Delivery,
+    Effect,
+    Fact,
+    numbered,
+)
+from app.core.model import decide as _decide
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
 RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}
@@ -125,3 +142,67 @@ def effects_due(reduced: Reduced, emitted: set[str]) -> list[str]:
     if reduced.state == "voided":
         due.append("release_authorisation")
     return [d for d in due if d not in emitted]
+
+
+# --- decisions for one delivery ---------------------------------------------------------------
+
+State = dict[str, Any]
+
+
+def _iso(ms: int) -> str:
+    from datetime import UTC
+
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+
+
+def apply_event(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
+    """Store the event with the payment's others, rerun the reducer, and decide what changed."""
+    state = {"n": 0, "events": [], "emitted": [], "applied": [], "currency": None} if state is None else state
+    try:
+        body = orjson.loads(raw)
+        event = event_from_body(body)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return numbered(state, [_decide(d, QUARANTINED, error=f"unusable card event: {exc}")])
+    common = {"event_id": event.id, "event_type": str(body.get("type")), "sequence": event.sequence,
+              "payload": body}
+    if any(e["id"] == event.id for e in state["events"]):
+        return numbered(state, [_decide(d, DUPLICATE, **common)])
+    state["events"].append({**asdict(event), "delivery_id": d.delivery_id, "received_at_ms": d.received_at_ms,
+                            "source": d.source})
+    state["currency"] = body.get("currency") or state["currency"]
+    reduced = reduce([CardEvent(**{k: e[k] for k in ("id", "kind", "occurred_at_ms", "amount_minor", "sequence",
+                                                      "synced")}) for e in state["events"]])
+    before = set(state["applied"])
+    state["applied"] = reduced.applied
+    newly = [e for e in state["events"] if e["id"] in reduced.applied and e["id"] not in before]
+    row = {"payment_ref": d.resource_key.partition(":")[2], "state": reduced.state,
+           "authorised_minor": reduced.authorised_minor, "captured_minor": reduced.captured_minor,
+           "refunded_minor": reduced.refunded_minor, "currency": state["currency"],
+           "version": len(state["events"])}  # events only accumulate: a newer row has more
+    facts = [Fact("card_event", event.id, {
+        "gateway_event_id": event.id, "payment_ref": row["payment_ref"], "event_type": str(body.get("type")),
+        "sequence": event.sequence, "occurred_at": _iso(event.occurred_at_ms), "received_at": _iso(d.received_at_ms),
+        "payload": raw.decode(), "source": "fetch" if event.kind == "synced" else "webhook"})]
+    facts += [Fact("card_event_applied", e["id"], {"gateway_event_id": e["id"], "applied_at": _iso(d.received_at_ms)})
+              for e in newly]
+    effects = [Effect(f"card:{row['payment_ref']}:{kind}", kind, "card", row["payment_ref"],
+                      {"payment_ref": row["payment_ref"], "state": reduced.state,
+                       "captured_minor": reduced.captured_minor, "refunded_minor": reduced.refunded_minor},
+                      d.delivery_id)
+               for kind in effects_due(reduced, set(state["emitted"]))]
+    state["emitted"] += [e.type for e in effects]
+    outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
+    decisions = [_decide(d, outcome, row=row if newly else None, table="card_payments" if newly else None,
+                         effects=effects, facts=facts, **common)]
+    # events that were parked and apply now: their own deliveries move to "unparked"
+    for e in newly:
+        if e["id"] != event.id:
+            original = Delivery(e["delivery_id"], "card", d.resource_key, e["received_at_ms"], d.seq, e["source"])
+            decisions.append(_decide(original, UNPARKED, event_id=e["id"], event_type=f"payment.{e['kind']}",
+                                     sequence=e["sequence"]))
+    return numbered(state, decisions)
+
+
+def snapshot(state: State) -> dict[str, Any]:
+    return {"applied": state["applied"], "events": len(state["events"]), "emitted": state["emitted"],
+            "parked": len(state["events"]) - len(state["applied"])}

@@ -6,7 +6,7 @@ topic as-is; money is integer minor units (or decimal strings for crypto).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -84,3 +84,11 @@ def decide(delivery: Delivery, outcome: str, **extra: Any) -> Decision:
     gateway, _, resource_id = delivery.resource_key.partition(":")
     return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms,
                     delivery.seq, **extra)
+
+
+def numbered(state: dict[str, Any], decisions: list[Decision]) -> tuple[dict[str, Any], list[Decision]]:
+    """Give each decision the resource's next ordinal: the read model keeps a delivery's latest
+    outcome (parked, then unparked) by comparing ordinals, whatever topic the trigger came from."""
+    first = state.get("n", 0)
+    state["n"] = first + len(decisions)
+    return state, [replace(dec, seq=first + i + 1) for i, dec in enumerate(decisions)]

@@ -15,7 +15,6 @@ each delivery with these functions. The rules it enforces:
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -32,6 +31,7 @@ from app.core.model import (
     Effect,
     Fact,
     decide,
+    numbered,
 )
 
 State = dict[str, Any]
@@ -248,19 +248,11 @@ def _validate(kind: str, obj: dict[str, Any]) -> None:
                 raise Invalid(f"balance_transaction.{name} missing")
 
 
-def _numbered(state: State, decisions: list[Decision]) -> tuple[State, list[Decision]]:
-    """Give each decision the resource's next ordinal: the read model keeps a delivery's latest
-    outcome (parked, then unparked) by comparing ordinals, whatever topic the trigger came from."""
-    first = state.get("n", 0)
-    state["n"] = first + len(decisions)
-    return state, [replace(dec, seq=first + i + 1) for i, dec in enumerate(decisions)]
-
-
 def apply_event(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
     """Decide one pg delivery; returns the new state and the decisions (one per delivery touched)."""
     state = new_state() if state is None else state
     new, decisions = _apply_event(state, raw, d)
-    return _numbered(new, decisions)
+    return numbered(new, decisions)
 
 
 def _apply_event(state: State, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
@@ -308,7 +300,7 @@ def apply_correlation(state: State | None, correlation: dict[str, Any], d: Deliv
     """Store the deposit's correlation, then apply what was parked waiting for it."""
     state = new_state() if state is None else state
     new, decisions = _apply_correlation(state, correlation, d)
-    return _numbered(new, decisions)
+    return numbered(new, decisions)
 
 
 def _apply_correlation(state: State, correlation: dict[str, Any], d: Delivery) -> tuple[State, list[Decision]]:
