@@ -61,6 +61,22 @@ def cmd_effects(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fetcher(args: argparse.Namespace) -> int:
+    from app.bootstrap import prepare
+    from app.fetcher import run
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    asyncio.run(run(settings))
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from projections.reconcile import run
+
+    return asyncio.run(run(_production_settings()))
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
 
@@ -75,6 +91,8 @@ COMMANDS = {
     "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
     "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
     "effects": (cmd_effects, "records effects once in PostgreSQL and delivers them to ORDERLY_EFFECTS_URL"),
+    "fetcher": (cmd_fetcher, "fetches payments whose events stayed parked too long (card GET /payments/{ref})"),
+    "reconcile": (cmd_reconcile, "lists card payments whose row totals differ from their events; exit 1 if any"),
     "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
 }
 

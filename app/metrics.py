@@ -96,3 +96,10 @@ class EffectsMetrics(_Metrics):
         self.failures = Counter("orderly_effects_delivery_failures", "Failed delivery attempts", ["type"],
                                 registry=self.registry)
         self.dead = Counter("orderly_effects_dead", "Effects given up after the last attempt", registry=self.registry)
+
+
+class FetcherMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
+                               "(synced, not_found, error, unusable)", ["gateway", "outcome"], registry=self.registry)

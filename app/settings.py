@@ -88,6 +88,10 @@ class Settings:
     metrics_port: int = 0  # worker, projector, effects: serve /metrics here (0 = off)
     gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
     effects_max_attempts: int = 10
+    card_api_url: str | None = None  # the card gateway's API (GET /payments/{ref})
+    fetch_parked_after_s: float = 60.0  # the playbook: a parked event older than this is fetched
+    fetch_interval_s: float = 30.0
+    fetch_rate_per_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -125,6 +129,10 @@ class Settings:
             metrics_port=_int(env, "ORDERLY_METRICS_PORT", 0, minimum=0),
             gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
             effects_max_attempts=_int(env, "ORDERLY_EFFECTS_MAX_ATTEMPTS", 10),
+            card_api_url=env.get("ORDERLY_CARD_API_URL") or None,
+            fetch_parked_after_s=_float(env, "ORDERLY_FETCH_PARKED_AFTER_S", 60.0),
+            fetch_interval_s=_float(env, "ORDERLY_FETCH_INTERVAL_S", 30.0),
+            fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -151,6 +159,11 @@ class Settings:
         env.update({f"ORDERLY_SECRET_{g.upper()}": ",".join(s) for g, s in self.secrets.items()})
         if self.effects_url:
             env["ORDERLY_EFFECTS_URL"] = self.effects_url
+        if self.card_api_url:
+            env["ORDERLY_CARD_API_URL"] = self.card_api_url
+        env["ORDERLY_FETCH_PARKED_AFTER_S"] = str(self.fetch_parked_after_s)
+        env["ORDERLY_FETCH_INTERVAL_S"] = str(self.fetch_interval_s)
+        env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)
         return env
 
 

@@ -28,7 +28,7 @@ from app.stack.process import port_accepts, stop_process, wait_until
 log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
-PROCESSES = ("ingest", "worker", "projector", "effects")
+PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher")
 
 
 def kafka_port(bootstrap: str) -> int:

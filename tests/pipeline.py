@@ -24,7 +24,7 @@ from app.settings import Settings
 from projections.migrate import quote_ident
 from tests.support import ServedIngest, serve_in_thread, serve_ingest
 
-PROCESSES = ("worker", "projector", "effects")
+PROCESSES = ("worker", "projector", "effects", "fetcher")
 
 
 @dataclass

@@ -3,23 +3,59 @@ card_events out — the playbook's pay_8c21 walk-through over HTTP with real Kaf
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, signed_headers
+from tests.support import make_settings, serve_in_thread, signed_headers
+
+
+@dataclass
+class CardGateway:
+    """The card gateway's GET /payments/{ref}, with a scripted answer per payment."""
+
+    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fail_first: dict[str, int] = field(default_factory=dict)  # 503s before the real answer
+    calls: Counter[str] = field(default_factory=Counter)
+    url: str = ""
 
 
 @pytest.fixture(scope="module")
-def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"card{uuid.uuid4().hex[:8]}")
+def gateway() -> Iterator[CardGateway]:
+    gw = CardGateway()
+
+    async def get_payment(request: web.Request) -> web.Response:
+        ref = request.match_info["ref"]
+        gw.calls[ref] += 1
+        if gw.calls[ref] <= gw.fail_first.get(ref, 0):
+            return web.Response(status=503)
+        if ref not in gw.payments:
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response(gw.payments[ref])
+
+    app = web.Application()
+    app.router.add_get("/payments/{ref}", get_payment)
+    with serve_in_thread(app) as url:
+        gw.url = url
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def pipe(kafka: KafkaBroker, postgres: PostgresServer, gateway: CardGateway,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"card{uuid.uuid4().hex[:8]}",
+                      card_api_url=gateway.url, fetch_parked_after_s=2.0, fetch_interval_s=0.5)
     with running_pipeline(s, tmp_path_factory.mktemp("card-pipeline")) as running:
         yield running
 
@@ -104,5 +140,60 @@ async def test_full_refund_moves_to_refunded_and_rows_come_back_after_deletion(p
             "SELECT gateway_event_id, event_type, applied_at IS NOT NULL AS applied, source FROM card_events "
             "WHERE payment_ref = $1 ORDER BY 1", ref))
         assert after == before and [dict(r) for r in events_after] == events_before
+    finally:
+        await conn.close()
+
+
+async def test_withheld_authorisation_is_fetched_and_synced(pipe: Running, gateway: CardGateway) -> None:
+    ref = "pay_fetch"
+    gateway.payments[ref] = {"payment_ref": ref, "state": "captured", "authorised_minor": 9000,
+                             "captured_minor": 9000, "refunded_minor": 0, "currency": "EUR"}
+    gateway.fail_first[ref] = 2  # the gateway's API errors first: retried, nothing written meanwhile
+    await post(pipe, card_event(ref, "w_c", "captured", 1, 9000))  # the authorisation never arrives
+    row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM card_payments WHERE payment_ref = $1", ref),
+                              timeout=90)
+    assert (row["state"], row["captured_minor"], row["authorised_minor"]) == ("captured", 9000, 9000)
+    synced = await pipe.wait_for(lambda c: c.fetch(
+        "SELECT gateway_event_id, source, applied_at FROM card_events WHERE payment_ref = $1 AND source = 'fetch'",
+        ref))
+    assert synced[0]["gateway_event_id"] == f"sync_{ref}_captured_9000_9000_0" and synced[0]["applied_at"]
+    assert gateway.calls[ref] >= 3
+    # the parked capture is covered by the synced base, so nothing is parked any more
+    await pipe.wait_for(lambda c: c.fetchval(
+        "SELECT count(*) = 0 FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
+
+
+async def test_unknown_payment_is_never_corrupted_by_a_404(pipe: Running, gateway: CardGateway) -> None:
+    ref = "pay_ghost"
+    await post(pipe, card_event(ref, "g_r", "refunded", 1, 100))  # a refund with nothing captured: parks
+    await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM card_events WHERE payment_ref = $1", ref))
+    for _ in range(100):
+        if gateway.calls[ref] >= 2:
+            break
+        await asyncio.sleep(0.1)
+    assert gateway.calls[ref] >= 2  # asked, and asked again on the next pass
+    conn = await pipe.connect()
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM card_payments WHERE payment_ref = $1", ref) == 0
+        assert await conn.fetchval("SELECT count(*) FROM card_events WHERE payment_ref = $1", ref) == 1
+    finally:
+        await conn.close()
+
+
+async def test_reconcile_finds_no_difference_and_catches_a_tampered_row(pipe: Running) -> None:
+    import io
+
+    from projections.reconcile import run as reconcile
+
+    out = io.StringIO()
+    assert await reconcile(pipe.settings, out) == 0, out.getvalue()
+    conn = await pipe.connect()
+    try:
+        tamper = "UPDATE card_payments SET captured_minor = captured_minor + $1 WHERE payment_ref = 'pay_8c21'"
+        await conn.execute(tamper, 1)
+        out = io.StringIO()
+        assert await reconcile(pipe.settings, out) == 1
+        assert "pay_8c21" in out.getvalue()
+        await conn.execute(tamper, -1)
     finally:
         await conn.close()

@@ -1,0 +1,139 @@
+"""`orderly fetcher`: asks the gateway when a parked event has waited too long (I/O shell).
+
+The card playbook: parking is the right first answer, but a payment holding a parked event older
+than the retry interval (60 s) is fetched with ``GET /payments/{ref}``. The answer is appended to
+``orderly.raw`` as a ``synced`` event whose id is derived from the ref, state and totals, so an
+unchanged repeat is a duplicate; the reducer takes it as the new base. Fetches are rate-limited and
+retried; a 404 or a 5xx appends nothing, so it can never corrupt state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from app.metrics import FetcherMetrics, serve_metrics
+from app.producer import KeyedProducer
+from app.settings import Settings
+from projections.migrate import quote_ident
+from topics.catalog import names
+from topics.records import raw_headers
+
+log = logging.getLogger("orderly.fetcher")
+
+PARKED_CARD_PAYMENTS = """
+SELECT payment_ref FROM card_events WHERE applied_at IS NULL AND source = 'webhook'
+ GROUP BY payment_ref HAVING min(received_at) < now() - make_interval(secs => $1)
+ ORDER BY min(received_at) LIMIT 500"""
+STATES = {"created", "authorised", "captured", "refunded", "voided"}
+
+
+def synced_event(ref: str, answer: dict[str, Any], now_ms: int) -> bytes:
+    """The gateway's answer as a raw event; its id makes an unchanged repeat a duplicate."""
+    totals = {k: int(answer.get(k) or 0) for k in ("authorised_minor", "captured_minor", "refunded_minor")}
+    if answer.get("state") not in STATES or any(v < 0 for v in totals.values()):
+        raise ValueError(f"unusable gateway answer for {ref}: {answer!r}")
+    event_id = "sync_{}_{}_{}_{}_{}".format(ref, answer["state"], *totals.values())
+    return orjson.dumps({
+        "id": event_id, "type": "synced", "payment_ref": ref, "sequence": None,
+        "occurred_at": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat().replace("+00:00", "Z"),
+        "amount_minor": 0, "currency": answer.get("currency"),
+        "synced": {"state": answer["state"], **totals}})
+
+
+class Fetcher:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = FetcherMetrics()
+        self.producer = KeyedProducer(settings.kafka_bootstrap)
+        self.pool: asyncpg.Pool | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self._next_slot = 0.0
+
+    async def start(self) -> None:
+        await self.producer.start()
+        self.pool = await asyncpg.create_pool(self.settings.postgres_dsn, min_size=1, max_size=2,
+                                              server_settings={"search_path": quote_ident(self.settings.namespace)})
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def stop(self) -> None:
+        await self.producer.stop()
+        if self.pool is not None:
+            await self.pool.close()
+        if self.http is not None:
+            await self.http.close()
+
+    async def _throttle(self) -> None:
+        # at most fetch_rate_per_s requests a second: the gateway's API is someone else's
+        now = time.monotonic()
+        wait = self._next_slot - now
+        self._next_slot = max(now, self._next_slot) + 1.0 / self.settings.fetch_rate_per_s
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def fetch_payment(self, ref: str, attempts: int = 3) -> dict[str, Any] | None:
+        assert self.http is not None and self.settings.card_api_url
+        for attempt in range(1, attempts + 1):
+            await self._throttle()
+            try:
+                async with self.http.get(f"{self.settings.card_api_url}/payments/{ref}") as resp:
+                    if resp.status == 200:
+                        body: dict[str, Any] = await resp.json()
+                        return body
+                    if resp.status == 404:
+                        self.metrics.fetches.labels("card", "not_found").inc()
+                        return None
+                    self.metrics.fetches.labels("card", "error").inc()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                self.metrics.fetches.labels("card", "error").inc()
+            await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
+        return None
+
+    async def sync_parked_card_payments(self) -> int:
+        """One pass: fetch every payment with a stale parked event; returns synced events appended."""
+        assert self.pool is not None
+        if not self.settings.card_api_url:
+            return 0
+        refs = [r["payment_ref"] for r in await self.pool.fetch(PARKED_CARD_PAYMENTS,
+                                                                self.settings.fetch_parked_after_s)]
+        appended = 0
+        for ref in refs:
+            answer = await self.fetch_payment(ref)
+            if answer is None:
+                continue
+            try:
+                body = synced_event(ref, answer, int(time.time() * 1000))
+            except ValueError as exc:
+                log.error("%s", exc)
+                self.metrics.fetches.labels("card", "unusable").inc()
+                continue
+            key = f"card:{ref}".encode()
+            await self.producer.send_and_wait(names(self.settings.namespace).raw, key, body,
+                                              raw_headers("card", f"fetch-{orjson.loads(body)['id']}",
+                                                          int(time.time() * 1000), source="fetch"))
+            self.metrics.fetches.labels("card", "synced").inc()
+            appended += 1
+        return appended
+
+
+async def run(settings: Settings) -> None:
+    fetcher = Fetcher(settings)
+    if not settings.card_api_url:
+        log.warning("ORDERLY_CARD_API_URL is not set: parked card payments are not fetched")
+    await fetcher.start()
+    runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    try:
+        while True:
+            await fetcher.sync_parked_card_payments()
+            await asyncio.sleep(settings.fetch_interval_s)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await fetcher.stop()
