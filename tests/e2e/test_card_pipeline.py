@@ -105,6 +105,10 @@ async def test_pay_8c21_over_refund_parks_until_the_second_capture(pipe: Running
         assert effects == ["card:pay_8c21:mark_order_paid"]
     finally:
         await conn.close()
+    async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/card/{ref}") as resp:
+        body = await resp.json()
+    assert (body["state"]["state"], body["state"]["captured_minor"], body["parked"]) == ("captured", 11500, 0)
+    assert sorted(d["event_id"] for d in body["timeline"]) == ["evt_a", "evt_c1", "evt_c2", "evt_r"]
 
 
 async def test_full_refund_moves_to_refunded_and_rows_come_back_after_deletion(pipe: Running) -> None:
