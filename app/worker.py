@@ -27,7 +27,7 @@ import orjson
 from aiohttp import web
 from faust.streams import _current_event
 
-from app.core import card, pg
+from app.core import card, paymos, pg
 from app.core.model import QUARANTINED, Decision, Delivery, decide
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
@@ -40,7 +40,7 @@ BATCH_MAX, BATCH_WITHIN_S = 1000, 0.05
 
 
 Record = tuple[str, bytes, bytes]
-SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot}
+SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
 
 
 def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | None) -> list[Record]:
@@ -71,9 +71,9 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
         return pg.apply_event(state, value, delivery)
     if gateway == "card":
         return card.apply_event(state, value, delivery)
-    # paymos (issue 6) has no reducer in this worker yet: its deliveries are kept in orderly.raw
-    # and recorded as quarantined, so a replay applies them once it does.
-    return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r} yet")]
+    if gateway == "paymos":
+        return paymos.apply_event(state, value, delivery)
+    return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
 
 
 def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:

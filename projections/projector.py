@@ -69,6 +69,10 @@ async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: Proj
                if f["kind"] == "card_event_applied"]
     if applied:
         await conn.executemany(sql.MARK_CARD_EVENT_APPLIED, applied)
+    notes = [f["data"] for _, f in facts if f["kind"] == "order_note"]
+    if notes:
+        await conn.executemany(sql.INSERT_NOTE,
+                               [(n["note_key"], n["resource_id"], n["kind"], n["body"]) for n in notes])
     for _, fact in facts:
         if fact["kind"] == "overpayment_flag":
             await _flag(conn, fact["data"], metrics)

@@ -68,8 +68,19 @@ ON CONFLICT (payment_ref) DO UPDATE
       updated_at = now()
   WHERE card_payments.version < EXCLUDED.version"""
 
+def _paymos(table: str) -> str:
+    return f"""
+INSERT INTO {table} (id, status, is_final, updated_at_ms, snapshot, applied_seq)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6)
+ON CONFLICT (id) DO UPDATE
+  SET status = EXCLUDED.status, is_final = EXCLUDED.is_final, updated_at_ms = EXCLUDED.updated_at_ms,
+      snapshot = EXCLUDED.snapshot, applied_seq = EXCLUDED.applied_seq
+  WHERE {table}.applied_seq < EXCLUDED.applied_seq"""
+
+
+PAYMOS_TABLES = ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")
 UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balance_txns": _BALANCE_TXN,
-              "card_payments": _CARD_PAYMENT}
+              "card_payments": _CARD_PAYMENT, **{t: _paymos(t) for t in PAYMOS_TABLES}}
 
 _COLUMNS = {
     "pg_deposits": ("pg_deposit_id", "pg_version", "status", "is_terminal", "late_slip_accepted_until",
@@ -83,8 +94,10 @@ _COLUMNS = {
                         "created_at"),
     "card_payments": ("payment_ref", "state", "authorised_minor", "captured_minor", "refunded_minor", "currency",
                       "version"),
+    **dict.fromkeys(("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits"),
+                    ("id", "status", "is_final", "updated_at_ms", "snapshot", "applied_seq")),
 }
-_JSON = {"fee_breakdown", "overpayment"}
+_JSON = {"fee_breakdown", "overpayment", "snapshot"}
 
 
 def row_args(table: str, row: dict[str, Any]) -> list[Any]:
@@ -148,3 +161,6 @@ VALUES ($1, $2, $3, $4, $5::text::timestamptz, $6::text::timestamptz, $7, $8)
 ON CONFLICT (gateway_event_id) DO NOTHING"""
 MARK_CARD_EVENT_APPLIED = """
 UPDATE card_events SET applied_at = $2::text::timestamptz WHERE gateway_event_id = $1 AND applied_at IS NULL"""
+
+INSERT_NOTE = """
+INSERT INTO order_notes (note_key, resource_id, kind, body) VALUES ($1, $2, $3, $4) ON CONFLICT (note_key) DO NOTHING"""

@@ -1,0 +1,115 @@
+"""paymos decisions: terminal states, reorgs, paid_late notes, decimal amounts, properties."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core.model import Decision, Delivery
+from app.core.paymos import apply_event
+from tests.paymos_events import event
+
+
+def run(events: list[bytes], key: str = "paymos:inv_1") -> tuple[dict[str, Any], list[Decision]]:
+    state: dict[str, Any] | None = None
+    out: list[Decision] = []
+    for n, raw in enumerate(events):
+        state, decisions = apply_event(state, raw, Delivery(f"dlv_{n}", "paymos", key, 1_700_000_000_000 + n, n))
+        out += decisions
+    assert state is not None
+    return state, out
+
+
+def effect_keys(out: list[Decision]) -> list[str]:
+    return [e.dedupe_key for d in out for e in d.effects]
+
+
+def test_older_snapshot_after_newer_changes_nothing() -> None:
+    state, out = run([event("invoice.paid", "inv_1", "paid", 200, amount="0.5"),
+                      event("invoice.confirming", "inv_1", "confirming", 100)])
+    assert [d.outcome for d in out] == ["applied", "stale"]
+    assert state["snapshot"]["status"] == "paid"
+    assert effect_keys(out) == ["paymos:inv_1:credit"]
+
+
+def test_redelivered_terminal_event_is_a_duplicate() -> None:
+    paid = event("invoice.paid", "inv_1", "paid", 200)
+    _, out = run([paid, paid])
+    assert [d.outcome for d in out] == ["applied", "duplicate"]
+    assert effect_keys(out) == ["paymos:inv_1:credit"]
+
+
+def test_state_comes_from_data_not_the_event_name() -> None:
+    # an event named confirming that carries status paid is a paid invoice
+    state, out = run([event("invoice.confirming", "inv_1", "paid", 200)])
+    assert state["snapshot"]["status"] == "paid" and effect_keys(out) == ["paymos:inv_1:credit"]
+
+
+def test_terminal_refuses_other_transitions_but_a_reorg_reopens() -> None:
+    state, out = run([event("invoice.paid", "inv_1", "paid", 200), event("invoice.confirming", "inv_1", "confirming", 300)])
+    assert [d.outcome for d in out] == ["applied", "parked"] and state["snapshot"]["status"] == "paid"
+    # the deep reorg arrives: the invoice waits for payment again, then the parked confirming applies
+    state, out = run([event("invoice.paid", "inv_1", "paid", 200), event("invoice.confirming", "inv_1", "confirming", 300),
+                      event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 250),
+                      event("invoice.paid", "inv_1", "paid", 400)])
+    assert state["snapshot"]["updated_at"] == 400
+    assert effect_keys(out) == ["paymos:inv_1:credit"]  # credited once, whatever the detour
+
+
+def test_paid_late_adds_one_note_and_changes_no_decision() -> None:
+    late = event("invoice.paid_late", "inv_1", "expired", 500, paid_late_at=1_796_000_000)
+    state, out = run([event("invoice.expired", "inv_1", "expired", 300), late,
+                      event("invoice.paid_late", "inv_1", "expired", 600, event_id="evt_again")])
+    assert [d.outcome for d in out] == ["applied", "applied", "duplicate"]
+    assert state["snapshot"]["status"] == "expired"
+    assert [f.key for d in out for f in d.facts] == ["paymos:inv_1:paid_late"]
+    assert effect_keys(out) == ["paymos:inv_1:invoice_expired", "paymos:inv_1:add_order_note"]
+    assert not any(e.type in ("invoice_paid", "invoice_paid_over") for d in out for e in d.effects)
+
+
+def test_withdrawal_rewound_reopens_and_closes_again() -> None:
+    state, out = run([event("withdrawal.completed", "wdr_1", "completed", 300),
+                      event("withdrawal.completion_rewound", "wdr_1", "signed", 400),
+                      event("withdrawal.completed", "wdr_1", "completed", 500)], key="paymos:wdr_1")
+    assert effect_keys(out) == ["paymos:wdr_1:payout_completed:0", "paymos:wdr_1:payout_reopened:0",
+                                "paymos:wdr_1:payout_completed:1"]
+    assert state["snapshot"]["status"] == "completed"
+
+
+def test_channel_deposit_confirmed_again_after_reorg_is_credited_once() -> None:
+    _, out = run([event("payment_channel.deposit.confirmed", "pcd_1", "confirmed", 300, net_amount="1.25"),
+                  event("payment_channel.deposit.reorged", "pcd_1", "reorged", 400),
+                  event("payment_channel.deposit.confirming", "pcd_1", "confirming", 500),
+                  event("payment_channel.deposit.confirmed", "pcd_1", "confirmed", 600, net_amount="1.25")],
+                 key="paymos:pcd_1")
+    assert effect_keys(out) == ["paymos:pcd_1:credit_channel_deposit"]
+    credit = next(e for d in out for e in d.effects)
+    assert credit.payload["net_amount"] == "1.25"
+
+
+def test_floats_are_refused() -> None:
+    _, out = run([event("invoice.paid", "inv_1", "paid", 200, amount=0.5)])
+    assert out[0].outcome == "quarantined" and "decimal" in (out[0].error or "")
+
+
+INVOICE_HISTORY = [("invoice.confirming", "confirming", 100), ("invoice.paid", "paid", 200),
+                   ("invoice.awaiting_payment", "awaiting_payment", 300), ("invoice.confirming", "confirming", 400),
+                   ("invoice.underpaid_waiting", "underpaid_waiting", 500), ("invoice.paid_over", "paid_over", 600)]
+
+
+@settings(max_examples=400)
+@given(st.integers(2, len(INVOICE_HISTORY)), st.data())
+def test_any_order_with_reorg_detours_ends_in_the_final_state(length: int, data: st.DataObject) -> None:
+    history = [event(t, "inv_1", s, at) for t, s, at in INVOICE_HISTORY[:length]]
+    order = data.draw(st.permutations(history + data.draw(st.lists(st.sampled_from(history), max_size=3))))
+    state, out = run(order)
+    final = INVOICE_HISTORY[length - 1]
+    assert (state["snapshot"]["status"], state["snapshot"]["updated_at"]) == (final[1], final[2])
+    keys = effect_keys(out)
+    assert len(keys) == len(set(keys))  # every one-shot effect at most once
+    credits = [e for d in out for e in d.effects if e.type in ("invoice_paid", "invoice_paid_over")]
+    assert len(credits) <= 1  # never credited twice, whatever the detour
+    if final[1] in ("paid", "paid_over"):
+        assert len(credits) == 1
