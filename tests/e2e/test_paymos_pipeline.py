@@ -123,7 +123,7 @@ async def test_unknown_type_is_quarantined_and_the_stream_goes_on(pipe: Running)
     await settled(pipe, "inv_q", 1)
     quarantined = await read_topic(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).quarantine)
     assert any(b"invoice.refunded" in r.value for r in quarantined)
-    assert pipe.ingest.metrics.quarantined.labels("paymos", "unknown_type")._value.get() >= 1  # noqa: SLF001
+    assert pipe.ingest.metrics.quarantined.labels("paymos", "unknown_type")._value.get() >= 1
     async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/paymos/inv_q") as resp:
         body = await resp.json()
     assert body["state"]["status"] == "paid" and len(body["timeline"]) == 1

@@ -48,11 +48,12 @@ def test_state_comes_from_data_not_the_event_name() -> None:
 
 
 def test_terminal_refuses_other_transitions_but_a_reorg_reopens() -> None:
-    state, out = run([event("invoice.paid", "inv_1", "paid", 200), event("invoice.confirming", "inv_1", "confirming", 300)])
+    paid = event("invoice.paid", "inv_1", "paid", 200)
+    confirming = event("invoice.confirming", "inv_1", "confirming", 300)
+    state, out = run([paid, confirming])
     assert [d.outcome for d in out] == ["applied", "parked"] and state["snapshot"]["status"] == "paid"
     # the deep reorg arrives: the invoice waits for payment again, then the parked confirming applies
-    state, out = run([event("invoice.paid", "inv_1", "paid", 200), event("invoice.confirming", "inv_1", "confirming", 300),
-                      event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 250),
+    state, out = run([paid, confirming, event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 250),
                       event("invoice.paid", "inv_1", "paid", 400)])
     assert state["snapshot"]["updated_at"] == 400
     assert effect_keys(out) == ["paymos:inv_1:credit"]  # credited once, whatever the detour
