@@ -109,6 +109,7 @@ def build_app(settings: Settings) -> faust.App:
         # A changelog write per resource per batch goes to one of up to `partitions` transactional
         # producers; lingering lets each send a batch instead of a request per record.
         producer_linger=0.005,
+        broker_commit_interval=float(os.environ.get("ORDERLY_COMMIT_INTERVAL_S", "2.8")),
         producer_max_batch_size=256 * 1024,
     )
     source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
