@@ -21,6 +21,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev(dev_settings())
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.demo import Size, run_demo
+
+    scale = args.scale if hasattr(args, "scale") else 1.0
+    size = Size(*(max(1, int(n * scale)) for n in (200, 60, 200, 80)))
+    return run_demo(dev_settings(), size)
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
     from app.ingest import run
@@ -87,6 +95,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "dev": (cmd_dev, "embedded Kafka + PostgreSQL and every process, data in .orderly/"),
+    "demo": (cmd_demo, "the embedded stack driven by the gateway simulator; exit 0 only if every read model "
+                       "matches the gateways' truth"),
     "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
     "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
     "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
@@ -101,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orderly", description="Apply payment webhooks in gateway order.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_fn, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text)
+        command = sub.add_parser(name, help=help_text)
+        if name == "demo":
+            command.add_argument("--scale", type=float, default=1.0, help="resources per gateway, relative")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)

@@ -1,0 +1,99 @@
+"""Deliver emitted events the way a gateway does (I/O): signed, retried on a compressed schedule,
+sometimes duplicated, sometimes failing on the first attempt, and through endpoint outages."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from app.gateways import card as card_gateway
+from app.gateways import paymos as paymos_gateway
+from app.gateways import pg as pg_gateway
+from app.simulator.lifecycles import T0_MS, Emitted
+
+# pg retries for ~92 hours (1 min 10 s, 6 min 10 s, …); compressed so a demo run takes seconds
+RETRY_S = (0.3, 0.8, 1.5, 3.0, 5.0, 8.0)
+
+
+def signed_headers(gateway: str, body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
+    ts = int(time.time() if now is None else now)
+    if gateway == "pg":
+        return {"PG-Signature": pg_gateway.sign(body, secret, ts)}
+    if gateway == "card":
+        msg_id = f"msg_{uuid.uuid4().hex[:12]}"
+        return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
+                "webhook-signature": card_gateway.sign(body, secret, msg_id, ts)}
+    return {"X-Paymos-Signature": paymos_gateway.sign(body, secret)}
+
+
+@dataclass
+class Chaos:
+    first_attempt_fails: float = 0.15  # the endpoint "timed out": the gateway retries later
+    duplicate: float = 0.05  # the 200 was lost: the same event is delivered again
+    time_scale: float = 1 / 40  # gateway milliseconds → real milliseconds
+    jitter_s: float = 0.5
+
+
+@dataclass
+class Stats:
+    attempts: Counter[str] = field(default_factory=Counter)
+    accepted: Counter[str] = field(default_factory=Counter)
+    retries: Counter[str] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    given_up: Counter[str] = field(default_factory=Counter)
+
+
+async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng: random.Random,
+                  chaos: Chaos | None = None, concurrency: int = 16) -> Stats:
+    chaos = chaos or Chaos()
+    stats = Stats()
+    start = time.monotonic()
+    order = itertools.count()
+    queue: list[tuple[float, int, Emitted, int, bool]] = []  # (due, tie, event, attempt, simulate failure)
+    for e in events:
+        due = start + (e.created_ms - T0_MS) / 1000 * chaos.time_scale + rng.random() * chaos.jitter_s
+        heapq.heappush(queue, (due, next(order), e, 1, rng.random() < chaos.first_attempt_fails))
+        if rng.random() < chaos.duplicate:
+            stats.duplicates[e.gateway] += 1
+            heapq.heappush(queue, (due + rng.random() * 2, next(order), e, 1, False))
+    lock = asyncio.Lock()
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while True:
+            async with lock:
+                if not queue:
+                    return
+                due, _, e, attempt, fail = heapq.heappop(queue)
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            stats.attempts[e.gateway] += 1
+            ok = False
+            if not fail:
+                try:
+                    async with http.post(f"{url}/webhooks/{e.gateway}", data=e.body,
+                                         headers=signed_headers(e.gateway, e.body, secrets[e.gateway])) as resp:
+                        ok = resp.status == 200
+                except (aiohttp.ClientError, TimeoutError):
+                    ok = False
+            if ok:
+                stats.accepted[e.gateway] += 1
+            elif attempt <= len(RETRY_S):
+                stats.retries[e.gateway] += 1
+                async with lock:
+                    heapq.heappush(queue, (time.monotonic() + RETRY_S[attempt - 1], next(order), e, attempt + 1,
+                                           False))
+            else:
+                stats.given_up[e.gateway] += 1
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    return stats
