@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from app.settings import Settings, SettingsError, dev_settings
 
 
 def _production_settings() -> Settings:
     return Settings.from_env()
+
+
+def _process(run: Callable[[Settings], Any]) -> int:
+    """A production process: settings from the environment, topics and migrations ensured, then run."""
+    from app.bootstrap import prepare
+
+    settings = _production_settings()
+    asyncio.run(prepare(settings))
+    result = run(settings)
+    if inspect.iscoroutine(result):
+        asyncio.run(result)
+    return 0
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -30,53 +45,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
     from app.ingest import run
 
-    settings = _production_settings()
-    asyncio.run(prepare(settings))
-    run(settings)
-    return 0
+    return _process(run)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
     from app.worker import run
 
-    settings = _production_settings()
-    asyncio.run(prepare(settings))
-    run(settings)
-    return 0
+    return _process(run)
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
     from projections.projector import run
 
-    settings = _production_settings()
-    asyncio.run(prepare(settings))
-    asyncio.run(run(settings))
-    return 0
+    return _process(run)
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
     from app.effects import run
 
-    settings = _production_settings()
-    asyncio.run(prepare(settings))
-    asyncio.run(run(settings))
-    return 0
+    return _process(run)
 
 
 def cmd_fetcher(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
     from app.fetcher import run
 
-    settings = _production_settings()
-    asyncio.run(prepare(settings))
-    asyncio.run(run(settings))
-    return 0
+    return _process(run)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,10 +11,10 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.gateways import card, paymos, pg
 from app.ingest import METRICS, create_app
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
+from app.simulator.deliver import signed_headers as simulator_headers
 from app.stack.process import free_port
 
 CARD_SECRET = "whsec_dGVzdC1jYXJkLWtleS1mb3Itb3JkZXJseS10ZXN0cw=="
@@ -31,15 +29,8 @@ def make_settings(kafka_bootstrap: str, postgres_dsn: str, namespace: str, **ove
 
 
 def signed_headers(gateway: str, body: bytes, settings: Settings, now: float | None = None) -> dict[str, str]:
-    ts = int(time.time() if now is None else now)
-    secret = settings.secrets[gateway][0]
-    if gateway == "pg":
-        return {"PG-Signature": pg.sign(body, secret, ts)}
-    if gateway == "card":
-        msg_id = f"msg_{uuid.uuid4().hex[:12]}"
-        return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-                "webhook-signature": card.sign(body, secret, msg_id, ts)}
-    return {"X-Paymos-Signature": paymos.sign(body, secret)}
+    """The gateway's own signature headers for ``body`` with the first configured secret."""
+    return simulator_headers(gateway, body, settings.secrets[gateway][0], now)
 
 
 @dataclass
