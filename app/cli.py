@@ -80,6 +80,15 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return asyncio.run(run(_production_settings()))
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from app.replay import replay
+
+    settings = _production_settings()
+    return replay(settings, args.into, Path(settings.data_dir) / "replay")
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
 
@@ -98,6 +107,8 @@ COMMANDS = {
     "effects": (cmd_effects, "records effects once in PostgreSQL and delivers them to ORDERLY_EFFECTS_URL"),
     "fetcher": (cmd_fetcher, "fetches payments whose events stayed parked too long (card GET /payments/{ref})"),
     "reconcile": (cmd_reconcile, "lists card payments whose row totals differ from their events; exit 1 if any"),
+    "replay": (cmd_replay, "rebuild state, topics and read models from orderly.raw into a fresh namespace "
+                           "and report every difference from the live one"),
     "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
 }
 
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         command = sub.add_parser(name, help=help_text)
         if name == "demo":
             command.add_argument("--scale", type=float, default=1.0, help="resources per gateway, relative")
+        if name == "replay":
+            command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)

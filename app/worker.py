@@ -65,7 +65,7 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
         delivery_id=headers.get("delivery_id") or f"{topic}:{partition}:{offset}",
         gateway=gateway, resource_key=resource_key,
         received_at_ms=int(headers.get("received_at") or 0), seq=offset, source=headers.get("source", "webhook"))
-    if topic == n.correlations:
+    if topic == n.correlations or headers.get("record") == "correlation":  # the latter: a replay's merged log
         return pg.apply_correlation(state, orjson.loads(value), delivery)
     if gateway == "pg":
         return pg.apply_event(state, value, delivery)

@@ -1,0 +1,174 @@
+"""`orderly replay --into NS`: rebuild state, topics and read models from the log (I/O shell).
+
+1. Copy ``orderly.raw`` and ``orderly.correlations`` into ``NS.raw``, partition by partition, merged
+   in the order they were received (``received_at``), correlations marked by a header. One input
+   log per partition makes the rebuild follow the live arrival order.
+2. Run a worker, a projector and an effects recorder for ``NS`` (effects are recorded, never
+   delivered: no ``ORDERLY_EFFECTS_URL``) until every copied record has its decision projected.
+3. Compare every read model of ``NS`` with the live one and report each difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.bootstrap import prepare
+from app.producer import KeyedProducer
+from app.settings import Settings
+from projections.migrate import quote_ident
+from topics.catalog import names
+from topics.records import H_RECEIVED_AT
+
+H_RECORD = "record"  # "correlation" on a correlation copied into NS.raw
+PROCESSES = ("worker", "projector", "effects")
+
+# table -> columns compared (everything but the wall-clock bookkeeping columns)
+COMPARED = {
+    "pg_deposit_correlations": "pg_deposit_id, merchant_reference, our_order_id, our_user_id",
+    "pg_deposits": "pg_deposit_id, pg_version, status, is_terminal, late_slip_accepted_until, ordered_amount_minor, "
+                   "transferred_amount_minor, amount_received_minor, fee_total_minor, credited_amount_minor, "
+                   "fee_breakdown, overpayment, our_order_id, our_user_id, credited_user_at, reversed_at",
+    "pg_deposit_overpayment_flags": "claim_id, pg_deposit_id, observed_deposit_version, cause, amount_minor, raw_flag",
+    "pg_withdrawals": "pg_withdrawal_id, pg_version, status, amount_total_minor, filled_minor, remaining_minor, "
+                      "our_payout_id, closed_at",
+    "pg_withdrawal_fills": "leg_ref, pg_withdrawal_id, sequence, amount_minor",
+    "pg_balance_txns": "btxn_id, type, direction, amount_minor, bucket_from, bucket_to, source_id, created_at",
+    "card_payments": "payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency",
+    "card_events": "gateway_event_id, payment_ref, event_type, sequence, payload, applied_at IS NOT NULL, source",
+    "paymos_invoices": "id, status, is_final, updated_at_ms, snapshot",
+    "paymos_withdrawals": "id, status, is_final, updated_at_ms, snapshot",
+    "paymos_channel_deposits": "id, status, is_final, updated_at_ms, snapshot",
+    "order_notes": "note_key, resource_id, kind, body",
+    "ledger_entries": "entry_key, user_id, amount_minor, source_id",
+    "effects": "dedupe_key, type, gateway, resource_id, payload, caused_by",
+    # "unparked" is "applied" after a wait: whether a webhook beat its correlation across two topics
+    # is an accident of consumption order, not of the log, so both count as applied
+    "webhook_events": "delivery_id, gateway, event_id, resource_id, event_type, "
+                      "CASE outcome WHEN 'unparked' THEN 'applied' ELSE outcome END, error",
+}
+
+
+async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[Any]]:
+    """Every record of ``topic`` up to its end at the start of the copy, per partition."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]  # co-partitioned: checked at start-up
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        found: dict[int, list[Any]] = {p: [] for p in range(partitions)}
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, messages in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
+                found[tp.partition] += [m for m in messages if m.offset < ends[tp]]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _received(message: Any) -> int:
+    return int(dict(message.headers).get(H_RECEIVED_AT, b"0") or 0)
+
+
+async def copy_log(live: Settings, target: Settings) -> int:
+    n, t = names(live.namespace), names(target.namespace)
+    raw = await _read_all(live.kafka_bootstrap, n.raw, live.partitions)
+    corr = await _read_all(live.kafka_bootstrap, n.correlations, live.partitions)
+    producer = KeyedProducer(live.kafka_bootstrap, linger_ms=20)
+    await producer.start()
+    copied = 0
+    try:
+        futures = []
+        for partition in sorted(set(raw) | set(corr)):
+            tagged = [(_received(m), 1, i, m, False) for i, m in enumerate(raw.get(partition, []))]
+            tagged += [(_received(m), 0, i, m, True) for i, m in enumerate(corr.get(partition, []))]
+            for _, _, _, m, is_corr in sorted(tagged, key=lambda x: x[:3]):  # ties: the correlation first
+                headers = list(m.headers) + ([(H_RECORD, b"correlation")] if is_corr else [])
+                futures.append(await producer.send(t.raw, m.key, m.value, headers))
+                copied += 1
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return copied
+
+
+async def diff(live: Settings, target: Settings) -> dict[str, tuple[int, int]]:
+    """Per table: (rows only live has, rows only the rebuild has)."""
+    conn = await asyncpg.connect(live.postgres_dsn)
+    a, b = quote_ident(live.namespace), quote_ident(target.namespace)
+    try:
+        out = {}
+        for table, cols in COMPARED.items():
+            only_live = await conn.fetchval(f"SELECT count(*) FROM (SELECT {cols} FROM {a}.{table} "
+                                            f"EXCEPT SELECT {cols} FROM {b}.{table}) x")
+            only_new = await conn.fetchval(f"SELECT count(*) FROM (SELECT {cols} FROM {b}.{table} "
+                                           f"EXCEPT SELECT {cols} FROM {a}.{table}) x")
+            out[table] = (int(only_live), int(only_new))
+        return out
+    finally:
+        await conn.close()
+
+
+async def _count(settings: Settings, query: str) -> int:
+    conn = await asyncpg.connect(settings.postgres_dsn,
+                                 server_settings={"search_path": quote_ident(settings.namespace)})
+    try:
+        return int(await conn.fetchval(query))
+    finally:
+        await conn.close()
+
+
+def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
+    if into == live.namespace:
+        raise SystemExit("orderly replay: --into must name a namespace other than the live one")
+    target = live.with_overrides(namespace=into, effects_url=None)
+    asyncio.run(prepare(target))
+    if asyncio.run(_count(target, "SELECT count(*) FROM webhook_events")):
+        raise SystemExit(f"orderly replay: namespace {into!r} is not fresh (it already has deliveries)")
+    started = time.monotonic()
+    copied = asyncio.run(copy_log(live, target))
+    env = {k: v for k, v in os.environ.items() if k != "ORDERLY_EFFECTS_URL"}
+    env.update(target.to_env())
+    env.pop("ORDERLY_EFFECTS_URL", None)  # recorded, never delivered
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name in PROCESSES:
+        with (logs / f"replay-{into}-{name}.log").open("ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", name], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + limit_s
+        live_effects = asyncio.run(_count(live, "SELECT count(*) FROM effects"))
+        while time.monotonic() < deadline:
+            done = asyncio.run(_count(target, "SELECT count(*) FROM webhook_events"))
+            effects = asyncio.run(_count(target, "SELECT count(*) FROM effects"))
+            if done >= copied and effects >= live_effects:
+                break
+            time.sleep(0.5)
+        time.sleep(1.0)  # let the effects recorder take its last batch
+    finally:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+    elapsed = time.monotonic() - started
+    report = asyncio.run(diff(live, target))
+    print(f"replayed {copied} records from {live.namespace} into {into} in {elapsed:.1f} s "
+          f"({copied / elapsed:.0f} records/s, start-up included); effects recorded, not delivered")
+    differing = {t: d for t, d in report.items() if d != (0, 0)}
+    for table, (only_live, only_new) in report.items():
+        verdict = "same" if (only_live, only_new) == (0, 0) else f"{only_live} rows only live, {only_new} only rebuilt"
+        print(f"  {table:<30} {verdict}")
+    print("no difference from the live namespace" if not differing else f"{len(differing)} table(s) differ")
+    return 1 if differing else 0
