@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 
 from app.settings import Settings
-from app.simulator import lifecycles
+from app.simulator import api, lifecycles
 from app.simulator.deliver import Stats, deliver
 from app.stack.process import free_port
 from app.supervisor import Stack
@@ -36,21 +36,6 @@ class Size:
     withdrawals: int = 60
     payments: int = 200
     paymos_per_kind: int = 80
-
-
-async def _gateway_api(truth: lifecycles.Truth, port: int) -> web.AppRunner:
-    """The card gateway's GET /payments/{ref}, answered from the simulator's truth."""
-
-    async def get_payment(request: web.Request) -> web.Response:
-        answer = truth.card.get(request.match_info["ref"])
-        return web.json_response(answer) if answer else web.json_response({"error": "not found"}, status=404)
-
-    app = web.Application()
-    app.router.add_get("/payments/{ref}", get_payment)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
 
 
 async def _correlate(url: str, token: str, truth: lifecycles.Truth, rng: random.Random) -> None:
@@ -165,7 +150,8 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
 def run_demo(settings: Settings, size: Size | None = None, seed: int = 7) -> int:
     size = size or Size()
     api_port = free_port()
-    settings = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}", fetch_parked_after_s=3.0,
+    settings = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}",
+                                       pg_api_url=f"http://127.0.0.1:{api_port}", fetch_parked_after_s=3.0,
                                        fetch_interval_s=1.0, namespace=f"demo{int(time.time())}")
     rng = random.Random(seed)  # seeded: the same run every time
     truth = lifecycles.Truth()
@@ -174,7 +160,9 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7) -> int
     stack = Stack(settings)
 
     async def main() -> int:
-        runner = await _gateway_api(truth, api_port)  # the card gateway's GET API, for the fetcher
+        runner = web.AppRunner(api.build(truth, events), access_log=None)  # the gateways' GET APIs
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", api_port).start()
         try:
             return await _run(settings, stack, events, truth, rng)
         finally:

@@ -18,7 +18,9 @@ from typing import Any
 import aiohttp
 import asyncpg
 import orjson
+from aiokafka import AIOKafkaConsumer
 
+from app.gateways import pg as pg_gateway
 from app.metrics import FetcherMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -123,17 +125,74 @@ class Fetcher:
         return appended
 
 
+    async def backfill_pg(self, request: dict[str, Any]) -> int:
+        """Fetch the events of a pg sequence gap that outlived its retry window; append each to
+        orderly.raw (the worker dedupes on the event id if the webhook did arrive after all)."""
+        assert self.http is not None and self.settings.pg_api_url
+        since, until = int(request["since_sequence"]), int(request["until_sequence"])
+        appended = 0
+        while since < until:
+            await self._throttle()
+            try:
+                async with self.http.get(f"{self.settings.pg_api_url}/v1/pay/events",
+                                         params={"since_sequence": str(since), "limit": "100"}) as resp:
+                    if resp.status != 200:
+                        self.metrics.fetches.labels("pg", "error").inc()
+                        return appended  # the request is taken again on the next start
+                    page = (await resp.json())["data"]
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+                self.metrics.fetches.labels("pg", "error").inc()
+                return appended
+            if not page:
+                break
+            for event in page:
+                if event.get("sequence", until + 1) > until:
+                    return appended
+                raw = orjson.dumps(event)
+                route = pg_gateway.route(raw)
+                if route.resource_key is None:
+                    log.error("backfilled pg event %s cannot be routed: %s", event.get("id"), route.quarantine_reason)
+                    continue
+                await self.producer.send_and_wait(
+                    names(self.settings.namespace).raw, route.resource_key.encode(), raw,
+                    raw_headers("pg", f"fetch-{route.event_id}", int(time.time() * 1000), source="fetch"))
+                self.metrics.fetches.labels("pg", "synced").inc()
+                appended += 1
+            since = int(page[-1]["sequence"])
+        return appended
+
+
+async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
+    """orderly.fetch → backfills (pg sequence gaps older than the limit)."""
+    consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
+                                auto_offset_reset="earliest", isolation_level="read_committed")
+    await consumer.start()
+    try:
+        async for message in consumer:
+            request = orjson.loads(message.value)
+            if request.get("gateway") == "pg" and request.get("kind") == "backfill" and settings.pg_api_url:
+                await fetcher.backfill_pg(request)
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+
+
 async def run(settings: Settings) -> None:
     fetcher = Fetcher(settings)
     if not settings.card_api_url:
         log.warning("ORDERLY_CARD_API_URL is not set: parked card payments are not fetched")
+    if not settings.pg_api_url:
+        log.warning("ORDERLY_PG_API_URL is not set: pg sequence gaps are not backfilled")
     await fetcher.start()
     runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings))
     try:
         while True:
             await fetcher.sync_parked_card_payments()
             await asyncio.sleep(settings.fetch_interval_s)
     finally:
+        requests.cancel()
         if runner is not None:
             await runner.cleanup()
         await fetcher.stop()

@@ -89,6 +89,7 @@ class Settings:
     gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
     effects_max_attempts: int = 10
     card_api_url: str | None = None  # the card gateway's API (GET /payments/{ref})
+    pg_api_url: str | None = None  # the pg gateway's API (GET /v1/pay/events?since_sequence=N)
     fetch_parked_after_s: float = 60.0  # the playbook: a parked event older than this is fetched
     fetch_interval_s: float = 30.0
     fetch_rate_per_s: float = 10.0
@@ -130,6 +131,7 @@ class Settings:
             gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
             effects_max_attempts=_int(env, "ORDERLY_EFFECTS_MAX_ATTEMPTS", 10),
             card_api_url=env.get("ORDERLY_CARD_API_URL") or None,
+            pg_api_url=env.get("ORDERLY_PG_API_URL") or None,
             fetch_parked_after_s=_float(env, "ORDERLY_FETCH_PARKED_AFTER_S", 60.0),
             fetch_interval_s=_float(env, "ORDERLY_FETCH_INTERVAL_S", 30.0),
             fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
@@ -161,6 +163,8 @@ class Settings:
             env["ORDERLY_EFFECTS_URL"] = self.effects_url
         if self.card_api_url:
             env["ORDERLY_CARD_API_URL"] = self.card_api_url
+        if self.pg_api_url:
+            env["ORDERLY_PG_API_URL"] = self.pg_api_url
         env["ORDERLY_FETCH_PARKED_AFTER_S"] = str(self.fetch_parked_after_s)
         env["ORDERLY_FETCH_INTERVAL_S"] = str(self.fetch_interval_s)
         env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)

@@ -15,20 +15,27 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.simulator import api
+from app.simulator.lifecycles import Emitted, Truth
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pg_events import AMOUNT, deposit, withdrawal
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic, signed_headers
+from tests.support import make_settings, read_topic, serve_in_thread, signed_headers
 from topics.catalog import names
+
+# the pg gateway's event API (GET /v1/pay/events), serving what tests put in here
+API_EVENTS: list[Emitted] = []
 
 
 @pytest.fixture(scope="module")
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     namespace = f"pg{uuid.uuid4().hex[:8]}"
-    s = make_settings(kafka.bootstrap, postgres.dsn, namespace, gap_backfill_after_s=2.0)
-    with running_pipeline(s, tmp_path_factory.mktemp("pg-pipeline")) as running:
-        yield running
+    with serve_in_thread(api.build(Truth(), API_EVENTS)) as api_url:
+        s = make_settings(kafka.bootstrap, postgres.dsn, namespace, gap_backfill_after_s=2.0, pg_api_url=api_url,
+                          fetch_interval_s=0.5)
+        with running_pipeline(s, tmp_path_factory.mktemp("pg-pipeline")) as running:
+            yield running
 
 
 async def post(pipe: Running, *bodies: bytes) -> None:
@@ -251,3 +258,19 @@ def test_any_order_and_duplication_over_http(pipe: Running, data: st.DataObject)
             assert f"deposit:{dep}:credit_user" in one_shot
 
     asyncio.run(scenario())
+
+
+async def test_a_gap_older_than_the_limit_is_backfilled_from_the_gateway(pipe: Running) -> None:
+    await correlate(pipe, "dep_bf")
+    base = 20_000_000
+    withheld = [deposit("dep_bf", 2, "slip_received", sequence=base + 1),
+                deposit("dep_bf", 3, "settled", sequence=base + 2)]
+    API_EVENTS.extend(Emitted("pg", "dep_bf", body, 0) for body in withheld)  # the gateway has them; we never got them
+    await post(pipe, deposit("dep_bf", 1, "pending", sequence=base), deposit("dep_x", 1, "pending", sequence=base + 3))
+    # 2 s later the gap is due: a backfill request, the fetcher asks the gateway, the events arrive
+    row = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT * FROM pg_deposits WHERE pg_deposit_id = 'dep_bf' AND status = 'settled'"), timeout=90)
+    assert row["pg_version"] == 3
+    await pipe.wait_for(lambda c: c.fetchval(
+        "SELECT count(*) = 0 FROM pg_sequence_gaps WHERE start_seq > $1 AND start_seq <= $2", base, base + 3))
+    assert await balance(pipe, "usr_dep_bf") == AMOUNT
