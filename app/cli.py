@@ -89,6 +89,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return replay(settings, args.into, Path(settings.data_dir) / "replay")
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from app.simulator.cli import run
+
+    return run(dev_settings(), args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import prepare
 
@@ -109,6 +115,8 @@ COMMANDS = {
     "reconcile": (cmd_reconcile, "lists card payments whose row totals differ from their events; exit 1 if any"),
     "replay": (cmd_replay, "rebuild state, topics and read models from orderly.raw into a fresh namespace "
                            "and report every difference from the live one"),
+    "simulate": (cmd_simulate, "the gateway simulator against an ingest: signed deliveries with retries, "
+                               "duplicates and reordering; optionally serves the gateways' GET APIs"),
     "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
 }
 
@@ -120,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         command = sub.add_parser(name, help=help_text)
         if name == "demo":
             command.add_argument("--scale", type=float, default=1.0, help="resources per gateway, relative")
+        if name == "simulate":
+            from app.simulator.cli import add_arguments
+
+            add_arguments(command)
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)

@@ -62,3 +62,20 @@ def test_replay_rebuilds_the_same_read_models(kafka: KafkaBroker, postgres: Post
                 await conn.close()
             return await diff(pipe.settings, target)
         assert asyncio.run(tamper())["card_payments"] == (1, 1)
+
+
+def test_orderly_simulate_drives_an_ingest(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"sim{uuid.uuid4().hex[:8]}")
+    with running_pipeline(s, tmp_path) as pipe:
+        env = {**os.environ, **pipe.settings.to_env()}
+        result = subprocess.run([sys.executable, "-m", "app.cli", "simulate", "--gateway", "card", "--target",
+                                 pipe.ingest.url, "--count", "12", "--time-scale", "0.005"],
+                                env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        line = next(row for row in result.stdout.splitlines() if row.startswith("card:"))
+        assert "0 given up" in line and int(line.split()[3]) >= 12 * 2  # accepted: every event at least once
+        asyncio.run(pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 12 FROM card_payments")))

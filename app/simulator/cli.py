@@ -1,0 +1,62 @@
+"""`orderly simulate`: the gateway simulator as a tool, against any Orderly ingest (I/O shell)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from app.settings import Settings
+from app.simulator import api, lifecycles
+from app.simulator.deliver import Chaos, deliver
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gateway", choices=["pg", "card", "paymos", "all"], default="all")
+    parser.add_argument("--target", required=True, help="the ingest's base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--count", type=int, default=50, help="resources per kind")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--api-port", type=int, default=0, help="serve the gateways' GET APIs here (0 = not)")
+    parser.add_argument("--time-scale", type=float, default=1 / 40, help="gateway ms -> real ms")
+
+
+async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    truth = lifecycles.Truth()
+    events: list[lifecycles.Emitted] = []
+    if args.gateway in ("pg", "all"):
+        events += lifecycles.pg(rng, args.count, max(1, args.count // 3), truth)
+    if args.gateway in ("card", "all"):
+        events += lifecycles.card(rng, args.count, truth)
+    if args.gateway in ("paymos", "all"):
+        events += lifecycles.paymos(rng, args.count, truth)
+    runner = None
+    if args.api_port:
+        runner = web.AppRunner(api.build(truth, events), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", args.api_port).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for dep, body in truth.correlations.items():  # the merchant's create-deposit responses
+                async with http.put(f"{args.target}/correlations/pg/deposits/{dep}", data=orjson.dumps(body),
+                                    headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                    if resp.status != 200:
+                        print(f"correlation {dep}: HTTP {resp.status}")
+        stats = await deliver(args.target, events, {g: s[0] for g, s in settings.secrets.items()}, rng,
+                              Chaos(time_scale=args.time_scale))
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+    for gateway in sorted(stats.attempts):
+        print(f"{gateway}: {stats.attempts[gateway]} attempts, {stats.accepted[gateway]} accepted, "
+              f"{stats.retries[gateway]} retried, {stats.duplicates[gateway]} duplicated, "
+              f"{stats.given_up[gateway]} given up")
+    return 1 if sum(stats.given_up.values()) else 0
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    return asyncio.run(_simulate(settings, args))
