@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from bench.stack import embedded
 from projections.migrate import migrate
 from tests.pg_events import deposit
 from tests.support import signed_headers
@@ -166,19 +166,11 @@ def run_baseline(postgres: PostgresServer, work: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="orderly-bench-e2e-"))
-    kafka = KafkaBroker(work / "kafka", heap_mb=512)
-    postgres = PostgresServer(work / "postgres")
-    kafka.start()
-    postgres.start()
     results: dict[str, dict[str, Any]] = {}
-    try:
+    with embedded("orderly-bench-e2e-") as (work, kafka, postgres):
         results["baseline"] = run_baseline(postgres, work)
         for guarantee in ("at_least_once", "exactly_once"):
             results[guarantee] = run_pipeline(kafka, postgres, guarantee, work)
-    finally:
-        kafka.stop()
-        postgres.stop()
     base = results["baseline"]["rate"]
     print(f"\nend-to-end benchmark: {DEPOSITS} deposits x 3 signed webhooks, {CONCURRENCY} concurrent clients, "
           f"{os.cpu_count()} cores, Kafka and PostgreSQL on the same machine")

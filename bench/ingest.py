@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,9 +15,8 @@ import orjson
 
 from app.bootstrap import prepare
 from app.settings import dev_settings
-from app.stack.kafka import KafkaBroker
-from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from bench.stack import embedded
 from tests.support import signed_headers
 
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))
@@ -71,39 +69,35 @@ def _serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subpro
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="orderly-bench-"))
-    kafka = KafkaBroker(work / "kafka")
-    postgres = PostgresServer(work / "postgres")
-    kafka.start()
-    postgres.start()
-    ingest_port, bare_port = free_port(), free_port()
-    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
-           "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_NAMESPACE": "bench"}
-    settings = dev_settings(env)
-    env.update(settings.to_env())  # `orderly ingest` is a production process: give it everything
-    asyncio.run(prepare(settings))
-    requests_file = work / "requests.json"
-    _requests(env, requests_file)
-    ingest = _serve([sys.executable, "-m", "app.cli", "ingest"], env, ingest_port, work / "ingest.log")
-    bare = _serve([sys.executable, "-m", "bench.bare_server", str(bare_port)], env, bare_port, work / "bare.log")
     results: dict[str, list[dict[str, float]]] = {"bare": [], "ingest": []}
-    try:
-        for _ in range(ROUNDS):  # alternate, so both see the same machine noise
-            results["bare"].append(_load(f"http://127.0.0.1:{bare_port}", requests_file))
-            before = cpu_seconds(kafka.pid or 0), cpu_seconds(ingest.pid)
-            run = _load(f"http://127.0.0.1:{ingest_port}", requests_file)
-            run["kafka_cpu_s"] = cpu_seconds(kafka.pid or 0) - before[0]
-            run["ingest_cpu_s"] = cpu_seconds(ingest.pid) - before[1]
-            results["ingest"].append(run)
-    finally:
-        stop_process(ingest, 15)
-        stop_process(bare, 15)
-        kafka.stop()
-        postgres.stop()
+    with embedded("orderly-bench-", heap_mb=384) as (work, kafka, postgres):
+        bootstrap = kafka.bootstrap
+        ingest_port, bare_port = free_port(), free_port()
+        env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
+               "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_NAMESPACE": "bench"}
+        settings = dev_settings(env)
+        env.update(settings.to_env())  # `orderly ingest` is a production process: give it everything
+        asyncio.run(prepare(settings))
+        requests_file = work / "requests.json"
+        _requests(env, requests_file)
+        ingest = _serve([sys.executable, "-m", "app.cli", "ingest"], env, ingest_port, work / "ingest.log")
+        bare = _serve([sys.executable, "-m", "bench.bare_server", str(bare_port)], env, bare_port,
+                      work / "bare.log")
+        try:
+            for _ in range(ROUNDS):  # alternate, so both see the same machine noise
+                results["bare"].append(_load(f"http://127.0.0.1:{bare_port}", requests_file))
+                before = cpu_seconds(kafka.pid or 0), cpu_seconds(ingest.pid)
+                run = _load(f"http://127.0.0.1:{ingest_port}", requests_file)
+                run["kafka_cpu_s"] = cpu_seconds(kafka.pid or 0) - before[0]
+                run["ingest_cpu_s"] = cpu_seconds(ingest.pid) - before[1]
+                results["ingest"].append(run)
+        finally:
+            stop_process(ingest, 15)
+            stop_process(bare, 15)
     best = {name: max(runs, key=lambda r: r["rate"]) for name, runs in results.items()}
     ratio = best["ingest"]["rate"] / best["bare"]["rate"]
     print(f"\ningest benchmark: {CONCURRENCY} concurrent clients, {DURATION:.0f}s x {ROUNDS} rounds, "
-          f"loopback, {os.cpu_count()} cores, Kafka {kafka.bootstrap} acks=all idempotent")
+          f"loopback, {os.cpu_count()} cores, Kafka {bootstrap} acks=all idempotent")
     print(f"{'server':<28}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'non-2xx':>10}")
     for name, label in (("bare", "bare aiohttp (ceiling)"), ("ingest", "orderly ingest, acks=all")):
         r = best[name]

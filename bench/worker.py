@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import stop_process
+from bench.stack import embedded
 from tests.pg_events import deposit
 from topics.catalog import names
 from topics.records import raw_headers
@@ -104,18 +104,10 @@ def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="orderly-bench-worker-"))
-    kafka = KafkaBroker(work / "kafka", heap_mb=512)
-    postgres = PostgresServer(work / "postgres")
-    kafka.start()
-    postgres.start()
     results: dict[str, dict[str, float]] = {}
-    try:
+    with embedded("orderly-bench-worker-") as (work, kafka, postgres):
         for guarantee in ("at_least_once", "exactly_once"):
             results[guarantee] = run_mode(kafka, postgres, guarantee, work)
-    finally:
-        kafka.stop()
-        postgres.stop()
     ratio = results["exactly_once"]["rate"] / results["at_least_once"]["rate"]
     print(f"\nworker benchmark: {DEPOSITS} deposits, {DEPOSITS * 5} records (4 deliveries + 1 correlation each), "
           f"{os.cpu_count()} cores, one worker, {PARTITIONS} partitions")

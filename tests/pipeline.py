@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 from aiohttp import web
 
 from app.bootstrap import prepare
 from app.settings import Settings
 from projections.migrate import quote_ident
-from tests.support import ServedIngest, serve_in_thread, serve_ingest
+from tests.support import ServedIngest, serve_in_thread, serve_ingest, signed_headers
 
 PROCESSES = ("worker", "projector", "effects", "fetcher")
 
@@ -103,6 +104,17 @@ class Running:
     async def connect(self) -> asyncpg.Connection:
         return await asyncpg.connect(self.settings.postgres_dsn,
                                      server_settings={"search_path": quote_ident(self.settings.namespace)})
+
+    async def post(self, gateway: str, *bodies: bytes) -> list[dict[str, Any]]:
+        """Deliver signed webhooks one after another; each must be acknowledged with 200."""
+        answers = []
+        async with aiohttp.ClientSession() as http:
+            for body in bodies:
+                async with http.post(f"{self.ingest.url}/webhooks/{gateway}", data=body,
+                                     headers=signed_headers(gateway, body, self.settings)) as resp:
+                    assert resp.status == 200, await resp.text()
+                    answers.append(await resp.json())
+        return answers
 
     async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0) -> Any:
         """Poll PostgreSQL until ``check`` returns something truthy."""

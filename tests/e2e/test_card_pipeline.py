@@ -18,7 +18,7 @@ from aiohttp import web
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, serve_in_thread, signed_headers
+from tests.support import make_settings, serve_in_thread
 
 
 @dataclass
@@ -66,12 +66,8 @@ def card_event(ref: str, eid: str, kind: str, second: int, amount: int) -> bytes
                          "currency": "EUR"})
 
 
-async def post(pipe: Running, *bodies: bytes) -> None:
-    async with aiohttp.ClientSession() as http:
-        for body in bodies:
-            async with http.post(f"{pipe.ingest.url}/webhooks/card", data=body,
-                                 headers=signed_headers("card", body, pipe.settings)) as resp:
-                assert resp.status == 200, await resp.text()
+async def post(pipe: Running, *bodies: bytes) -> list[dict[str, Any]]:
+    return await pipe.post("card", *bodies)
 
 
 async def payment(pipe: Running, ref: str, captured: int, refunded: int) -> Any:

@@ -17,7 +17,7 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.paymos_events import event
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic, signed_headers
+from tests.support import make_settings, read_topic
 from topics.catalog import names
 
 
@@ -29,14 +29,7 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.
 
 
 async def post(pipe: Running, *bodies: bytes) -> list[dict[str, Any]]:
-    answers = []
-    async with aiohttp.ClientSession() as http:
-        for body in bodies:
-            async with http.post(f"{pipe.ingest.url}/webhooks/paymos", data=body,
-                                 headers=signed_headers("paymos", body, pipe.settings)) as resp:
-                assert resp.status == 200, await resp.text()
-                answers.append(await resp.json())
-    return answers
+    return await pipe.post("paymos", *bodies)
 
 
 async def settled(pipe: Running, rid: str, deliveries: int) -> list[str]:

@@ -21,7 +21,7 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pg_events import AMOUNT, deposit, withdrawal
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic, serve_in_thread, signed_headers
+from tests.support import make_settings, read_topic, serve_in_thread
 from topics.catalog import names
 
 # the pg gateway's event API (GET /v1/pay/events), serving what tests put in here
@@ -38,12 +38,8 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.
             yield running
 
 
-async def post(pipe: Running, *bodies: bytes) -> None:
-    async with aiohttp.ClientSession() as http:
-        for body in bodies:
-            async with http.post(f"{pipe.ingest.url}/webhooks/pg", data=body,
-                                 headers=signed_headers("pg", body, pipe.settings)) as resp:
-                assert resp.status == 200, await resp.text()
+async def post(pipe: Running, *bodies: bytes) -> list[dict[str, Any]]:
+    return await pipe.post("pg", *bodies)
 
 
 async def correlate(pipe: Running, dep: str, user: str | None = None, wait: bool = True) -> None:
