@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0, 3600.0)
 
 
 class _Metrics:
@@ -68,6 +69,9 @@ class ProjectorMetrics(_Metrics):
                                registry=self.registry)
         self.sequences_missing = Gauge("orderly_pg_sequence_missing", "Sequence numbers not seen yet (pg)",
                                        registry=self.registry)
+        self.lag_seconds = Histogram("orderly_projector_lag_seconds",
+                                     "From the ingest's received_at to the decision's read-model write",
+                                     buckets=LAG_BUCKETS, registry=self.registry)
         self.backfills = Counter("orderly_pg_backfill_requests", "Gaps older than the limit sent to orderly.fetch",
                                  registry=self.registry)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import e2e, ingest, worker
+from bench import e2e, ingest, latency, worker
 
-BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main}
+BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main, "latency": latency.main}
 
 
 def main(argv: list[str]) -> int:

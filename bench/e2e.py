@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +40,12 @@ def correlation(i: int) -> dict[str, str]:
             "our_user_id": f"u_{dep}"}
 
 
-def write_requests(settings: Settings, path: Path) -> int:
+def write_requests(settings: Settings, path: Path, deposits: int = DEPOSITS) -> int:
     out = []
     for version, status in enumerate(["pending", "slip_received", "settled"], start=1):
-        for i in range(DEPOSITS):
+        for i in range(deposits):
             # the gateway's sequence follows creation order across all deposits
-            raw = deposit(f"dep_e{i}", version, status, sequence=(version - 1) * DEPOSITS + i + 1)
+            raw = deposit(f"dep_e{i}", version, status, sequence=(version - 1) * deposits + i + 1)
             out.append({"path": "/webhooks/pg", "body": raw.decode(), "headers": signed_headers("pg", raw, settings)})
     path.write_bytes(orjson.dumps(out))
     return len(out)
@@ -70,7 +72,7 @@ async def count_projected(settings: Settings) -> int:
         await conn.close()
 
 
-async def put_correlations(url: str, token: str) -> None:
+async def put_correlations(url: str, token: str, deposits: int = DEPOSITS) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -83,30 +85,42 @@ async def put_correlations(url: str, token: str) -> None:
                                      headers={"Authorization": f"Bearer {token}"}) as resp:
                 assert resp.status == 200
 
-        await asyncio.gather(*(one(i) for i in range(DEPOSITS)))
+        await asyncio.gather(*(one(i) for i in range(deposits)))
 
 
-def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path,
-                 round_no: int) -> dict[str, Any]:
+@contextmanager
+def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path, tag: str,
+             deposits: int = DEPOSITS) -> Iterator[tuple[Settings, str, list[subprocess.Popen[bytes]]]]:
+    """An ingest, a worker, a projector and an effects recorder of a fresh namespace, with every
+    deposit's correlation stored and the worker joined: yields (settings, ingest URL, processes)."""
     port = free_port()
     env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
-           "ORDERLY_NAMESPACE": f"e2e_{guarantee}_{round_no}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
+           "ORDERLY_NAMESPACE": f"{tag}_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
            "ORDERLY_INGEST_PORT": str(port), "ORDERLY_DATA_DIR": str(work),
            "ORDERLY_PARTITIONS": os.environ.get("BENCH_PARTITIONS", "12")}
     settings = dev_settings(env)
     env.update(settings.to_env())
     asyncio.run(prepare(settings))
-    requests_file = work / f"requests-{guarantee}-{round_no}.json"
-    count = write_requests(settings, requests_file)
-    procs = [serve([sys.executable, "-m", "app.cli", "ingest"], env, port, work / f"ingest-{guarantee}-{round_no}.log")]
+    procs = [serve([sys.executable, "-m", "app.cli", "ingest"], env, port, work / f"ingest-{tag}-{guarantee}.log")]
     for name in PROCESSES:
-        with (work / f"{name}-{guarantee}-{round_no}.log").open("ab") as out:
+        with (work / f"{name}-{tag}-{guarantee}.log").open("ab") as out:
             procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", name], env=env, stdout=out,
                                           stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(put_correlations(url, settings.api_token))
+        asyncio.run(put_correlations(url, settings.api_token, deposits))
         time.sleep(12)  # the worker joins its group and recovers; not part of the measurement
+        yield settings, url, procs
+    finally:
+        for proc in procs:
+            stop_process(proc, 30)
+
+
+def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path,
+                 round_no: int) -> dict[str, Any]:
+    with pipeline(kafka, postgres, guarantee, work, f"e2e{round_no}") as (settings, url, procs):
+        requests_file = work / f"requests-{guarantee}-{round_no}.json"
+        count = write_requests(settings, requests_file)
         cpu_before = cpu_by_process(procs, kafka, postgres)
         started = time.monotonic()
         result = load(url, requests_file, count)
@@ -117,9 +131,6 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
             time.sleep(0.2)
         elapsed = time.monotonic() - started
         cpu = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in cpu_by_process(procs, kafka, postgres).items()}
-    finally:
-        for proc in procs:
-            stop_process(proc, 30)
     return {"events": acked, "rate": acked / elapsed, "elapsed_s": elapsed, "ingest_rate": result["rate"],
             "ingest_p99_ms": result["p99_ms"], "cpu_s": cpu}
 

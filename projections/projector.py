@@ -155,6 +155,10 @@ class Projector:
         await project(conn, decisions, self.metrics)
         await observe_sequences(conn, decisions, self.metrics)
         self.metrics.projected.inc(len(decisions))
+        now_ms = time.time() * 1000
+        for d in decisions:
+            if d["received_at_ms"]:
+                self.metrics.lag_seconds.observe(max(0.0, now_ms - d["received_at_ms"]) / 1000)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     async def start(self) -> None:
