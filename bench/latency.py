@@ -28,7 +28,7 @@ SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
 WARMUP_S = 3.0
 
 
-async def send_open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> dict[str, int]:
+async def send_open_loop(url: str, requests: list[dict[str, Any]], rate: float) -> dict[int, int]:
     statuses: dict[int, int] = {}
     started = time.monotonic()
 
@@ -58,6 +58,7 @@ async def latencies(settings: Settings, since_s: float) -> dict[str, float]:
             "percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99, max(lag) AS max FROM ("
             " SELECT extract(epoch FROM projected_at - received_at) * 1000 AS lag FROM webhook_events"
             " WHERE event_type LIKE 'deposit.%' AND received_at >= to_timestamp($1)) x", since_s)
+        assert row is not None
         return {"events": int(row["n"]), "p50_ms": float(row["p50"]), "p99_ms": float(row["p99"]),
                 "max_ms": float(row["max"])}
     finally:
