@@ -23,14 +23,13 @@ from projections.sink import Conn, PgSink
 from topics.catalog import names
 
 log = logging.getLogger("orderly.effects")
-LEASE_S = 30
 CLAIM_BATCH = 200
 
 INSERT_EFFECT = """
 INSERT INTO effects (dedupe_key, type, gateway, resource_id, payload, caused_by)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6) ON CONFLICT (dedupe_key) DO NOTHING"""
-CLAIM_DUE = f"""
-UPDATE effects SET next_attempt_at = now() + interval '{LEASE_S} seconds'
+CLAIM_DUE = """
+UPDATE effects SET next_attempt_at = now() + make_interval(secs => $2)
  WHERE dedupe_key IN (SELECT dedupe_key FROM effects
                        WHERE delivered_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
                        ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)
@@ -81,7 +80,7 @@ class EffectsWorker:
         """Claim due effects and POST them; returns how many were attempted."""
         pool, http = self.sink.pool, self.http
         assert pool is not None and http is not None and self.settings.effects_url
-        rows = await pool.fetch(CLAIM_DUE, CLAIM_BATCH)  # its own short transaction
+        rows = await pool.fetch(CLAIM_DUE, CLAIM_BATCH, self.settings.effects_lease_s)  # its own short transaction
         if not rows:
             return 0
         url = self.settings.effects_url

@@ -54,6 +54,8 @@ class WorkerMetrics(_Metrics):
                                        buckets=APPEND_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("orderly_worker_batch_size", "Records per batch",
                                     buckets=(1, 10, 50, 100, 250, 500, 1000), registry=self.registry)
+        self.partitions = Gauge("orderly_worker_partitions", "orderly.raw partitions this worker owns",
+                                registry=self.registry)
 
 
 class ProjectorMetrics(_Metrics):

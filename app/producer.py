@@ -35,9 +35,13 @@ class KeyedProducer:
         return self._producer
 
     async def start(self) -> None:
+        """Start once; a second call is a no-op."""
+        if self._producer is not None:
+            return
         # Built here, not in __init__: aiokafka binds to the running event loop.
-        self._producer = AIOKafkaProducer(**self._config)
-        await self._producer.start()
+        producer = AIOKafkaProducer(**self._config)
+        await producer.start()
+        self._producer = producer
 
     async def stop(self) -> None:
         if self._producer is not None:

@@ -83,11 +83,14 @@ class Settings:
     ingest_host: str = "127.0.0.1"
     ingest_port: int = 8080
     append_timeout_s: float = 5.0
-    processing_guarantee: str = "exactly_once"
+    processing_guarantee: str = "at_least_once"  # see README, "Exactly-once": Faust's is not safe here
+    store: str = "rocksdb"  # where the worker keeps resource state: rocksdb (on disk) or memory
+    worker_stall_s: float = 60.0  # a worker deciding nothing this long while records wait exits
     data_dir: Path = field(default_factory=lambda: Path(".orderly"))
     metrics_port: int = 0  # worker, projector, effects: serve /metrics here (0 = off)
     gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
     effects_max_attempts: int = 10
+    effects_lease_s: float = 30.0  # a claimed effect is not claimed again for this long
     card_api_url: str | None = None  # the card gateway's API (GET /payments/{ref})
     pg_api_url: str | None = None  # the pg gateway's API (GET /v1/pay/events?since_sequence=N)
     fetch_parked_after_s: float = 60.0  # the playbook: a parked event older than this is fetched
@@ -103,7 +106,10 @@ class Settings:
         token = env.get("ORDERLY_API_TOKEN", "")
         if not token.strip():
             raise SettingsError("ORDERLY_API_TOKEN is empty: the correlation API needs a bearer token")
-        guarantee = env.get("ORDERLY_PROCESSING_GUARANTEE", "exactly_once")
+        store = env.get("ORDERLY_STORE", "rocksdb")
+        if store not in ("rocksdb", "memory"):
+            raise SettingsError(f"ORDERLY_STORE={store!r}: use rocksdb or memory")
+        guarantee = env.get("ORDERLY_PROCESSING_GUARANTEE", "at_least_once")
         if guarantee not in ("exactly_once", "at_least_once"):
             raise SettingsError(
                 f"ORDERLY_PROCESSING_GUARANTEE={guarantee!r}: use exactly_once or at_least_once"
@@ -126,10 +132,13 @@ class Settings:
             ingest_port=_int(env, "ORDERLY_INGEST_PORT", 8080, minimum=0),
             append_timeout_s=_float(env, "ORDERLY_APPEND_TIMEOUT_S", 5.0),
             processing_guarantee=guarantee,
+            store=store,
+            worker_stall_s=_float(env, "ORDERLY_WORKER_STALL_S", 60.0),
             data_dir=Path(env.get("ORDERLY_DATA_DIR", ".orderly")),
             metrics_port=_int(env, "ORDERLY_METRICS_PORT", 0, minimum=0),
             gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
             effects_max_attempts=_int(env, "ORDERLY_EFFECTS_MAX_ATTEMPTS", 10),
+            effects_lease_s=_float(env, "ORDERLY_EFFECTS_LEASE_S", 30.0),
             card_api_url=env.get("ORDERLY_CARD_API_URL") or None,
             pg_api_url=env.get("ORDERLY_PG_API_URL") or None,
             fetch_parked_after_s=_float(env, "ORDERLY_FETCH_PARKED_AFTER_S", 60.0),
@@ -153,10 +162,13 @@ class Settings:
             "ORDERLY_INGEST_PORT": str(self.ingest_port),
             "ORDERLY_APPEND_TIMEOUT_S": str(self.append_timeout_s),
             "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
+            "ORDERLY_STORE": self.store,
+            "ORDERLY_WORKER_STALL_S": str(self.worker_stall_s),
             "ORDERLY_DATA_DIR": str(self.data_dir),
             "ORDERLY_METRICS_PORT": str(self.metrics_port),
             "ORDERLY_GAP_BACKFILL_AFTER_S": str(self.gap_backfill_after_s),
             "ORDERLY_EFFECTS_MAX_ATTEMPTS": str(self.effects_max_attempts),
+            "ORDERLY_EFFECTS_LEASE_S": str(self.effects_lease_s),
         }
         env.update({f"ORDERLY_SECRET_{g.upper()}": ",".join(s) for g, s in self.secrets.items()})
         if self.effects_url:

@@ -15,8 +15,10 @@ re-emits the same records with the same keys, and every sink dedupes on them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import time
 import weakref
 from collections import Counter
@@ -25,10 +27,12 @@ from typing import Any
 import faust
 import orjson
 from aiohttp import web
+from aiokafka import TopicPartition
 from faust.streams import _current_event
 
 from app.core import card, paymos, pg
-from app.core.model import QUARANTINED, Decision, Delivery, decide
+from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
+from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -37,8 +41,15 @@ from topics.records import header_map
 
 log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
+STALLED_EXIT_CODE, FAILED_EXIT_CODE = 3, 4
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 
+
+# One RocksDB per owned partition. Faust's defaults (3 x 64 MiB memtables and a 2 GiB block cache,
+# per partition) would let 12 partitions grow past 20 GiB; these keep a worker well under 1 GiB
+# with a million resources (bench/state.py), the rest of the state staying on disk.
+ROCKSDB_OPTIONS = {"driver": "rocksdict", "write_buffer_size": 4 << 20, "max_write_buffer_number": 2,
+                   "block_cache_size": 16 << 20}
 
 Record = tuple[str, bytes, bytes]
 SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
@@ -66,15 +77,23 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
         delivery_id=headers.get("delivery_id") or f"{topic}:{partition}:{offset}",
         gateway=gateway, resource_key=resource_key,
         received_at_ms=int(headers.get("received_at") or 0), seq=offset, source=headers.get("source", "webhook"))
+    again = redecided(state, delivery)
+    if again is not None:  # decided before, but its offsets were not committed: the same outcome again
+        return state, again
+    before = state.get(RECENT_KEY) if state is not None else None
     if topic == n.correlations or headers.get("record") == "correlation":  # the latter: a replay's merged log
-        return pg.apply_correlation(state, orjson.loads(value), delivery)
-    if gateway == "pg":
-        return pg.apply_event(state, value, delivery)
-    if gateway == "card":
-        return card.apply_event(state, value, delivery)
-    if gateway == "paymos":
-        return paymos.apply_event(state, value, delivery)
-    return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
+        after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
+    elif gateway == "pg":
+        after, decisions = pg.apply_event(state, value, delivery)
+    elif gateway == "card":
+        after, decisions = card.apply_event(state, value, delivery)
+    elif gateway == "paymos":
+        after, decisions = paymos.apply_event(state, value, delivery)
+    else:
+        return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
+    if after is not None:
+        remember({RECENT_KEY: before} if before else None, after, delivery, decisions)
+    return after, decisions
 
 
 def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:
@@ -89,16 +108,31 @@ def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:
         _current_event.reset(token)
 
 
+def dump_tasks() -> None:
+    """kill -USR1 <worker pid>: log where every asyncio task is waiting (for a worker that looks stuck)."""
+    for task in asyncio.all_tasks():
+        frames: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+            if frame is not None:
+                frames.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+        log.warning("task %s:\n%s", task.get_name(), "\n".join(frames))
+
+
 def build_app(settings: Settings) -> faust.App:
     n = names(settings.namespace)
+    datadir = settings.data_dir / f"{settings.namespace}-worker"
+    datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = faust.App(
         f"{settings.namespace}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
-        store="memory://",
+        store="rocksdb://" if settings.store == "rocksdb" else "memory://",
         processing_guarantee=settings.processing_guarantee,
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
-        datadir=str(settings.data_dir / f"{settings.namespace}-worker"),
+        datadir=str(datadir),
         web_enabled=bool(settings.metrics_port),
         web_bind="127.0.0.1" if settings.ingest_host == "127.0.0.1" else "0.0.0.0",
         web_port=settings.metrics_port or 6066,
@@ -115,57 +149,91 @@ def build_app(settings: Settings) -> faust.App:
     )
     source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
-    table = app.Table("resources", partitions=settings.partitions, key_type=bytes, value_type=bytes)
+    table = app.Table("resources", partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                      options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     metrics = WorkerMetrics()
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0)  # send_all hands over whole batches
+    liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s)
 
     @app.task  # type: ignore[untyped-decorator]
-    async def start_producer() -> None:
-        await producer.start()
+    async def on_start() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
 
     @app.agent(source)
     async def process(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
-            started = time.perf_counter()
-            overlay: dict[bytes, dict[str, Any] | None] = {}
-            last_event: dict[bytes, Any] = {}
-            outcomes: Counter[tuple[str, str]] = Counter()
-            changed: set[bytes] = set()
-            records: list[tuple[str, bytes, bytes]] = []
+        await producer.start()  # here, not in a task: the agent may receive records before tasks run
+        # Events are acked by hand, only once their outputs are acknowledged and the table written:
+        # take_events() would ack a batch whose processing raised or was cancelled half-way.
+        async for events in stream.noack_take(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+            try:
+                await decide_batch(events)
+            except Exception:  # a bug, not bad input (bad input is quarantined by the reducers)
+                log.critical("the worker failed on a batch; exiting without acking it", exc_info=True)
+                logging.shutdown()
+                os._exit(FAILED_EXIT_CODE)  # the supervisor restarts it; the batch is decided again
             for event in events:
-                key = event.key
-                if key in overlay:
-                    state = overlay[key]
-                else:
-                    stored = table.get(key)
-                    state = orjson.loads(stored) if stored is not None else None
-                message = event.message
-                state, decisions = decide_record(message.topic, n, state, key, event.value,
-                                                 header_map(message.headers or []), message.offset,
-                                                 message.partition)
-                overlay[key] = state
-                last_event[key] = event
-                if any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions):
-                    changed.add(key)
-                for decision in decisions:
-                    records += output_records(decision, n, None)
-                    outcomes[(decision.gateway, decision.outcome)] += 1
-                    for effect in decision.effects:
-                        metrics.effects.labels(decision.gateway, effect.type).inc()
-                    if decision.error:
-                        metrics.errors.labels(decision.gateway).inc()
-                        log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
-            # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
-            records += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st))) for key in changed
-                        if (st := overlay[key]) is not None]
-            await producer.send_all(records)  # durable before the state that implies them
-            for (gateway, outcome), count in outcomes.items():
-                metrics.decisions.labels(gateway, outcome).inc(count)
-            for key, state in overlay.items():
-                if state is not None:
-                    write_table(table, key, orjson.dumps(state), last_event[key])
-            metrics.batch_seconds.observe(time.perf_counter() - started)
-            metrics.batch_size.observe(len(events))
+                await stream.ack(event)
+
+    async def decide_batch(events: list[Any]) -> None:
+        started = time.perf_counter()
+        overlay: dict[bytes, dict[str, Any] | None] = {}
+        last_event: dict[bytes, Any] = {}
+        outcomes: Counter[tuple[str, str]] = Counter()
+        changed: set[bytes] = set()
+        records: list[tuple[str, bytes, bytes]] = []
+        decided: dict[TopicPartition, int] = {}
+        for event in events:
+            key = event.key
+            if key in overlay:
+                state = overlay[key]
+            else:
+                stored = table.get(key)
+                state = orjson.loads(stored) if stored is not None else None
+            message = event.message
+            decided[TopicPartition(message.topic, message.partition)] = message.offset
+            state, decisions = decide_record(message.topic, n, state, key, event.value,
+                                             header_map(message.headers or []), message.offset,
+                                             message.partition)
+            overlay[key] = state
+            last_event[key] = event
+            if any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions):
+                changed.add(key)
+            for decision in decisions:
+                records += output_records(decision, n, None)
+                outcomes[(decision.gateway, decision.outcome)] += 1
+                for effect in decision.effects:
+                    metrics.effects.labels(decision.gateway, effect.type).inc()
+                if decision.error:
+                    metrics.errors.labels(decision.gateway).inc()
+                    log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
+        # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
+        records += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st))) for key in changed
+                    if (st := overlay[key]) is not None]
+        await producer.send_all(records)  # durable before the state that implies them
+        for (gateway, outcome), count in outcomes.items():
+            metrics.decisions.labels(gateway, outcome).inc(count)
+        for key, state in overlay.items():
+            if state is not None:
+                write_table(table, key, orjson.dumps(state), last_event[key])
+        # The changelog records must be in Kafka (in the open transaction) before the events are
+        # acked: Faust's exactly-once commit does not flush its producer buffer first (its
+        # at-least-once commit does), so a commit could otherwise cover offsets whose state was
+        # still buffered and be lost with the process (seen here: reversals applied twice).
+        await app.producer.flush()
+        metrics.batch_seconds.observe(time.perf_counter() - started)
+        metrics.batch_size.observe(len(events))
+        liveness.on_batch(decided)
+
+    @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
+    async def watchdog() -> None:
+        behind = await liveness.stalled()
+        if behind:
+            waiting = ", ".join(f"{tp.topic}[{tp.partition}]: {count}" for tp, count in sorted(behind.items()))
+            log.critical("no batch decided for %.0f s while records wait (%s): exiting so that the supervisor "
+                         "restarts this worker (state and offsets are recovered from Kafka)",
+                         liveness.quiet_for(), waiting)
+            logging.shutdown()
+            os._exit(STALLED_EXIT_CODE)
 
     if settings.metrics_port:
         @app.page("/metrics")
@@ -173,9 +241,18 @@ def build_app(settings: Settings) -> faust.App:
             body, content_type = metrics.render()
             return web_view.bytes(body, content_type=content_type.split(";")[0])
 
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def log_assignment(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
+        mine = sorted(tp.partition for tp in assigned if tp.topic == n.raw)
+        liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned
+                              if tp.topic in (n.raw, n.correlations)})
+        metrics.partitions.set(len(mine))
+        log.info("Assigned partitions: %d of %s: %s", len(mine), n.raw, mine)
+
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:
         await producer.stop()
+        await liveness.close()
 
     return app
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from bench import e2e, ingest, latency, worker
+from bench import e2e, ingest, latency, state, worker
 
-BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main, "latency": latency.main}
+BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main, "latency": latency.main, "state": state.main}
 
 
 def main(argv: list[str]) -> int:

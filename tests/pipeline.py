@@ -36,6 +36,7 @@ class EffectsStub:
     deliveries: Counter[str] = field(default_factory=Counter)
     fail_first: int = 0  # answer 503 to the first N requests (retry path)
     seen: int = 0
+    first_at: dict[str, float] = field(default_factory=dict)  # monotonic time of each key's first POST
 
 
 @contextmanager
@@ -47,7 +48,9 @@ def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
         stub.seen += 1
         if stub.seen <= stub.fail_first:
             return web.Response(status=503)
-        stub.deliveries[request.headers["Idempotency-Key"]] += 1
+        key = request.headers["Idempotency-Key"]
+        stub.deliveries[key] += 1
+        stub.first_at.setdefault(key, time.monotonic())
         return web.Response(status=204)
 
     app = web.Application()
@@ -64,10 +67,12 @@ class Pipeline:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, **settings.to_env(), "ORDERLY_FAUST_LOGLEVEL": "info", "ORDERLY_DEBUG_SINKS": "1"}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, command: str | None = None, **env: str) -> None:
+        """Start ``orderly <command or name>`` as the process called ``name`` (extra env on top)."""
         with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", "app.cli", name], env=self.env,
-                                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.procs[name] = subprocess.Popen([sys.executable, "-m", "app.cli", command or name],
+                                                env={**self.env, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL)
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
@@ -85,6 +90,16 @@ class Pipeline:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+
+    def restart_stalled(self) -> list[str]:
+        """Start again every process that exited because it found itself stalled (exit code 3, see
+        app/liveness.py), as its supervisor would; returns their names."""
+        from app.worker import STALLED_EXIT_CODE
+
+        restarted = [name for name, proc in self.procs.items() if proc.poll() == STALLED_EXIT_CODE]
+        for name in restarted:
+            self.start(name)
+        return restarted
 
     def assert_alive(self) -> None:
         for name, proc in self.procs.items():

@@ -96,3 +96,31 @@ def numbered(state: dict[str, Any], decisions: list[Decision]) -> tuple[dict[str
         # place is dataclasses.replace() without its copy (a twentieth of the worker's CPU).
         object.__setattr__(dec, "seq", first + i + 1)
     return state, decisions
+
+
+# A worker can decide a delivery a second time: when its batch was decided and its state written
+# but the offsets were not committed yet (a crash, a rebalance). The state then already holds the
+# delivery, so the reducer would call it a duplicate and the timeline would lose its real outcome.
+# The state therefore remembers the last RECENT deliveries and what was decided for each; deciding
+# one of them again re-emits those decisions (same outcome, same ordinal, no effects: they were
+# acknowledged before the state was written).
+RECENT = 8
+RECENT_KEY = "_recent"
+
+
+def redecided(state: dict[str, Any] | None, d: Delivery) -> list[Decision] | None:
+    """The decisions already made for delivery ``d``, or None if it is not among the recent ones."""
+    for trigger, made in (state or {}).get(RECENT_KEY, ()):
+        if trigger == d.delivery_id:
+            gateway, _, resource_id = d.resource_key.partition(":")
+            return [Decision(delivery_id, gateway, resource_id, outcome, d.received_at_ms, seq,
+                             event_id=event_id, event_type=event_type)
+                    for delivery_id, outcome, seq, event_id, event_type in made]
+    return None
+
+
+def remember(before: dict[str, Any] | None, after: dict[str, Any], d: Delivery, decisions: list[Decision]) -> None:
+    """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
+    recent = list((before or {}).get(RECENT_KEY, ()))
+    recent.append([d.delivery_id, [[x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type] for x in decisions]])
+    after[RECENT_KEY] = recent[-RECENT:]

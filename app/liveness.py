@@ -1,0 +1,79 @@
+"""Liveness for the worker: a worker that has stopped deciding while records wait for it exits,
+so that its supervisor (systemd, Kubernetes, `orderly dev`) starts it again (I/O shell).
+
+Why: Faust can leave an agent waiting forever after a consumer-group rebalance (faust-streaming
+issues #323 and #678; reproduced here by tests/chaos/test_pipeline_chaos.py with two workers, one
+killed). A restarted worker recovers its state from RocksDB or the changelog and resumes from the
+committed offsets, which is correct by design; a silent stall is not.
+
+Stalled means: on some assigned partition of orderly.raw or orderly.correlations there are records
+past the group's committed offset, that offset has not moved for ``stall_s``, and either no batch
+was decided for ``stall_s`` or this worker has decided past the committed offset (Faust can skip a
+record after a rebalance and then never commit past it). An idle worker is never stalled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+log = logging.getLogger("orderly.liveness")
+
+
+class Liveness:
+    def __init__(self, bootstrap: str, group_id: str, stall_s: float) -> None:
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.stall_s = stall_s
+        self.assigned: set[TopicPartition] = set()
+        self.next_offset: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, tuple[int, float]] = {}  # offset, since when
+        self.last_progress = time.monotonic()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+
+    def on_assigned(self, partitions: set[TopicPartition]) -> None:
+        self.assigned = set(partitions)
+        self.committed.clear()
+        self.last_progress = time.monotonic()  # a rebalance is progress: the clocks start again
+
+    def on_batch(self, decided: dict[TopicPartition, int]) -> None:
+        """``decided``: the highest offset decided in the batch, per partition."""
+        for tp, offset in decided.items():
+            self.next_offset[tp] = offset + 1
+        self.last_progress = time.monotonic()
+
+    def quiet_for(self) -> float:
+        return time.monotonic() - self.last_progress
+
+    async def stalled(self) -> dict[TopicPartition, int]:
+        """Stalled partitions -> records waiting past the committed offset ({} when all is well)."""
+        tps = sorted(self.assigned)
+        if not tps:
+            return {}
+        if self._consumer is None or self._admin is None:
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await self._consumer.start()
+            await self._admin.start()
+        ends = await self._consumer.end_offsets(tps)
+        offsets = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        now, quiet, stuck = time.monotonic(), self.quiet_for() >= self.stall_s, {}
+        for tp in tps:
+            committed = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0
+            if self.committed.get(tp, (None, 0.0))[0] != committed:
+                self.committed[tp] = (committed, now)
+            unmoved_for = now - self.committed[tp][1]
+            if ends[tp] > committed and unmoved_for >= self.stall_s and (
+                    quiet or self.next_offset.get(tp, 0) > committed):
+                stuck[tp] = ends[tp] - committed
+        return stuck
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._admin is not None:
+            await self._admin.close()

@@ -1,0 +1,129 @@
+"""What the chaos tests share: a seeded pg traffic scenario with its truth, a gateway-like poster
+that retries every delivery until it is acknowledged, and the checks of the end state."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from tests.pg_events import AMOUNT, deposit
+from tests.pipeline import Running
+from tests.support import signed_headers
+
+Item = tuple[str, str, bytes]  # ("pg" | "corr", deposit id, body)
+
+
+def scenario(seed: int, deposits: int) -> tuple[list[Item], dict[str, str]]:
+    """Every deposit's lifecycle (a fifth reversed after settling) plus its correlation, shuffled
+    per deposit, with redeliveries, and the deposits interleaved; and each deposit's final status."""
+    rng = random.Random(seed)
+    truth: dict[str, str] = {}
+    per_deposit: list[list[Item]] = []
+    for i in range(deposits):
+        dep = f"dep_k{i}"
+        statuses = ["pending", "slip_received", "settled"] + (["reversed"] if rng.random() < 0.2 else [])
+        truth[dep] = statuses[-1]
+        items: list[Item] = [("pg", dep, deposit(dep, v + 1, st, sequence=i * 10 + v))
+                             for v, st in enumerate(statuses)]
+        items.append(("corr", dep, orjson.dumps({"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
+                                                 "our_user_id": f"u_{dep}"})))
+        items += rng.sample(items, k=rng.randint(0, 2))  # redeliveries
+        rng.shuffle(items)
+        per_deposit.append(items)
+    stream: list[Item] = []
+    while per_deposit:
+        lane = rng.randrange(len(per_deposit))
+        stream.append(per_deposit[lane].pop(0))
+        if not per_deposit[lane]:
+            per_deposit.pop(lane)
+    return stream, truth
+
+
+@dataclass
+class Poster:
+    """Delivers the stream like a gateway: a delivery that is not answered 200 (503 while Kafka is
+    down, a refused connection) is retried until it is, within ``limit_s``."""
+
+    pipe: Running
+    stream: list[Item]
+    acked: list[str] = field(default_factory=list)  # delivery ids the ingest acknowledged
+    done: int = 0
+    retries: int = 0
+
+    async def run(self, concurrency: int = 12, limit_s: float = 300) -> None:
+        queue: asyncio.Queue[Item] = asyncio.Queue()
+        for item in self.stream:
+            queue.put_nowait(item)
+        async with asyncio.timeout(limit_s), aiohttp.ClientSession() as http:
+            await asyncio.gather(*(self._worker(http, queue) for _ in range(concurrency)))
+
+    async def reached(self, fraction: float) -> None:
+        while self.done < len(self.stream) * fraction:
+            await asyncio.sleep(0.05)
+
+    async def _worker(self, http: aiohttp.ClientSession, queue: asyncio.Queue[Item]) -> None:
+        s = self.pipe.settings
+        while True:
+            try:
+                kind, dep, body = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if kind == "pg":
+                url, method, headers = f"{self.pipe.ingest.url}/webhooks/pg", "POST", signed_headers("pg", body, s)
+            else:
+                url, method = f"{self.pipe.ingest.url}/correlations/pg/deposits/{dep}", "PUT"
+                headers = {"Authorization": f"Bearer {s.api_token}"}
+            while True:
+                try:
+                    async with http.request(method, url, data=body, headers=headers) as resp:
+                        answer = await resp.json()
+                        if resp.status == 200:
+                            if "delivery_id" in answer:
+                                self.acked.append(answer["delivery_id"])
+                            break
+                        assert resp.status == 503, (resp.status, answer)  # nothing but "not stored, retry"
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                self.retries += 1
+                await asyncio.sleep(0.2)
+            self.done += 1
+
+
+async def wait_until(check: Any, limit_s: float, what: str) -> None:
+    deadline = time.monotonic() + limit_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached in {limit_s:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+async def converged(conn: asyncpg.Connection, stream: list[Item]) -> bool:
+    """Every pg delivery has its decision in the timeline and none is still parked."""
+    deliveries = sum(1 for kind, _, _ in stream if kind == "pg")
+    done = await conn.fetchval("SELECT count(*) FROM webhook_events WHERE event_type <> 'correlation.registered' "
+                               "AND outcome <> 'parked'")
+    return bool(done >= deliveries)
+
+
+async def assert_matches_truth(conn: asyncpg.Connection, truth: dict[str, str]) -> None:
+    """Read models and balances equal the gateway's truth; no deposit credited or debited twice."""
+    rows = {r["pg_deposit_id"]: r["status"] for r in await conn.fetch("SELECT pg_deposit_id, status FROM pg_deposits")}
+    assert rows == truth, f"{sum(rows.get(d) != s for d, s in truth.items())} deposits differ from the truth"
+    balances = {r["user_id"]: r["balance_minor"] for r in await conn.fetch("SELECT * FROM user_balances")}
+    wrong = [d for d, final in truth.items() if balances.get(f"u_{d}", 0) != (AMOUNT if final == "settled" else 0)]
+    assert not wrong, f"{len(wrong)} balances differ from the truth, e.g. {wrong[:5]}"
+    assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE outcome = 'parked'") == 0
+    # the ledger and the balances agree, and a deposit has at most one credit and one debit
+    assert await conn.fetchval(
+        "SELECT count(*) FROM user_balances b WHERE balance_minor <> "
+        "(SELECT coalesce(sum(amount_minor), 0) FROM ledger_entries l WHERE l.user_id = b.user_id)") == 0
+    assert await conn.fetchval(
+        "SELECT count(*) FROM (SELECT source_id, sign(amount_minor) FROM ledger_entries "
+        "GROUP BY 1, 2 HAVING count(*) > 1) x") == 0
