@@ -24,6 +24,7 @@ from app.gateways import pg as pg_gateway
 from app.metrics import FetcherMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.sweeper import Sweeper
 from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import raw_headers
@@ -187,11 +188,21 @@ async def run(settings: Settings) -> None:
     await fetcher.start()
     runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
     requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings))
+    assert fetcher.pool is not None
+    sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
+                      lambda topic: fetcher.metrics.reappended.labels(topic).inc())
+    await sweeper.start()
+    tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
+    next_card_sync = 0.0
     try:
         while True:
-            await fetcher.sync_parked_card_payments()
-            await asyncio.sleep(settings.fetch_interval_s)
+            if time.monotonic() >= next_card_sync:
+                await fetcher.sync_parked_card_payments()
+                next_card_sync = time.monotonic() + settings.fetch_interval_s
+            await sweeper.sweep()
+            await asyncio.sleep(tick)
     finally:
+        await sweeper.stop()
         requests.cancel()
         if runner is not None:
             await runner.cleanup()

@@ -19,6 +19,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 log = logging.getLogger("orderly.liveness")
 
@@ -59,8 +60,12 @@ class Liveness:
             self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
             await self._consumer.start()
             await self._admin.start()
-        ends = await self._consumer.end_offsets(tps)
-        offsets = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        try:
+            ends = await self._consumer.end_offsets(tps)
+            offsets = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        except KafkaError as exc:  # the broker or the coordinator is away: not a stall of ours
+            log.info("liveness check skipped: %r", exc)
+            return {}
         now, quiet, stuck = time.monotonic(), self.quiet_for() >= self.stall_s, {}
         for tp in tps:
             committed = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0

@@ -109,3 +109,5 @@ class FetcherMetrics(_Metrics):
         super().__init__()
         self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
                                "(synced, not_found, error, unusable)", ["gateway", "outcome"], registry=self.registry)
+        self.reappended = Counter("orderly_sweeper_reappended", "Stored records with no decision after "
+                                  "ORDERLY_SWEEP_AFTER_S, appended again", ["topic"], registry=self.registry)

@@ -20,17 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.bootstrap import prepare
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.worker import SNAPSHOTS, decide_record, output_records
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import H_RECEIVED_AT
+from topics.records import H_RECEIVED_AT, header_map
 
 H_RECORD = "record"  # "correlation" on a correlation copied into NS.raw
-PROCESSES = ("worker", "projector", "effects")
+PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
+CHUNK = 20_000
 
 # table -> columns compared (everything but the wall-clock bookkeeping columns)
 COMPARED = {
@@ -81,26 +85,101 @@ def _received(message: Any) -> int:
     return int(dict(message.headers).get(H_RECEIVED_AT, b"0") or 0)
 
 
-async def copy_log(live: Settings, target: Settings) -> int:
-    n, t = names(live.namespace), names(target.namespace)
+Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
+
+
+async def merged_log(live: Settings) -> Merged:
+    """orderly.raw and orderly.correlations merged per partition in the order they were received."""
+    n = names(live.namespace)
     raw = await _read_all(live.kafka_bootstrap, n.raw, live.partitions)
     corr = await _read_all(live.kafka_bootstrap, n.correlations, live.partitions)
-    producer = KeyedProducer(live.kafka_bootstrap, linger_ms=20)
+    merged: Merged = {}
+    for partition in sorted(set(raw) | set(corr)):
+        tagged = [(_received(m), 1, i, m, False) for i, m in enumerate(raw.get(partition, []))]
+        tagged += [(_received(m), 0, i, m, True) for i, m in enumerate(corr.get(partition, []))]
+        merged[partition] = [
+            (m.key, m.value, list(m.headers) + ([(H_RECORD, b"correlation")] if is_corr else []))
+            for _, _, _, m, is_corr in sorted(tagged, key=lambda x: x[:3])]  # ties: the correlation first
+    return merged
+
+
+async def copy_log(target: Settings, merged: Merged) -> int:
+    """The merged log into ``NS.raw``: the rebuilt namespace keeps its own log."""
+    producer = KeyedProducer(target.kafka_bootstrap)
     await producer.start()
-    copied = 0
     try:
-        futures = []
-        for partition in sorted(set(raw) | set(corr)):
-            tagged = [(_received(m), 1, i, m, False) for i, m in enumerate(raw.get(partition, []))]
-            tagged += [(_received(m), 0, i, m, True) for i, m in enumerate(corr.get(partition, []))]
-            for _, _, _, m, is_corr in sorted(tagged, key=lambda x: x[:3]):  # ties: the correlation first
-                headers = list(m.headers) + ([(H_RECORD, b"correlation")] if is_corr else [])
-                futures.append(await producer.send(t.raw, m.key, m.value, headers))
-                copied += 1
-        await asyncio.gather(*futures)
+        records = [(names(target.namespace).raw, key, value, headers)
+                   for partition in sorted(merged) for key, value, headers in merged[partition]]
+        for start in range(0, len(records), CHUNK):
+            await producer.send_all(records[start:start + CHUNK])
     finally:
         await producer.stop()
-    return copied
+    return len(records)
+
+
+async def rebuild(target: Settings, merged: Merged) -> int:
+    """Decide the merged log in this process with the worker's own reducers, record by record in
+    log order (what one worker would decide), and write what a worker would have written:
+    decisions, effects and facts, one state snapshot per resource, the Faust table's changelog
+    (its final state per resource) and the worker group's offsets at the end of ``NS.raw``, so a
+    worker started on ``NS`` later carries on from here. Returns the number of decisions."""
+    n = names(target.namespace)
+    changelog = f"{target.namespace}-worker-resources-changelog"
+    await _ensure_changelog(target, changelog)
+    producer = KeyedProducer(target.kafka_bootstrap)
+    await producer.start()
+    states: dict[bytes, dict[str, Any] | None] = {}
+    changed: set[bytes] = set()
+    decided = 0
+    try:
+        out: list[tuple[str, bytes, bytes]] = []
+        for partition in sorted(merged):
+            for offset, (key, value, headers) in enumerate(merged[partition]):
+                state, decisions = decide_record(n.raw, n, states.get(key), key, value, header_map(headers),
+                                                 offset, partition)
+                states[key] = state
+                decided += len(decisions)
+                for decision in decisions:
+                    out += output_records(decision, n, None)
+                    if decision.row is not None or decision.outcome in ("parked", "applied", "unparked"):
+                        changed.add(key)
+                if len(out) >= CHUNK:
+                    await producer.send_all(out)
+                    out = []
+        out += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st)))
+                for key in changed if (st := states[key]) is not None]
+        out += [(changelog, key, orjson.dumps(state)) for key, state in states.items() if state is not None]
+        for start in range(0, len(out), CHUNK):
+            await producer.send_all(out[start:start + CHUNK])
+    finally:
+        await producer.stop()
+    await _commit_worker_offsets(target, {p: len(records) for p, records in merged.items()})
+    return decided
+
+
+async def _ensure_changelog(target: Settings, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=target.kafka_bootstrap)
+    await admin.start()
+    try:
+        if topic not in await admin.list_topics():
+            await admin.create_topics([NewTopic(topic, target.partitions, target.replication_factor,
+                                                topic_configs={"cleanup.policy": "compact"})])
+    finally:
+        await admin.close()
+
+
+async def _commit_worker_offsets(target: Settings, ends: dict[int, int]) -> None:
+    n = names(target.namespace)
+    consumer = AIOKafkaConsumer(bootstrap_servers=target.kafka_bootstrap, group_id=f"{target.namespace}-worker",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        offsets = {TopicPartition(n.raw, p): end for p, end in ends.items() if end}
+        consumer.assign(list(offsets))
+        if offsets:
+            await consumer.commit(offsets)
+    finally:
+        await consumer.stop()
 
 
 async def diff(live: Settings, target: Settings) -> dict[str, tuple[int, int]]:
@@ -137,7 +216,11 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     if asyncio.run(_count(target, "SELECT count(*) FROM webhook_events")):
         raise SystemExit(f"orderly replay: namespace {into!r} is not fresh (it already has deliveries)")
     started = time.monotonic()
-    copied = asyncio.run(copy_log(live, target))
+    merged = asyncio.run(merged_log(live))
+    copied = asyncio.run(copy_log(target, merged))
+    rebuilt_at = time.monotonic()
+    decided = asyncio.run(rebuild(target, merged))
+    rebuild_s = time.monotonic() - rebuilt_at
     env = {k: v for k, v in os.environ.items() if k != "ORDERLY_EFFECTS_URL"}
     env.update(target.to_env())
     env.pop("ORDERLY_EFFECTS_URL", None)  # recorded, never delivered
@@ -164,8 +247,9 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
             proc.wait(30)
     elapsed = time.monotonic() - started
     report = asyncio.run(diff(live, target))
-    print(f"replayed {copied} records from {live.namespace} into {into} in {elapsed:.1f} s "
-          f"({copied / elapsed:.0f} records/s, start-up included); effects recorded, not delivered")
+    print(f"replayed {copied} records from {live.namespace} into {into} in {elapsed:.1f} s: state and "
+          f"{decided} decisions rebuilt in {rebuild_s:.2f} s ({copied / max(rebuild_s, 1e-3):.0f} records/s), "
+          f"read models projected by then; effects recorded, not delivered")
     differing = {t: d for t, d in report.items() if d != (0, 0)}
     for table, (only_live, only_new) in report.items():
         verdict = "same" if (only_live, only_new) == (0, 0) else f"{only_live} rows only live, {only_new} only rebuilt"

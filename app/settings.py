@@ -95,6 +95,7 @@ class Settings:
     pg_api_url: str | None = None  # the pg gateway's API (GET /v1/pay/events?since_sequence=N)
     fetch_parked_after_s: float = 60.0  # the playbook: a parked event older than this is fetched
     fetch_interval_s: float = 30.0
+    sweep_after_s: float = 120.0  # a stored record with no decision this long after arrival is appended again
     fetch_rate_per_s: float = 10.0
 
     @classmethod
@@ -143,6 +144,7 @@ class Settings:
             pg_api_url=env.get("ORDERLY_PG_API_URL") or None,
             fetch_parked_after_s=_float(env, "ORDERLY_FETCH_PARKED_AFTER_S", 60.0),
             fetch_interval_s=_float(env, "ORDERLY_FETCH_INTERVAL_S", 30.0),
+            sweep_after_s=_float(env, "ORDERLY_SWEEP_AFTER_S", 120.0),
             fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
         )
 
@@ -179,6 +181,7 @@ class Settings:
             env["ORDERLY_PG_API_URL"] = self.pg_api_url
         env["ORDERLY_FETCH_PARKED_AFTER_S"] = str(self.fetch_parked_after_s)
         env["ORDERLY_FETCH_INTERVAL_S"] = str(self.fetch_interval_s)
+        env["ORDERLY_SWEEP_AFTER_S"] = str(self.sweep_after_s)
         env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)
         return env
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -82,7 +83,7 @@ async def measure(settings: Settings, expected: int, limit_s: float = 600) -> tu
     return (high - low) / max((stamps[high] - stamps[low]) / 1000, 1e-3), len(stamps)
 
 
-def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, float]:
+def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path) -> dict[str, Any]:
     namespace = f"bench_{guarantee}_{time.time_ns()}"
     env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
            "ORDERLY_NAMESPACE": namespace, "ORDERLY_PROCESSING_GUARANTEE": guarantee, "ORDERLY_DATA_DIR": str(work),
@@ -102,7 +103,7 @@ def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
         cpu = cpu_seconds({"worker": worker}, kafka, postgres)
     finally:
         stop_process(worker, 30)
-    return {"decisions": seen, "rate": rate, "wall_s": time.monotonic() - started,
+    return {"namespace": namespace, "decisions": seen, "rate": rate, "wall_s": time.monotonic() - started,
             "worker_cpu_s": round(cpu["worker"] - cpu_before["worker"], 1),
             "kafka_cpu_s": round(cpu["kafka"] - cpu_before["kafka"], 1)}
 
@@ -110,7 +111,7 @@ def run_mode(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
 def main() -> None:
     """Modes alternate for ROUNDS rounds (this machine is shared and noisy); each mode's best round
     is reported, and the ratio is taken between the best rounds."""
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     with embedded("orderly-bench-worker-") as (work, kafka, postgres):
         for _ in range(ROUNDS):
             for guarantee in MODES:

@@ -12,7 +12,9 @@ INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_t
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10)
 ON CONFLICT (delivery_id) DO UPDATE
   SET outcome = EXCLUDED.outcome, seq = EXCLUDED.seq, error = EXCLUDED.error
-  WHERE webhook_events.seq < EXCLUDED.seq"""
+  WHERE webhook_events.seq < EXCLUDED.seq
+    -- the same delivery decided again (a re-append, a batch decided twice) is never "duplicate" of itself
+    AND NOT (EXCLUDED.outcome = 'duplicate' AND webhook_events.outcome <> 'duplicate')"""
 
 INSERT_CORRELATION = """
 INSERT INTO pg_deposit_correlations (pg_deposit_id, merchant_reference, our_order_id, our_user_id)

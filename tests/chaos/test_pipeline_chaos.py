@@ -27,6 +27,7 @@ from topics.catalog import names
 pytestmark = pytest.mark.chaos
 DEPOSITS = 2000  # about 10,600 requests: 3-4 deliveries, a correlation and 0-2 redeliveries each
 LEASE_S = 3.0
+SWEEP_S = 5.0  # a stored record with no decision this long is appended again (app/sweeper.py)
 STALL_S = 10.0  # a worker that decides nothing this long while records wait exits and is restarted
 
 
@@ -80,7 +81,8 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
 @pytest.fixture
 def broker_pipe(own_broker: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
     s = make_settings(own_broker.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}",
-                      effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=STALL_S)
+                      effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=STALL_S,
+                      sweep_after_s=SWEEP_S)
     with running_pipeline(s, tmp_path) as pipe:
         yield pipe
 
@@ -88,7 +90,7 @@ def broker_pipe(own_broker: KafkaBroker, postgres: PostgresServer, tmp_path: Pat
 @pytest.fixture
 def two_worker_pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
-                      partitions=4, worker_stall_s=STALL_S)
+                      partitions=4, worker_stall_s=STALL_S, sweep_after_s=SWEEP_S)
     with running_pipeline(s, tmp_path) as pipe:
         # a second worker in the same consumer group, with its own local state folder
         pipe.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "worker2"))

@@ -1,0 +1,143 @@
+"""Nothing stored stays undecided (I/O shell, runs inside `orderly fetcher`).
+
+Every record the ingest acknowledged is in orderly.raw or orderly.correlations, and the worker
+gives every one of them a decision, which the projector stores under its delivery id in
+``webhook_events``. The worker acks a record only after its decision is in Kafka, so once the worker
+group has committed past a record, its decision is in orderly.decisions; once the projector has
+stored everything that was in orderly.decisions at that moment, the row must exist. A record with
+no row by then was lost on the way (seen here: Faust skipping a record while two workers
+rebalanced): the sweeper appends it again, byte for byte with its headers, so the worker decides
+it. A lagging worker or projector is never mistaken for a loss.
+
+Per partition it keeps the offset of the first record not yet known to be decided in
+``projector_offsets`` (consumer ``sweeper``), so a restart does not rescan the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from app.producer import KeyedProducer
+from app.settings import Settings
+from topics.catalog import names
+from topics.records import H_DELIVERY_ID, H_RECEIVED_AT
+
+log = logging.getLogger("orderly.sweeper")
+CONSUMER = "sweeper"
+MAX_PER_SWEEP = 50_000
+
+
+class Sweeper:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, producer: KeyedProducer, on_reappend: Any) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.producer = producer
+        self.on_reappend = on_reappend  # called with the topic of every record appended again
+        n = names(settings.namespace)
+        self.tps = [TopicPartition(t, p) for t in (n.raw, n.correlations) for p in range(settings.partitions)]
+        self.reappended: dict[str, float] = {}  # delivery id -> when, so one is not appended every sweep
+        # delivery id -> orderly.decisions' end offsets when it was first seen past the worker, undecided
+        self.missing_since: dict[str, dict[int, int]] = {}
+        self.decisions = [TopicPartition(names(settings.namespace).decisions, p) for p in range(settings.partitions)]
+        self.admin: AIOKafkaAdminClient | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False)
+        await self.consumer.start()
+        self.consumer.assign(self.tps)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await self.admin.start()
+        stored = {(r["topic"], r["partition"]): r["next_offset"] for r in await self.pool.fetch(
+            "SELECT topic, partition, next_offset FROM projector_offsets WHERE consumer = $1", CONSUMER)}
+        for tp in self.tps:
+            if (tp.topic, tp.partition) in stored:
+                self.consumer.seek(tp, stored[(tp.topic, tp.partition)])
+            else:
+                await self.consumer.seek_to_beginning(tp)
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.admin is not None:
+            await self.admin.close()
+
+    async def sweep(self) -> int:
+        """One pass; returns how many records were appended again."""
+        assert self.consumer is not None and self.admin is not None
+        cutoff_ms = (time.time() - self.settings.sweep_after_s) * 1000
+        try:
+            committed = await self.admin.list_consumer_group_offsets(f"{self.settings.namespace}-worker",
+                                                                     partitions=self.tps)
+        except KafkaError as exc:  # e.g. the group's coordinator is moving: the next pass will do
+            log.info("sweep skipped: %r", exc)
+            return 0
+        # only what the worker group has moved past: the rest may simply not be decided yet
+        ends = {tp: max(0, committed[tp].offset) if tp in committed else 0 for tp in self.tps}
+        decisions_now = {tp.partition: end for tp, end in (await self.consumer.end_offsets(self.decisions)).items()}
+        projected = {r["partition"]: r["next_offset"] for r in await self.pool.fetch(
+            "SELECT partition, next_offset FROM projector_offsets WHERE consumer = 'projector' AND topic = $1",
+            self.decisions[0].topic)}
+        start = {tp: await self.consumer.position(tp) for tp in self.tps}
+        old: dict[TopicPartition, list[Any]] = {tp: [] for tp in self.tps}
+        young: set[TopicPartition] = set()
+        seen = 0
+        while seen < MAX_PER_SWEEP:
+            pending = [tp for tp in self.tps if tp not in young and await self.consumer.position(tp) < ends[tp]]
+            if not pending:
+                break
+            batch = await self.consumer.getmany(*pending, timeout_ms=500, max_records=5000)
+            for tp, messages in batch.items():
+                for m in messages:
+                    if tp in young or m.offset >= ends[tp]:
+                        continue
+                    if int(dict(m.headers).get(H_RECEIVED_AT, b"0") or 0) > cutoff_ms:
+                        young.add(tp)  # this one and the rest of the partition are checked later
+                        continue
+                    old[tp].append(m)
+                    seen += 1
+        ids = [dict(m.headers).get(H_DELIVERY_ID, b"").decode() for ms in old.values() for m in ms]
+        decided = {r["delivery_id"] for r in await self.pool.fetch(
+            "SELECT delivery_id FROM webhook_events WHERE delivery_id = ANY($1::text[])", ids)}
+        again: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
+        positions: dict[TopicPartition, int] = {}
+        now = time.monotonic()
+        for tp, messages in old.items():
+            first_undecided = None
+            for m in messages:
+                delivery_id = dict(m.headers).get(H_DELIVERY_ID, b"").decode()
+                if delivery_id in decided:
+                    self.reappended.pop(delivery_id, None)
+                    self.missing_since.pop(delivery_id, None)
+                    continue
+                if first_undecided is None:
+                    first_undecided = m.offset
+                then = self.missing_since.setdefault(delivery_id, decisions_now)
+                if any(projected.get(p, 0) < end for p, end in then.items()):
+                    continue  # the projector has not stored everything its decision could be in yet
+                if now - self.reappended.get(delivery_id, -1e9) >= self.settings.sweep_after_s:
+                    self.reappended[delivery_id] = now
+                    again.append((tp.topic, m.key, m.value, list(m.headers)))
+                    log.warning("%s[%d]@%d (delivery %s): the worker group committed past it and the projector "
+                                "is past its decisions, but it has none: appended again", tp.topic, tp.partition,
+                                m.offset, delivery_id)
+            positions[tp] = (first_undecided if first_undecided is not None
+                             else messages[-1].offset + 1 if messages else start[tp])
+            self.consumer.seek(tp, positions[tp])  # the undecided and the young are read again next time
+        if again:
+            await self.producer.send_all(again)
+            for topic, *_ in again:
+                self.on_reappend(topic)
+        if positions:
+            await self.pool.executemany(
+                "INSERT INTO projector_offsets (consumer, topic, partition, next_offset) VALUES ($1, $2, $3, $4) "
+                "ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset",
+                [(CONSUMER, tp.topic, tp.partition, offset) for tp, offset in positions.items()])
+        return len(again)

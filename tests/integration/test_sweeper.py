@@ -1,0 +1,83 @@
+"""A stored record that never got a decision is appended again; a decided one never is."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from app.bootstrap import prepare
+from app.producer import KeyedProducer
+from app.settings import Settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from app.sweeper import Sweeper
+from projections.migrate import quote_ident
+from tests.pg_events import deposit
+from tests.support import make_settings, read_topic
+from topics.catalog import names
+from topics.records import raw_headers
+
+
+async def commit_worker_group(s: Settings, topic: str) -> dict[int, int]:
+    """What the worker does once it decided (or believes it decided) every record of ``topic``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.namespace}-worker",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(s.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.commit(ends)
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBroker, postgres: PostgresServer) -> None:
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"sweep{uuid.uuid4().hex[:8]}", sweep_after_s=2.0)
+    await prepare(s)
+    n = names(s.namespace)
+    producer = KeyedProducer(s.kafka_bootstrap)
+    await producer.start()
+    pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2,
+                                     server_settings={"search_path": quote_ident(s.namespace)})
+    reappended: list[str] = []
+    sweeper = Sweeper(s, pool, producer, reappended.append)
+    try:
+        await producer.send_all([(n.raw, f"pg:dep_w{i}".encode(), deposit(f"dep_w{i}", 1, "pending"),
+                                  raw_headers("pg", f"d{i}", 1_700_000_000_000)) for i in range(3)])
+        await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
+                           "VALUES ('d0', 'pg', now(), 'applied')")
+        await sweeper.start()
+        await commit_worker_group(s, n.correlations)  # the group exists, but is not past the raw records
+        assert await sweeper.sweep() == 0  # the worker group has not committed past them: not lost
+        # a decision the projector has not stored yet: the missing rows may be in it
+        await producer.send_all([(n.decisions, b"pg:dep_w9", b"{}")])
+        partition = await producer.partition(n.decisions, b"pg:dep_w9")
+        committed = await commit_worker_group(s, n.raw)
+        assert await sweeper.sweep() == 0  # past the worker, but the projector is behind: not lost yet
+        await pool.execute("INSERT INTO projector_offsets VALUES ('projector', $1, $2, 1)", n.decisions, partition)
+        assert await sweeper.sweep() == 2  # d1 and d2: past the worker and the projector, and no row
+        assert await sweeper.sweep() == 0  # not again within ORDERLY_SWEEP_AFTER_S
+        copies = [r.headers["delivery_id"] for r in await read_topic(s.kafka_bootstrap, n.raw)]
+        assert sorted(copies) == ["d0", "d1", "d1", "d2", "d2"]
+        await asyncio.sleep(2.1)
+        await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
+                           "VALUES ('d1', 'pg', now(), 'applied')")
+        assert await sweeper.sweep() == 1  # d2 still has none
+        await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
+                           "VALUES ('d2', 'pg', now(), 'applied')")
+        await asyncio.sleep(2.1)
+        assert await sweeper.sweep() == 0
+        ends = await pool.fetch("SELECT partition, next_offset FROM projector_offsets WHERE consumer = 'sweeper' "
+                                "AND topic = $1", n.raw)
+        # every original is decided: the sweep position is where the worker group is (the copies lie beyond)
+        assert {r["partition"]: r["next_offset"] for r in ends} == committed
+        assert reappended == [n.raw] * 3
+    finally:
+        await sweeper.stop()
+        await pool.close()
+        await producer.stop()
