@@ -33,11 +33,13 @@ class Liveness:
         self.next_offset: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, tuple[int, float]] = {}  # offset, since when
         self.last_progress = time.monotonic()
+        self.batches = 0  # since the last assignment
         self._consumer: AIOKafkaConsumer | None = None
         self._admin: AIOKafkaAdminClient | None = None
 
     def on_assigned(self, partitions: set[TopicPartition]) -> None:
         self.assigned = set(partitions)
+        self.batches = 0
         self.committed.clear()
         self.last_progress = time.monotonic()  # a rebalance is progress: the clocks start again
 
@@ -45,6 +47,7 @@ class Liveness:
         """``decided``: the highest offset decided in the batch, per partition."""
         for tp, offset in decided.items():
             self.next_offset[tp] = offset + 1
+        self.batches += 1
         self.last_progress = time.monotonic()
 
     def quiet_for(self) -> float:
@@ -53,7 +56,7 @@ class Liveness:
     async def stalled(self) -> dict[TopicPartition, int]:
         """Stalled partitions -> records waiting past the committed offset ({} when all is well)."""
         tps = sorted(self.assigned)
-        if not tps:
+        if not tps or self.quiet_for() < self.stall_s:
             return {}
         if self._consumer is None or self._admin is None:
             self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
@@ -66,13 +69,16 @@ class Liveness:
         except KafkaError as exc:  # the broker or the coordinator is away: not a stall of ours
             log.info("liveness check skipped: %r", exc)
             return {}
-        now, quiet, stuck = time.monotonic(), self.quiet_for() >= self.stall_s, {}
+        # before its first batch after an assignment a worker may still be restoring a large table
+        # (a million resources from the changelog took 85-150 s here): ten times the allowance
+        allowance = self.stall_s if self.batches else 10 * self.stall_s
+        now, quiet, stuck = time.monotonic(), self.quiet_for() >= allowance, {}
         for tp in tps:
             committed = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0
             if self.committed.get(tp, (None, 0.0))[0] != committed:
                 self.committed[tp] = (committed, now)
             unmoved_for = now - self.committed[tp][1]
-            if ends[tp] > committed and unmoved_for >= self.stall_s and (
+            if ends[tp] > committed and unmoved_for >= allowance and (
                     quiet or self.next_offset.get(tp, 0) > committed):
                 stuck[tp] = ends[tp] - committed
         return stuck

@@ -226,6 +226,9 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def watchdog() -> None:
+        if app.in_recovery or getattr(app, "rebalancing", False):  # restoring a large table takes as long as it takes
+            liveness.last_progress = time.monotonic()
+            return
         behind = await liveness.stalled()
         if behind:
             waiting = ", ".join(f"{tp.topic}[{tp.partition}]: {count}" for tp, count in sorted(behind.items()))

@@ -155,7 +155,7 @@ async def test_two_workers_one_killed_for_good(two_worker_pipe: Running) -> None
     pipe.pipeline.kill("worker2")  # kill -9, never restarted
     watchdog = asyncio.create_task(supervise(pipe, restarts, stop))
     await posting
-    await settle_and_check(pipe, poster, truth, effects_kills=[], limit_s=120)
+    await settle_and_check(pipe, poster, truth, effects_kills=[], limit_s=240)
     stop.set()
     await watchdog
     print(f"\nworker restarts after it found itself stalled: {restarts.count('worker')}")

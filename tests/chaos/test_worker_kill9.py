@@ -4,20 +4,18 @@ lost, nothing is applied twice, every balance equals the gateway's truth."""
 from __future__ import annotations
 
 import asyncio
-import random
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
-import orjson
 import pytest
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.pg_events import AMOUNT, deposit
+from tests.chaos.flow import Poster, scenario
+from tests.pg_events import AMOUNT
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, signed_headers
+from tests.support import make_settings
 
 pytestmark = pytest.mark.chaos
 DEPOSITS = 600
@@ -31,62 +29,15 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterat
         yield running
 
 
-def scenario(seed: int) -> tuple[list[tuple[str, str, bytes]], dict[str, str]]:
-    """Every deposit's lifecycle, shuffled per deposit and interleaved, with duplicates."""
-    rng = random.Random(seed)
-    truth: dict[str, str] = {}
-    per_deposit: list[list[tuple[str, str, bytes]]] = []
-    for i in range(DEPOSITS):
-        dep = f"dep_k{i}"
-        statuses = ["pending", "slip_received", "settled"] + (["reversed"] if rng.random() < 0.2 else [])
-        truth[dep] = statuses[-1]
-        items = [("pg", dep, deposit(dep, v + 1, st, sequence=i * 10 + v)) for v, st in enumerate(statuses)]
-        items.append(("corr", dep, orjson.dumps({"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
-                                                 "our_user_id": f"u_{dep}"})))
-        items += rng.sample(items, k=rng.randint(0, 2))  # redeliveries
-        rng.shuffle(items)
-        per_deposit.append(items)
-    stream: list[tuple[str, str, bytes]] = []
-    while per_deposit:
-        lane = rng.randrange(len(per_deposit))
-        stream.append(per_deposit[lane].pop(0))
-        if not per_deposit[lane]:
-            per_deposit.pop(lane)
-    return stream, truth
-
-
 async def test_kill_9_worker_while_events_flow(pipe: Running) -> None:
-    stream, truth = scenario(seed=7)
-    posted = 0
-
-    async def poster(http: aiohttp.ClientSession, queue: asyncio.Queue[tuple[str, str, bytes]]) -> None:
-        nonlocal posted
-        while True:
-            try:
-                kind, dep, body = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            if kind == "pg":
-                url, headers, method = (f"{pipe.ingest.url}/webhooks/pg", signed_headers("pg", body, pipe.settings),
-                                        "POST")
-            else:
-                url, method = f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", "PUT"
-                headers = {"Authorization": f"Bearer {pipe.settings.api_token}"}
-            async with http.request(method, url, data=body, headers=headers) as resp:
-                assert resp.status == 200, await resp.text()
-            posted += 1
-
-    queue: asyncio.Queue[tuple[str, str, bytes]] = asyncio.Queue()
-    for item in stream:
-        queue.put_nowait(item)
-    async with aiohttp.ClientSession() as http:
-        posters = asyncio.gather(*(poster(http, queue) for _ in range(12)))
-        for k in range(KILLS):
-            while posted < len(stream) * (k + 1) / (KILLS + 1):
-                await asyncio.sleep(0.05)
-            pipe.pipeline.kill("worker")  # kill -9, no goodbye
-            pipe.pipeline.start("worker")
-        await posters
+    stream, truth = scenario(seed=7, deposits=DEPOSITS)
+    poster = Poster(pipe, stream)
+    posting = asyncio.create_task(poster.run(concurrency=12))
+    for k in range(KILLS):
+        await poster.reached((k + 1) / (KILLS + 1))
+        pipe.pipeline.kill("worker")  # kill -9, no goodbye
+        pipe.pipeline.start("worker")
+    await posting
 
     deliveries = sum(1 for kind, _, _ in stream if kind == "pg")
 
