@@ -23,7 +23,7 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
-from bench.stack import cpu_seconds, embedded
+from bench.stack import cpu_seconds, embedded, save_results
 from projections.migrate import migrate
 from tests.pg_events import deposit
 from tests.support import signed_headers
@@ -190,9 +190,7 @@ def main() -> None:
     for mode in ("at_least_once", "exactly_once"):
         r = results[mode]
         print(f"CPU seconds in the {mode} run ({r['elapsed_s']:.1f} s wall): {r['cpu_s']}")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps(results, indent=2))
+    save_results("e2e", results)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import orjson
 from app.bootstrap import prepare
 from app.settings import dev_settings
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
-from bench.stack import embedded
+from bench.stack import embedded, save_results
 from tests.support import signed_headers
 
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))
@@ -106,11 +106,8 @@ def main() -> None:
     r = best["ingest"]
     print(f"CPU during the ingest run ({DURATION + WARMUP:.0f}s): ingest process {r['ingest_cpu_s']:.1f}s, "
           f"Kafka broker {r['kafka_cpu_s']:.1f}s")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ingest.json").write_text(json.dumps(
-        {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "concurrency": CONCURRENCY,
-         "duration_s": DURATION, "runs": results, "ratio": ratio}, indent=2))
+    save_results("ingest", {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "concurrency": CONCURRENCY,
+                            "duration_s": DURATION, "runs": results, "ratio": ratio})
 
 
 if __name__ == "__main__":

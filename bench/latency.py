@@ -9,10 +9,8 @@ row (migration 0008). The first WARMUP_S seconds are sent but not counted.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,7 +19,7 @@ import orjson
 
 from app.settings import Settings
 from bench.e2e import pipeline, write_requests
-from bench.stack import embedded
+from bench.stack import embedded, save_results
 
 RATE = float(os.environ.get("BENCH_RATE", "500"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
@@ -99,9 +97,7 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:<16}{r['events']:>8.0f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{r['max_ms']:>9.1f}")
     print("target: p99 < 250 ms at 500 events/s")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latency.json").write_text(json.dumps(results, indent=2))
+    save_results("latency", results)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,13 @@ by Kafka (reading the log and copying it into NS.raw are timed apart)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from pathlib import Path
 
 from app.bootstrap import prepare
 from app.replay import copy_log, merged_log, rebuild
 from app.settings import dev_settings
-from bench.stack import embedded
+from bench.stack import embedded, save_results
 from bench.worker import DEPOSITS, PARTITIONS, run_mode
 
 
@@ -46,11 +44,8 @@ def main() -> None:
     print(f"replay rebuild (state + {decided} decisions)  {rate:>8.0f} records/s  ({rate / live['rate']:.1f}x live)")
     print(f"reading the log {records / read_s:.0f} records/s; copying it into NS.raw {records / copy_s:.0f} records/s")
     print("target: replay >= 20,000 events/s and >= 4x the live apply rate")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "replay.json").write_text(json.dumps({"records": records, "live_rate": live["rate"], "rebuild_rate": rate,
-                                                 "read_rate": records / read_s, "copy_rate": records / copy_s},
-                                                indent=2))
+    save_results("replay", {"records": records, "live_rate": live["rate"], "rebuild_rate": rate,
+                            "read_rate": records / read_s, "copy_rate": records / copy_s})
 
 
 if __name__ == "__main__":

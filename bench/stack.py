@@ -39,3 +39,12 @@ def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: Po
     found["kafka"] = total(kafka.pid or 0)
     found["postgres"] = total(postgres.proc.pid if postgres.proc else 0, children=True)
     return found
+
+
+def save_results(name: str, results: object) -> None:
+    """bench/results/<name>.json: the figures a benchmark printed, for the README and comparisons."""
+    import json
+
+    out = Path("bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))

@@ -15,7 +15,6 @@ to the last probe decided, the worker's RSS once ready, and RocksDB's size on di
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import stop_process
-from bench.stack import embedded
+from bench.stack import embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
 from topics.records import raw_headers
@@ -44,7 +43,7 @@ RESOURCES = int(os.environ.get("BENCH_RESOURCES", "1000000"))
 PARTITIONS = 12
 PROBES = 24
 STORES = os.environ.get("BENCH_STORES", "rocksdb,memory").split(",")
-TEMPLATE = "dep_XXXXXXXX"  # replaced by each resource's id of the same length
+TEMPLATE = "dep_template"  # the template state's id, replaced by each resource's id (same length)
 
 
 def resource_id(i: int) -> str:
@@ -195,9 +194,7 @@ def main() -> None:
                   f"{run['probes_duplicate']:>8}/{run['probes']}")
     if "rocksdb" in results:
         print(f"RocksDB on disk: {results['rocksdb']['disk_mb']} MiB; target: worker RSS < 1024 MiB")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "state.json").write_text(json.dumps(results, indent=2))
+    save_results("state", results)
 
 
 if __name__ == "__main__":

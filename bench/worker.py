@@ -8,7 +8,6 @@ start-up and rebalance time are not counted: it is the steady-state apply rate.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import stop_process
-from bench.stack import cpu_seconds, embedded
+from bench.stack import cpu_seconds, embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
 from topics.records import raw_headers
@@ -126,9 +125,7 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:<16}{r['rate']:>14.0f}{r['wall_s']:>26.1f}{r['worker_cpu_s']:>14.1f}{r['kafka_cpu_s']:>13.1f}")
     print(f"exactly-once / at-least-once: {ratio:.2f} (target >= 0.70); target >= 5000 decisions/s")
-    out = Path("bench/results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "worker.json").write_text(json.dumps({"deposits": DEPOSITS, "results": results, "ratio": ratio}, indent=2))
+    save_results("worker", {"deposits": DEPOSITS, "results": results, "ratio": ratio})
 
 
 if __name__ == "__main__":
