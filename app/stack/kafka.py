@@ -119,7 +119,7 @@ class KafkaBroker:
         props.write_text(self._properties())
         if not (self.data_dir / "log" / "meta.properties").exists():
             result = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                self._java("kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
                            "-c", str(props), "--standalone"),
                 capture_output=True, text=True, check=False,
             )
@@ -163,7 +163,8 @@ class KafkaBroker:
 
 
 def _cluster_id() -> str:
-    """Kafka's cluster id: a random 16-byte UUID, base64url without padding."""
+    """Kafka's cluster id: a random 16-byte UUID, base64url without padding. It may start with "-",
+    so it is passed as ``--cluster-id=…``: as a separate argument the tool read it as an option."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
