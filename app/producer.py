@@ -8,6 +8,7 @@ cost is less than half of aiokafka's own partitioner path (measured in bench/ing
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -64,7 +65,13 @@ class KeyedProducer:
         return await (await self.send(topic, key, value, headers))
 
     async def send_all(self, records: list[tuple[str, bytes, bytes]] | list[tuple[str, bytes, bytes, Headers]]) -> None:
-        """Send every record (topic, key, value[, headers]) and wait until Kafka acknowledged all of them.
+        """Send every record (topic, key, value[, headers]) and wait until Kafka acknowledged all of them."""
+        await (await self.enqueue_all(records))
+
+    async def enqueue_all(self, records: list[tuple[str, bytes, bytes]] | list[tuple[str, bytes, bytes, Headers]]
+                          ) -> Awaitable[Any]:
+        """Hand every record (topic, key, value[, headers]) to the producer; the returned awaitable
+        completes when Kafka acknowledged all of them (await it, or the errors go unseen).
 
         Records are packed into one aiokafka batch per topic-partition (in list order) instead of
         a send per record: a worker batch is a few thousand records, and the per-record path
@@ -81,9 +88,8 @@ class KeyedProducer:
                 chain.append(self.producer.create_batch())
                 if chain[-1].append(key=key, value=value, timestamp=None, headers=extra) is None:
                     raise ValueError(f"a record for {topic} does not fit in an empty batch")
-        if builders:
-            futures = await asyncio.gather(*(self._enqueue(tp, chain) for tp, chain in builders.items()))
-            await asyncio.gather(*(f for chain_futures in futures for f in chain_futures))
+        futures = await asyncio.gather(*(self._enqueue(tp, chain) for tp, chain in builders.items()))
+        return asyncio.gather(*(f for chain_futures in futures for f in chain_futures))
 
     async def _enqueue(self, tp: tuple[str, int], chain: list[Any]) -> list[asyncio.Future[Any]]:
         # one partition's batches in order: aiokafka queues the next only once the previous drained

@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,15 @@ from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import H_RECEIVED_AT, header_map
 
+Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
 H_RECORD = "record"  # "correlation" on a correlation copied into NS.raw
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
 CHUNK = 20_000
+# A rebuild splits the partitions across this many processes (ORDERLY_REPLAY_PROCESSES, default:
+# one per core), once the log has FORK_FROM records: below that a fork and a producer cost more.
+REBUILD_PROCESSES = int(os.environ.get("ORDERLY_REPLAY_PROCESSES", "0") or 0) or (os.cpu_count() or 1)
+FORK_FROM = 20_000
+_forked: Merged = {}  # the log a forked rebuild process inherits
 
 # table -> columns compared (everything but the wall-clock bookkeeping columns)
 COMPARED = {
@@ -85,9 +94,6 @@ def _received(message: Any) -> int:
     return int(dict(message.headers).get(H_RECEIVED_AT, b"0") or 0)
 
 
-Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
-
-
 async def merged_log(live: Settings) -> Merged:
     """orderly.raw and orderly.correlations merged per partition in the order they were received."""
     n = names(live.namespace)
@@ -117,15 +123,51 @@ async def copy_log(target: Settings, merged: Merged) -> int:
     return len(records)
 
 
-async def rebuild(target: Settings, merged: Merged) -> int:
-    """Decide the merged log in this process with the worker's own reducers, record by record in
-    log order (what one worker would decide), and write what a worker would have written:
+def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> int:
+    """Decide the merged log with the worker's own reducers, record by record in log order per
+    partition (what one worker would decide), and write what a worker would have written:
     decisions, effects and facts, one state snapshot per resource, the Faust table's changelog
     (its final state per resource) and the worker group's offsets at the end of ``NS.raw``, so a
-    worker started on ``NS`` later carries on from here. Returns the number of decisions."""
+    worker started on ``NS`` later carries on from here. Returns the number of decisions.
+
+    Partitions share nothing, so a log of at least FORK_FROM records is split by size across
+    ``processes`` (default REBUILD_PROCESSES) forked processes, each inheriting the log."""
+    global _forked
+    processes = processes or REBUILD_PROCESSES
+    changelog = f"{target.namespace}-worker-resources-changelog"
+    asyncio.run(_ensure_changelog(target, changelog))
+    groups = _groups(merged, processes if sum(map(len, merged.values())) >= FORK_FROM else 1)
+    if len(groups) <= 1:
+        decided = asyncio.run(_rebuild_partitions(target, merged, groups[0] if groups else []))
+    else:
+        _forked = merged
+        try:
+            with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("fork")) as pool:
+                decided = sum(pool.map(_rebuild_forked, [target] * len(groups), groups))
+        finally:
+            _forked = {}
+    asyncio.run(_commit_worker_offsets(target, {p: len(records) for p, records in merged.items()}))
+    return decided
+
+
+def _groups(merged: Merged, count: int) -> list[list[int]]:
+    """The partitions in ``count`` groups of about equal record counts (largest first, each to the
+    least loaded group); each group sorted."""
+    groups: list[tuple[int, list[int]]] = [(0, []) for _ in range(max(1, min(count, len(merged))))]
+    for partition in sorted(merged, key=lambda p: -len(merged[p])):
+        size, members = min(groups, key=lambda g: g[0])
+        groups.remove((size, members))
+        groups.append((size + len(merged[partition]), [*members, partition]))
+    return [sorted(members) for _, members in groups if members]
+
+
+def _rebuild_forked(target: Settings, partitions: list[int]) -> int:
+    return asyncio.run(_rebuild_partitions(target, _forked, partitions))
+
+
+async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list[int]) -> int:
     n = names(target.namespace)
     changelog = f"{target.namespace}-worker-resources-changelog"
-    await _ensure_changelog(target, changelog)
     producer = KeyedProducer(target.kafka_bootstrap)
     await producer.start()
     states: dict[bytes, dict[str, Any] | None] = {}
@@ -133,7 +175,8 @@ async def rebuild(target: Settings, merged: Merged) -> int:
     decided = 0
     try:
         out: list[tuple[str, bytes, bytes]] = []
-        for partition in sorted(merged):
+        in_flight: Awaitable[Any] | None = None
+        for partition in partitions:
             for offset, (key, value, headers) in enumerate(merged[partition]):
                 state, decisions = decide_record(n.raw, n, states.get(key), key, value, header_map(headers),
                                                  offset, partition)
@@ -144,8 +187,15 @@ async def rebuild(target: Settings, merged: Merged) -> int:
                     if decision.row is not None or decision.outcome in ("parked", "applied", "unparked"):
                         changed.add(key)
                 if len(out) >= CHUNK:
-                    await producer.send_all(out)
+                    # Kafka acknowledges one chunk while the next is decided: at most one in flight
+                    if in_flight is not None:
+                        await in_flight
+                    in_flight = await producer.enqueue_all(out)
                     out = []
+                    for _ in range(4):  # let aiokafka's sender write the requests before deciding on
+                        await asyncio.sleep(0)
+        if in_flight is not None:
+            await in_flight
         out += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st)))
                 for key in changed if (st := states[key]) is not None]
         out += [(changelog, key, orjson.dumps(state)) for key, state in states.items() if state is not None]
@@ -153,7 +203,6 @@ async def rebuild(target: Settings, merged: Merged) -> int:
             await producer.send_all(out[start:start + CHUNK])
     finally:
         await producer.stop()
-    await _commit_worker_offsets(target, {p: len(records) for p, records in merged.items()})
     return decided
 
 
@@ -219,7 +268,7 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     merged = asyncio.run(merged_log(live))
     copied = asyncio.run(copy_log(target, merged))
     rebuilt_at = time.monotonic()
-    decided = asyncio.run(rebuild(target, merged))
+    decided = rebuild(target, merged)
     rebuild_s = time.monotonic() - rebuilt_at
     env = {k: v for k, v in os.environ.items() if k != "ORDERLY_EFFECTS_URL"}
     env.update(target.to_env())
