@@ -23,9 +23,10 @@ from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from bench import baseline
 from bench.stack import cpu_seconds, embedded, save_results
 from projections.migrate import migrate
-from tests.pg_events import deposit
+from tests.pg_events import AMOUNT, deposit
 from tests.support import signed_headers
 
 DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "3000"))
@@ -151,6 +152,10 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
             await conn.executemany(
                 f"INSERT INTO {schema}.pg_deposit_correlations VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 [tuple(correlation(i).values()) for i in range(DEPOSITS)])
+            await conn.execute(f"SET search_path = {schema}; {baseline.SCHEMA}")
+            # the merchant's users exist before they pay (the document's handler UPDATEs their balance)
+            await conn.executemany(f"INSERT INTO {schema}.users (id) VALUES ($1) ON CONFLICT DO NOTHING",
+                                   [(correlation(i)["our_user_id"],) for i in range(DEPOSITS)])
         finally:
             await conn.close()
 
@@ -163,6 +168,18 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
         result = load(f"http://127.0.0.1:{port}", requests_file, count)
     finally:
         stop_process(proc, 30)
+
+    async def check() -> None:  # it did the work Orderly does: every credit, every effect
+        conn = await asyncpg.connect(postgres.dsn, server_settings={"search_path": schema})
+        try:
+            outbox = await conn.fetchval("SELECT count(*) FROM pg_outbox")
+            balance = await conn.fetchval("SELECT sum(balance_minor) FROM users")
+        finally:
+            await conn.close()
+        if (outbox, balance) != (3 * DEPOSITS, DEPOSITS * AMOUNT):
+            raise AssertionError(f"baseline: {outbox} outbox rows, balances {balance}")
+
+    asyncio.run(check())
     return {"events": result["requests"] - result["non_2xx"], "rate": result["rate"], "p99_ms": result["p99_ms"]}
 
 
