@@ -100,7 +100,7 @@ class Appender:
         except (TimeoutError, KafkaError) as exc:
             self.metrics.append_failures.labels(topic).inc()
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc
-        self.metrics.append_seconds.labels(topic).observe(time.perf_counter() - started)
+        self.metrics.child(self.metrics.append_seconds, topic).observe(time.perf_counter() - started)
 
     async def kafka_ready(self, topic: str) -> bool:
         producer = self._producer
@@ -208,7 +208,7 @@ async def receive_webhook(request: web.Request) -> web.Response:
     except Unavailable as exc:
         metrics.requests.labels(gateway, "unavailable").inc()
         return _json(503, error=str(exc))
-    metrics.requests.labels(gateway, "stored").inc()
+    metrics.child(metrics.requests, gateway, "stored").inc()
     return _json(200, status="stored", delivery_id=delivery_id)
 
 

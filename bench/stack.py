@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +26,8 @@ def embedded(prefix: str, heap_mb: int = 512) -> Iterator[tuple[Path, KafkaBroke
     finally:
         kafka.stop()
         postgres.stop()
+        if not os.environ.get("BENCH_KEEP"):  # BENCH_KEEP=1 keeps the logs and data for a look
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: PostgresServer) -> dict[str, float]:
@@ -32,7 +36,12 @@ def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: Po
 
     def total(pid: int, children: bool = False) -> float:
         p = psutil.Process(pid)
-        times = [p.cpu_times()] + ([c.cpu_times() for c in p.children(recursive=True)] if children else [])
+        times = [p.cpu_times()]
+        for child in p.children(recursive=True) if children else []:
+            try:
+                times.append(child.cpu_times())
+            except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
+                pass
         return float(sum(t.user + t.system for t in times))
 
     found = {name: total(proc.pid) for name, proc in procs.items()}

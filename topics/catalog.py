@@ -6,6 +6,7 @@ so every name is ``f"{namespace}.{suffix}"``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 FOREVER = "-1"
@@ -35,6 +36,7 @@ class TopicNames:
     fetch: str
 
 
+@functools.lru_cache(maxsize=64)  # called per request by the ingest
 def names(namespace: str = "orderly") -> TopicNames:
     return TopicNames(*(f"{namespace}.{s}" for s in (
         "raw", "correlations", "quarantine", "state", "decisions", "facts", "effects", "fetch")))
