@@ -1,5 +1,6 @@
 """The replay's rebuild split across forked processes writes what the in-process rebuild writes:
-the same records per topic-partition, in the same order, and the same worker offsets."""
+the same records per topic-partition (in the same order where a partition holds one input
+partition's resources) and the same worker offsets."""
 
 from __future__ import annotations
 
@@ -87,10 +88,13 @@ def test_forked_rebuild_writes_what_the_in_process_rebuild_writes(
     (decided_1, written_1, offsets_1), (decided_2, written_2, offsets_2) = results
     assert decided_1 == decided_2 >= sum(len(records) for records in merged.values())
     assert offsets_1 == offsets_2 == [len(merged[p]) for p in range(3)]
-    for suffix in ("decisions", "effects", "facts", "changelog"):
-        assert written_1[suffix] == written_2[suffix], suffix  # same records, same order per partition
-    # one snapshot per changed resource, written from a set: the order may differ
-    assert {p: sorted(r) for p, r in written_1["state"].items()} == \
-        {p: sorted(r) for p, r in written_2["state"].items()}
+    # keyed by the resource, like the input: the same records in the same order per partition
+    for suffix in ("decisions", "changelog"):
+        assert written_1[suffix] == written_2[suffix], suffix
+    # keyed by the effect's dedupe key or the fact's own key, so a partition mixes resources of
+    # every input partition, in whatever order the processes finished; snapshots come from a set
+    for suffix in ("effects", "facts", "state"):
+        assert {p: sorted(r) for p, r in written_1[suffix].items()} == \
+            {p: sorted(r) for p, r in written_2[suffix].items()}, suffix
     effect_keys = [key for records in written_1["effects"].values() for key, _ in records]
     assert effect_keys and len(effect_keys) == len(set(effect_keys))  # each effect once, redeliveries or not
