@@ -3,8 +3,10 @@
 1. Copy ``orderly.raw`` and ``orderly.correlations`` into ``NS.raw``, partition by partition, merged
    in the order they were received (``received_at``), correlations marked by a header. One input
    log per partition makes the rebuild follow the live arrival order.
-2. Run a worker, a projector and an effects recorder for ``NS`` (effects are recorded, never
-   delivered: no ``ORDERLY_EFFECTS_URL``) until every copied record has its decision projected.
+2. Rebuild what the worker would have written (``rebuild``: its own reducers over the merged log,
+   the partitions split across forked processes), then run a projector and an effects recorder
+   for ``NS`` (effects are recorded, never delivered: no ``ORDERLY_EFFECTS_URL``) until every
+   copied record has its decision projected.
 3. Compare every read model of ``NS`` with the live one and report each difference.
 """
 
