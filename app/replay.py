@@ -32,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from app.bootstrap import prepare
 from app.producer import KeyedProducer
 from app.settings import Settings
-from app.worker import SNAPSHOTS, decide_record, output_records
+from app.worker import changelog_topic, decide_record, output_records, state_record, touches_state
 from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import H_RECEIVED_AT, header_map
@@ -136,8 +136,7 @@ def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> i
     ``processes`` (default REBUILD_PROCESSES) forked processes, each inheriting the log."""
     global _forked
     processes = processes or REBUILD_PROCESSES
-    changelog = f"{target.namespace}-worker-resources-changelog"
-    asyncio.run(_ensure_changelog(target, changelog))
+    asyncio.run(ensure_changelog(target))
     groups = _groups(merged, processes if sum(map(len, merged.values())) >= FORK_FROM else 1)
     if len(groups) <= 1:
         decided = asyncio.run(_rebuild_partitions(target, merged, groups[0] if groups else []))
@@ -169,7 +168,6 @@ def _rebuild_forked(target: Settings, partitions: list[int]) -> int:
 
 async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list[int]) -> int:
     n = names(target.namespace)
-    changelog = f"{target.namespace}-worker-resources-changelog"
     producer = KeyedProducer(target.kafka_bootstrap)
     await producer.start()
     states: dict[bytes, dict[str, Any] | None] = {}
@@ -186,8 +184,8 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
                 decided += len(decisions)
                 for decision in decisions:
                     out += output_records(decision, n, None)
-                    if decision.row is not None or decision.outcome in ("parked", "applied", "unparked"):
-                        changed.add(key)
+                if touches_state(decisions):
+                    changed.add(key)
                 if len(out) >= CHUNK:
                     # Kafka acknowledges one chunk while the next is decided: at most one in flight
                     if in_flight is not None:
@@ -198,8 +196,8 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
                         await asyncio.sleep(0)
         if in_flight is not None:
             await in_flight
-        out += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st)))
-                for key in changed if (st := states[key]) is not None]
+        out += [state_record(n, key, st) for key in changed if (st := states[key]) is not None]
+        changelog = changelog_topic(target.namespace)
         out += [(changelog, key, orjson.dumps(state)) for key, state in states.items() if state is not None]
         for start in range(0, len(out), CHUNK):
             await producer.send_all(out[start:start + CHUNK])
@@ -208,7 +206,9 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
     return decided
 
 
-async def _ensure_changelog(target: Settings, topic: str) -> None:
+async def ensure_changelog(target: Settings) -> str:
+    """Create the worker table's changelog topic as Faust would (compacted, co-partitioned)."""
+    topic = changelog_topic(target.namespace)
     admin = AIOKafkaAdminClient(bootstrap_servers=target.kafka_bootstrap)
     await admin.start()
     try:
@@ -217,6 +217,7 @@ async def _ensure_changelog(target: Settings, topic: str) -> None:
                                                 topic_configs={"cleanup.policy": "compact"})])
     finally:
         await admin.close()
+    return topic
 
 
 async def _commit_worker_offsets(target: Settings, ends: dict[int, int]) -> None:

@@ -53,6 +53,22 @@ ROCKSDB_OPTIONS = {"driver": "rocksdict", "write_buffer_size": 4 << 20, "max_wri
 
 Record = tuple[str, bytes, bytes]
 SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
+TABLE = "resources"
+
+
+def changelog_topic(namespace: str) -> str:
+    """The Faust changelog of the worker's table (Faust names it ``{app id}-{table}-changelog``)."""
+    return f"{namespace}-worker-{TABLE}-changelog"
+
+
+def touches_state(decisions: list[Decision]) -> bool:
+    """Whether these decisions change what orderly.state publishes for the resource."""
+    return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
+
+
+def state_record(n: TopicNames, key: bytes, state: dict[str, Any]) -> Record:
+    """The resource's orderly.state snapshot (compacted: the latest per resource is what stays)."""
+    return n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](state))
 
 
 def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | None) -> list[Record]:
@@ -149,7 +165,7 @@ def build_app(settings: Settings) -> faust.App:
     )
     source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
-    table = app.Table("resources", partitions=settings.partitions, key_type=bytes, value_type=bytes,
+    table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     metrics = WorkerMetrics()
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0)  # send_all hands over whole batches
@@ -196,7 +212,7 @@ def build_app(settings: Settings) -> faust.App:
                                              message.partition)
             overlay[key] = state
             last_event[key] = event
-            if any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions):
+            if touches_state(decisions):
                 changed.add(key)
             for decision in decisions:
                 records += output_records(decision, n, None)
@@ -207,8 +223,7 @@ def build_app(settings: Settings) -> faust.App:
                     metrics.errors.labels(decision.gateway).inc()
                     log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
         # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
-        records += [(n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](st))) for key in changed
-                    if (st := overlay[key]) is not None]
+        records += [state_record(n, key, st) for key in changed if (st := overlay[key]) is not None]
         await producer.send_all(records)  # durable before the state that implies them
         for (gateway, outcome), count in outcomes.items():
             metrics.decisions.labels(gateway, outcome).inc(count)

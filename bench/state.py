@@ -24,12 +24,12 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.bootstrap import prepare
 from app.core import pg
 from app.core.model import Delivery
 from app.producer import KeyedProducer
+from app.replay import ensure_changelog
 from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -63,13 +63,7 @@ def template_state() -> bytes:
 
 
 async def fill_changelog(settings: Settings) -> tuple[str, int]:
-    topic = f"{settings.namespace}-worker-resources-changelog"
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})])
-    finally:
-        await admin.close()
+    topic = await ensure_changelog(settings)
     template = template_state()
     producer = KeyedProducer(settings.kafka_bootstrap)
     await producer.start()

@@ -17,8 +17,9 @@ from app.bootstrap import prepare
 from app.replay import Merged, rebuild
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
+from app.worker import changelog_topic
 from tests.pg_events import deposit
-from tests.support import make_settings
+from tests.support import make_settings, read_topic
 from topics.partitioning import partition_for
 from topics.records import raw_headers
 
@@ -43,21 +44,11 @@ def merged_log(partitions: int, deposits: int, seed: int) -> Merged:
     return merged
 
 
-async def topic_records(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[bytes, bytes]]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        found: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(partitions)}
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
-                found[tp.partition] += [(m.key, m.value) for m in messages]
-        return found
-    finally:
-        await consumer.stop()
+async def topic_records(bootstrap: str, topic: str) -> dict[int, list[tuple[bytes, bytes]]]:
+    found: dict[int, list[tuple[bytes, bytes]]] = {}
+    for r in await read_topic(bootstrap, topic):
+        found.setdefault(r.partition, []).append((r.key, r.value))
+    return found
 
 
 async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int | None]:
@@ -80,9 +71,8 @@ def test_forked_rebuild_writes_what_the_in_process_rebuild_writes(
         decided = rebuild(s, merged, processes)
         written = {}
         for suffix in ("decisions", "effects", "facts", "state"):
-            written[suffix] = asyncio.run(topic_records(kafka.bootstrap, f"{s.namespace}.{suffix}", s.partitions))
-        written["changelog"] = asyncio.run(topic_records(
-            kafka.bootstrap, f"{s.namespace}-worker-resources-changelog", s.partitions))
+            written[suffix] = asyncio.run(topic_records(kafka.bootstrap, f"{s.namespace}.{suffix}"))
+        written["changelog"] = asyncio.run(topic_records(kafka.bootstrap, changelog_topic(s.namespace)))
         offsets = asyncio.run(committed(kafka.bootstrap, f"{s.namespace}-worker", f"{s.namespace}.raw", s.partitions))
         results.append((decided, written, offsets))
     (decided_1, written_1, offsets_1), (decided_2, written_2, offsets_2) = results
