@@ -19,15 +19,15 @@ from aiokafka.structs import ConsumerRecord
 
 from app.metrics import EffectsMetrics, serve_metrics
 from app.settings import Settings
-from projections.sink import Conn, PgSink
+from projections.bulk import Conn, unnest_insert, write
+from projections.sink import PgSink
 from topics.catalog import names
 
 log = logging.getLogger("orderly.effects")
 CLAIM_BATCH = 200
 
-INSERT_EFFECT = """
-INSERT INTO effects (dedupe_key, type, gateway, resource_id, payload, caused_by)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6) ON CONFLICT (dedupe_key) DO NOTHING"""
+EFFECTS = unnest_insert("effects", "dedupe_key text, type text, gateway text, resource_id text, payload text::jsonb, "
+                        "caused_by text", "ON CONFLICT (dedupe_key) DO NOTHING")
 CLAIM_DUE = """
 UPDATE effects SET next_attempt_at = now() + make_interval(secs => $2)
  WHERE dedupe_key IN (SELECT dedupe_key FROM effects
@@ -50,7 +50,7 @@ def backoff_s(attempts: int) -> float:
 
 async def record(conn: Conn, messages: list[ConsumerRecord]) -> None:
     effects = [orjson.loads(m.value) for m in messages]
-    await conn.executemany(INSERT_EFFECT, [
+    await write(conn, EFFECTS, [
         (e["dedupe_key"], e["type"], e["gateway"], e["resource_id"], orjson.dumps(e["payload"]).decode(),
          e["caused_by"]) for e in effects])
 

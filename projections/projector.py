@@ -20,7 +20,8 @@ from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections import sql
-from projections.sink import Conn, PgSink
+from projections.bulk import Conn, write
+from projections.sink import PgSink
 from topics.catalog import names
 
 log = logging.getLogger("orderly.projector")
@@ -36,51 +37,45 @@ def _ms_to_ts(ms: int) -> Any:
 async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: ProjectorMetrics) -> None:
     """Write one batch of decisions (already in log order) inside the caller's transaction.
 
-    One executemany per table, in an order that satisfies the foreign keys (rows before the fills
+    One statement per table, in an order that satisfies the foreign keys (rows before the fills
     and flags that reference them); within a table the log order is kept, so the SQL guard sees
     a resource's snapshots in the order the worker decided them.
     """
-    await conn.executemany(sql.UPSERT_WEBHOOK_EVENT, [
+    await write(conn, sql.WEBHOOK_EVENTS, [
         (d["delivery_id"], d["gateway"], d["event_id"], d["resource_id"], d["event_type"],
          _ms_to_ts(d["received_at_ms"]), d["outcome"], orjson.dumps(d["payload"]).decode(), d["seq"], d["error"])
         for d in decisions])
     facts = [(d, f) for d in decisions for f in d["facts"]]
-    correlations = [f["data"] for _, f in facts if f["kind"] == "correlation"]
-    if correlations:
-        await conn.executemany(sql.INSERT_CORRELATION, [
-            (c["pg_deposit_id"], c["merchant_reference"], c["our_order_id"], c["our_user_id"]) for c in correlations])
+    await write(conn, sql.CORRELATIONS, [
+        (c["pg_deposit_id"], c["merchant_reference"], c["our_order_id"], c["our_user_id"])
+        for c in (f["data"] for _, f in facts if f["kind"] == "correlation")])
     rows: dict[str, list[list[Any]]] = {}
     for d in decisions:
         if d["row"] is not None:
             rows.setdefault(d["table"], []).append(sql.row_args(d["table"], d["row"]))
     for table, args in rows.items():
-        await conn.executemany(sql.UPSERT_ROW[table], args)
-    fills = [f["data"] for _, f in facts if f["kind"] == "withdrawal_fill"]
-    if fills:
-        await conn.executemany(sql.INSERT_FILL, [
-            (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
-             f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id")) for f in fills])
-    card_events = [f["data"] for _, f in facts if f["kind"] == "card_event"]
-    if card_events:
-        await conn.executemany(sql.INSERT_CARD_EVENT, [
-            (e["gateway_event_id"], e["payment_ref"], e["event_type"], e["sequence"], e["occurred_at"],
-             e["received_at"], e["payload"].encode(), e["source"]) for e in card_events])
+        await write(conn, sql.UPSERT_ROW[table], args)
+    await write(conn, sql.FILLS, [
+        (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
+         f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id"))
+        for f in (f["data"] for _, f in facts if f["kind"] == "withdrawal_fill")])
+    await write(conn, sql.CARD_EVENTS, [
+        (e["gateway_event_id"], e["payment_ref"], e["event_type"], e["sequence"], e["occurred_at"],
+         e["received_at"], e["payload"].encode(), e["source"])
+        for e in (f["data"] for _, f in facts if f["kind"] == "card_event")])
     applied = [(f["data"]["gateway_event_id"], f["data"]["applied_at"]) for _, f in facts
                if f["kind"] == "card_event_applied"]
     if applied:
         await conn.executemany(sql.MARK_CARD_EVENT_APPLIED, applied)
-    notes = [f["data"] for _, f in facts if f["kind"] == "order_note"]
-    if notes:
-        await conn.executemany(sql.INSERT_NOTE,
-                               [(n["note_key"], n["resource_id"], n["kind"], n["body"]) for n in notes])
+    await write(conn, sql.NOTES, [(n["note_key"], n["resource_id"], n["kind"], n["body"])
+                                  for n in (f["data"] for _, f in facts if f["kind"] == "order_note")])
     for _, fact in facts:
         if fact["kind"] == "overpayment_flag":
             await _flag(conn, fact["data"], metrics)
-    ledger = [(e["dedupe_key"], e["payload"]["user_id"],
-               (1 if e["type"] == "credit_user" else -1) * e["payload"]["amount_minor"], e["resource_id"])
-              for d in decisions for e in d["effects"] if e["type"] in ("credit_user", "debit_user")]
-    if ledger:
-        await conn.executemany(sql.INSERT_LEDGER, ledger)
+    await write(conn, sql.LEDGER, [
+        (e["dedupe_key"], e["payload"]["user_id"],
+         (1 if e["type"] == "credit_user" else -1) * e["payload"]["amount_minor"], e["resource_id"])
+        for d in decisions for e in d["effects"] if e["type"] in ("credit_user", "debit_user")])
     for d in decisions:
         if d["error"]:
             metrics.errors.inc()
@@ -132,9 +127,10 @@ async def observe_sequences(conn: Conn, decisions: Sequence[dict[str, Any]],
             parent = next((b for b in before if b.start <= g.start and g.end <= b.end), None)
             return requested.get(parent.start) if parent is not None else None
 
-        await conn.executemany(sql.DELETE_GAP, [(g.start,) for g in old - new])
-        await conn.executemany(sql.INSERT_GAP, [(g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
-                                                for g in sorted(new - old, key=lambda g: g.start)])
+        if old - new:
+            await conn.execute(sql.DELETE_GAPS, [g.start for g in old - new])
+        await write(conn, sql.GAPS, [("pg", g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
+                                     for g in sorted(new - old, key=lambda g: g.start)])
     metrics.gaps_open.set(len(gaps))
     metrics.sequences_missing.set(sum(g.missing for g in gaps))
 

@@ -17,14 +17,13 @@ import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
-from asyncpg.pool import PoolConnectionProxy
 
 from app.settings import Settings
 from projections import sql
+from projections.bulk import Conn
 from projections.migrate import quote_ident
 
 log = logging.getLogger("orderly.sink")
-Conn = asyncpg.Connection | PoolConnectionProxy
 Apply = Callable[[Conn, list[ConsumerRecord]], Awaitable[None]]
 
 
@@ -87,19 +86,20 @@ class PgSink:
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
         if not batch:
             return 0
-        written = 0
+        partitions = [tp.partition for tp in batch]
         async with self.pool.acquire() as conn, conn.transaction():
-            for tp, messages in batch.items():
-                stored = await conn.fetchval(sql.LOCK_OFFSET, self.name, tp.topic, tp.partition)
-                fresh = [m for m in messages if stored is None or m.offset >= stored]
-                if not fresh:
-                    continue
-                log.debug("%s %s[%d] offsets %d..%d", self.name, tp.topic, tp.partition, fresh[0].offset,
-                          fresh[-1].offset)
-                await self._apply_guarded(conn, fresh)
-                await conn.execute(sql.UPSERT_OFFSET, self.name, tp.topic, tp.partition, fresh[-1].offset + 1)
-                written += len(fresh)
-        return written
+            stored = {r["partition"]: r["next_offset"]
+                      for r in await conn.fetch(sql.LOCK_OFFSETS, self.name, self.topic, partitions)}
+            fresh = {tp.partition: [m for m in messages if m.offset >= stored.get(tp.partition, -1)]
+                     for tp, messages in batch.items()}
+            fresh = {partition: messages for partition, messages in fresh.items() if messages}
+            if not fresh:
+                return 0
+            # one apply for the whole batch: a statement per table, not per table and partition
+            await self._apply_guarded(conn, [m for messages in fresh.values() for m in messages])
+            await conn.execute(sql.UPSERT_OFFSETS, self.name, self.topic, list(fresh),
+                               [messages[-1].offset + 1 for messages in fresh.values()])
+        return sum(len(messages) for messages in fresh.values())
 
     async def _apply_guarded(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
         """Apply the batch; if the database refuses it, apply record by record and set aside the
