@@ -129,5 +129,8 @@ async def build(dsn: str, schema: str, secret: str) -> web.Application:
 
 
 if __name__ == "__main__":
+    import uvloop
+
+    uvloop.install()  # Orderly's processes run on uvloop (ORDERLY_LOOP): the baseline gets the same loop
     dsn, schema, secret, port = sys.argv[1:5]
     web.run_app(build(dsn, schema, secret), host="127.0.0.1", port=int(port), access_log=None, print=None)

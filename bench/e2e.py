@@ -32,7 +32,8 @@ from tests.support import signed_headers
 DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "3000"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "32"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
-PROCESSES = ("worker", "projector", "effects")
+WORKERS = int(os.environ.get("BENCH_WORKERS", "1"))
+PROCESSES = (*(f"worker{i + 1}" if WORKERS > 1 else "worker" for i in range(WORKERS)), "projector", "effects")
 
 
 def correlation(i: int) -> dict[str, str]:
@@ -104,8 +105,10 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
     asyncio.run(prepare(settings))
     procs = [serve([sys.executable, "-m", "app.cli", "ingest"], env, port, work / f"ingest-{tag}-{guarantee}.log")]
     for name in PROCESSES:
+        command = name.rstrip("0123456789")  # worker1, worker2: workers sharing the partitions
+        own = {**env, "ORDERLY_DATA_DIR": str(work / name)} if command != name else env  # own local state
         with (work / f"{name}-{tag}-{guarantee}.log").open("ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", name], env=env, stdout=out,
+            procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", command], env=own, stdout=out,
                                           stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     try:
