@@ -29,6 +29,7 @@ import orjson
 from aiohttp import web
 from aiokafka import TopicPartition
 from faust.streams import _current_event
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app.core import card, paymos, pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
@@ -50,6 +51,30 @@ BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of th
 # with a million resources (bench/state.py), the rest of the state staying on disk.
 ROCKSDB_OPTIONS = {"driver": "rocksdict", "write_buffer_size": 4 << 20, "max_write_buffer_number": 2,
                    "block_cache_size": 16 << 20}
+
+# Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
+# and leaves out the partitions whose records are still buffered or paused (Faust pauses them for
+# flow control), so a fetch sent at such a moment asks only for quiet partitions and the broker
+# holds it the whole wait: orderly.raw is not read meanwhile (seen: no batch for 1.4 s while the
+# ingest appended 7,000 records/s; the end-to-end rate rose by a fifth without it).
+FETCH_MAX_WAIT_MS = 100
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts
+        return consumer
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer
+
 
 Record = tuple[str, bytes, bytes]
 SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
@@ -163,6 +188,7 @@ def build_app(settings: Settings) -> faust.App:
         broker_commit_interval=float(os.environ.get("ORDERLY_COMMIT_INTERVAL_S", "2.8")),
         producer_max_batch_size=256 * 1024,
     )
+    app.transport = _Transport(app.conf.broker_consumer, app)
     source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
