@@ -221,6 +221,7 @@ def build_app(settings: Settings) -> faust.App:
         overlay: dict[bytes, dict[str, Any] | None] = {}
         last_event: dict[bytes, Any] = {}
         outcomes: Counter[tuple[str, str]] = Counter()
+        effects: Counter[tuple[str, str]] = Counter()  # counted per batch: a labels() lookup per effect adds up
         changed: set[bytes] = set()
         records: list[tuple[str, bytes, bytes]] = []
         decided: dict[TopicPartition, int] = {}
@@ -244,7 +245,7 @@ def build_app(settings: Settings) -> faust.App:
                 records += output_records(decision, n, None)
                 outcomes[(decision.gateway, decision.outcome)] += 1
                 for effect in decision.effects:
-                    metrics.effects.labels(decision.gateway, effect.type).inc()
+                    effects[(decision.gateway, effect.type)] += 1
                 if decision.error:
                     metrics.errors.labels(decision.gateway).inc()
                     log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
@@ -253,6 +254,8 @@ def build_app(settings: Settings) -> faust.App:
         await producer.send_all(records)  # durable before the state that implies them
         for (gateway, outcome), count in outcomes.items():
             metrics.decisions.labels(gateway, outcome).inc(count)
+        for (gateway, kind), count in effects.items():
+            metrics.effects.labels(gateway, kind).inc(count)
         for key, state in overlay.items():
             if state is not None:
                 write_table(table, key, orjson.dumps(state), last_event[key])
