@@ -83,14 +83,20 @@ class KeyedProducer:
             chain = builders.get(tp)
             if chain is None:
                 chain = builders[tp] = [self.producer.create_batch()]
-            extra = headers[0] if headers else []
-            if chain[-1].append(key=key, value=value, timestamp=None, headers=extra) is None:  # that batch is full
-                chain.append(self.producer.create_batch())
-                if chain[-1].append(key=key, value=value, timestamp=None, headers=extra) is None:
-                    raise ValueError(f"a record for {topic} does not fit in an empty batch")
-        futures = await asyncio.gather(*(self._enqueue(tp, chain) for tp, chain in builders.items()))
+            append(self.producer, chain, key, value, headers[0] if headers else [])
+        futures = await asyncio.gather(*(enqueue(self.producer, tp, chain) for tp, chain in builders.items()))
         return asyncio.gather(*(f for chain_futures in futures for f in chain_futures))
 
-    async def _enqueue(self, tp: tuple[str, int], chain: list[Any]) -> list[asyncio.Future[Any]]:
-        # one partition's batches in order: aiokafka queues the next only once the previous drained
-        return [await self.producer.send_batch(builder, tp[0], partition=tp[1]) for builder in chain]
+
+def append(producer: AIOKafkaProducer, chain: list[Any], key: bytes, value: bytes, headers: Headers) -> None:
+    """Append a record to the last batch of ``chain`` (one topic-partition's batches), or to a new one."""
+    if chain[-1].append(key=key, value=value, timestamp=None, headers=headers) is None:  # that batch is full
+        chain.append(producer.create_batch())
+        if chain[-1].append(key=key, value=value, timestamp=None, headers=headers) is None:
+            raise ValueError("a record does not fit in an empty batch")
+
+
+async def enqueue(producer: AIOKafkaProducer, tp: tuple[str, int], chain: list[Any]) -> list[asyncio.Future[Any]]:
+    """Hand one topic-partition's batches to ``producer`` in order (aiokafka queues the next only
+    once the previous drained); each future resolves to the batch's RecordMetadata (its base offset)."""
+    return [await producer.send_batch(builder, tp[0], partition=tp[1]) for builder in chain]

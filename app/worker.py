@@ -11,11 +11,17 @@ test_faust_recovery.py shows a re-publish after kill -9). So each batch first se
 waits for Kafka to acknowledge them, and only then writes the table. Any commit therefore covers
 state whose outputs are already durable; a crash before the commit replays the batch, which
 re-emits the same records with the same keys, and every sink dedupes on them.
+
+The table is written the way Faust writes it (changelog record in the partition's transaction,
+then the local store, then the store's changelog offset), but a batch at a time: one aiokafka batch
+per changelog partition instead of Faust's per-key send, callback and offset write, which cost a
+quarter of the worker's CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -30,12 +36,13 @@ from aiohttp import web
 from aiokafka import TopicPartition
 from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 from app.core import card, paymos, pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
-from app.producer import KeyedProducer
+from app.producer import KeyedProducer, append, enqueue
 from app.settings import Settings
 from topics.catalog import TopicNames, names
 from topics.records import header_map
@@ -138,10 +145,11 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
 
 
 def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:
-    """Set a table key as if inside ``event``'s iteration (Faust picks the changelog partition
-    from the current event). Only this task's context variable is touched: changing the stream's
-    own current event instead would make take_events() buffer the wrong event for a record that
-    arrives meanwhile (seen here as one record processed twice and the next one lost)."""
+    """Set a key of a table, or of its store (``table.data``: no changelog record), as if inside
+    ``event``'s iteration (Faust picks the partition from the current event). Only this task's
+    context variable is touched: changing the stream's own current event instead would make
+    take_events() buffer the wrong event for a record that arrives meanwhile (seen here as one
+    record processed twice and the next one lost)."""
     token = _current_event.set(weakref.ref(event))
     try:
         table[key] = value
@@ -194,6 +202,7 @@ def build_app(settings: Settings) -> faust.App:
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     metrics = WorkerMetrics()
+    changelog = changelog_topic(settings.namespace)
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0)  # send_all hands over whole batches
     liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s)
 
@@ -256,17 +265,56 @@ def build_app(settings: Settings) -> faust.App:
             metrics.decisions.labels(gateway, outcome).inc(count)
         for (gateway, kind), count in effects.items():
             metrics.effects.labels(gateway, kind).inc(count)
-        for key, state in overlay.items():
-            if state is not None:
-                write_table(table, key, orjson.dumps(state), last_event[key])
-        # The changelog records must be in Kafka (in the open transaction) before the events are
-        # acked: Faust's exactly-once commit does not flush its producer buffer first (its
-        # at-least-once commit does), so a commit could otherwise cover offsets whose state was
-        # still buffered and be lost with the process (seen here: reversals applied twice).
-        await app.producer.flush()
+        await write_state({key: orjson.dumps(state) for key, state in overlay.items() if state is not None},
+                          last_event)
         metrics.batch_seconds.observe(time.perf_counter() - started)
         metrics.batch_size.observe(len(events))
         liveness.on_batch(decided)
+
+    def changelog_producer(partition: int) -> tuple[Any, Any] | None:
+        """The producer (and its lock) that writes a changelog partition, as Faust picks it: with
+        exactly-once, the transactional producer of the partition's task, which commits the
+        changelog with the consumed offsets; None if this worker holds no transaction for it."""
+        if not app.in_transaction:
+            return producer.producer, contextlib.nullcontext()
+        tid = f"{app.conf.id}-{app.assignor.group_for_topic(changelog)}-{partition}"
+        transactional = app.producer._transaction_producers.get(tid)  # type: ignore[attr-defined]
+        return (transactional, app.producer._trn_locks[tid]) if transactional is not None else None  # type: ignore[attr-defined]
+
+    async def write_state(states: dict[bytes, bytes], last_event: dict[bytes, Any]) -> None:
+        """Write the batch's new table values: the changelog records acknowledged by Kafka (inside
+        the open transaction with exactly-once) before the local store, then the changelog offset
+        the store holds data up to (Faust reads the changelog from there on a restart). The
+        changelog records must be in Kafka before the events are acked: a commit could otherwise
+        cover offsets whose state is lost with the process (seen here: reversals applied twice)."""
+        by_partition: dict[int, list[bytes]] = {}
+        for key in states:
+            by_partition.setdefault(last_event[key].message.partition, []).append(key)
+        sent: list[tuple[int, list[Any], list[asyncio.Future[Any]]]] = []
+        for partition, keys in by_partition.items():
+            target = changelog_producer(partition)
+            if target is None:  # mid-rebalance: Faust's own path, which knows what to do
+                for key in keys:
+                    write_table(table, key, states[key], last_event[key])
+                continue
+            kafka, lock = target
+            chain = [kafka.create_batch()]
+            for key in keys:
+                append(kafka, chain, key, states[key], [])
+            async with lock:
+                sent.append((partition, chain, await enqueue(kafka, (changelog, partition), chain)))
+        store: Any = table.data
+        for partition, chain, futures in sent:
+            last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
+            for key in by_partition[partition]:
+                write_table(store, key, states[key], last_event[key])
+            tp = TP(changelog, partition)
+            if app.in_transaction:  # the offset is kept once the transaction commits, as Faust does
+                app.tables.persist_offset_on_commit(store, tp, last)
+            else:
+                store.set_persisted_offset(tp, last)
+        if len(sent) < len(by_partition):
+            await app.producer.flush()
 
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
     async def watchdog() -> None:
