@@ -26,7 +26,8 @@ deposit_rows = st.lists(st.tuples(
 ).map(lambda r: [r[0], r[1], r[2], r[3], r[4], r[5], r[5], r[5], 0, r[5], '{"fee": 1}', None, None, None,
                  "o", "u", r[6], r[7]]), max_size=12)
 event_rows = st.lists(st.tuples(
-    st.sampled_from(["dlv_1", "dlv_2"]), st.integers(0, 4), st.sampled_from(["applied", "stale", "duplicate", "parked"]),
+    st.sampled_from(["dlv_1", "dlv_2"]), st.integers(0, 4),
+    st.sampled_from(["applied", "stale", "duplicate", "parked"]),
 ).map(lambda r: (r[0], "pg", "evt", "d1", "deposit.settled", datetime(2026, 1, 1, tzinfo=UTC), r[2], '{"a": 1}',
                  r[1], None)), max_size=12)
 effect_rows = st.lists(st.tuples(st.sampled_from(["k1", "k2"]), st.sampled_from(['{"n": 1}', '{"n": 2}'])).map(

@@ -15,12 +15,14 @@ from typing import Any
 
 import orjson
 import pytest
+from rocksdict import AccessType, Options, Rdict
 
 from app.bootstrap import prepare
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
+from app.worker import TABLE, changelog_topic
 from tests.pg_events import deposit
 from tests.pipeline import Pipeline
 from tests.support import make_settings, read_topic
@@ -28,6 +30,20 @@ from topics.catalog import names
 from topics.records import raw_headers
 
 DEPOSITS = 120
+
+
+def persisted_offsets(data_dir: Path) -> dict[int, int]:
+    """The changelog offset each partition's RocksDB says it holds data up to (Faust's offset key)."""
+    found = {}
+    for path in data_dir.rglob(f"{TABLE}-*.db"):
+        db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            offset = db.get(b"__faust\0offset__")
+        finally:
+            db.close()
+        if offset is not None:
+            found[int(path.name.removesuffix(".db").rsplit("-", 1)[1])] = int(offset)
+    return found
 
 
 async def deliver(s: Settings, items: list[tuple[str, str, bytes]]) -> set[str]:
@@ -93,6 +109,11 @@ async def test_state_survives_restart_and_a_rebuild_from_the_changelog_alone(
         pipeline.procs.pop("worker").wait(30)
         rocks = list((tmp_path / "data").rglob("*.sst")) + list((tmp_path / "data").rglob("*.log"))
         assert rocks or s.store == "memory", "no RocksDB files in the worker data folder"
+        if s.store == "rocksdb":  # each partition's store knows the last changelog record it holds
+            last: dict[int, int] = {}
+            for record in await read_topic(s.kafka_bootstrap, changelog_topic(s.namespace)):
+                last[record.partition] = max(last.get(record.partition, -1), record.offset)
+            assert persisted_offsets(tmp_path / "data") == last
 
         # restart from local state: every settled event again (a duplicate) and a reversal of every deposit
         second = [(n.raw, d, deposit(d, 3, "settled", sequence=deps.index(d) * 10 + 3)) for d in credited]
