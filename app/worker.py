@@ -28,6 +28,7 @@ import signal
 import time
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import faust
@@ -144,15 +145,16 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
     return after, decisions
 
 
-def write_table(table: Any, key: bytes, value: bytes, event: Any) -> None:
-    """Set a key of a table, or of its store (``table.data``: no changelog record), as if inside
-    ``event``'s iteration (Faust picks the partition from the current event). Only this task's
-    context variable is touched: changing the stream's own current event instead would make
-    take_events() buffer the wrong event for a record that arrives meanwhile (seen here as one
-    record processed twice and the next one lost)."""
+@contextlib.contextmanager
+def inside(event: Any) -> Iterator[None]:
+    """Read or write the table as if inside ``event``'s iteration: Faust's RocksDB store uses the
+    current event's partition (without one, a read of a new key looks in every partition's
+    database). Only this task's context variable is touched: changing the stream's own current
+    event instead would make take_events() buffer the wrong event for a record that arrives
+    meanwhile (seen here as one record processed twice and the next one lost)."""
     token = _current_event.set(weakref.ref(event))
     try:
-        table[key] = value
+        yield
     finally:
         _current_event.reset(token)
 
@@ -239,7 +241,8 @@ def build_app(settings: Settings) -> faust.App:
             if key in overlay:
                 state = overlay[key]
             else:
-                stored = table.get(key)
+                with inside(event):
+                    stored = table.get(key)
                 state = orjson.loads(stored) if stored is not None else None
             message = event.message
             decided[TopicPartition(message.topic, message.partition)] = message.offset
@@ -295,7 +298,8 @@ def build_app(settings: Settings) -> faust.App:
             target = changelog_producer(partition)
             if target is None:  # mid-rebalance: Faust's own path, which knows what to do
                 for key in keys:
-                    write_table(table, key, states[key], last_event[key])
+                    with inside(last_event[key]):
+                        table[key] = states[key]
                 continue
             kafka, lock = target
             chain = [kafka.create_batch()]
@@ -307,7 +311,8 @@ def build_app(settings: Settings) -> faust.App:
         for partition, chain, futures in sent:
             last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
             for key in by_partition[partition]:
-                write_table(store, key, states[key], last_event[key])
+                with inside(last_event[key]):
+                    store[key] = states[key]  # the store itself: its changelog record is written above
             tp = TP(changelog, partition)
             if app.in_transaction:  # the offset is kept once the transaction commits, as Faust does
                 app.tables.persist_offset_on_commit(store, tp, last)
