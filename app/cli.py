@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import logging
 import os
@@ -29,6 +30,16 @@ def use_event_loop(name: str) -> None:
         raise SystemExit(f"ORDERLY_LOOP must be uvloop or asyncio, not {name!r}")
 
 
+def tune_gc(threshold: int) -> None:
+    """Collect the young generation every ``threshold`` allocations instead of every 700, after
+    moving what start-up built out of the collector's sight (gc.freeze). These processes allocate
+    a few objects per record and keep few cycles: the worker decided 10-19 % more records/s with
+    50,000 (bench/worker.py, side by side, three runs). 0 keeps Python's default."""
+    if threshold:
+        gc.freeze()
+        gc.set_threshold(threshold, 10, 10)
+
+
 def _process(run: Callable[[Settings], Any]) -> int:
     """A production process: settings from the environment, topics and migrations ensured, then run."""
     from app.bootstrap import prepare
@@ -36,6 +47,7 @@ def _process(run: Callable[[Settings], Any]) -> int:
     settings = _production_settings()
     use_event_loop(os.environ.get("ORDERLY_LOOP", "uvloop"))
     asyncio.run(prepare(settings))
+    tune_gc(settings.gc_threshold)
     result = run(settings)
     if inspect.iscoroutine(result):
         asyncio.run(result)

@@ -86,6 +86,7 @@ class Settings:
     processing_guarantee: str = "at_least_once"  # see README, "Exactly-once": Faust's is not safe here
     store: str = "rocksdb"  # where the worker keeps resource state: rocksdb (on disk) or memory
     worker_stall_s: float = 60.0  # a worker deciding nothing this long while records wait exits
+    gc_threshold: int = 50_000  # allocations between young-generation collections (0: Python's 700)
     data_dir: Path = field(default_factory=lambda: Path(".orderly"))
     metrics_port: int = 0  # worker, projector, effects: serve /metrics here (0 = off)
     gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
@@ -135,6 +136,7 @@ class Settings:
             processing_guarantee=guarantee,
             store=store,
             worker_stall_s=_float(env, "ORDERLY_WORKER_STALL_S", 60.0),
+            gc_threshold=_int(env, "ORDERLY_GC_THRESHOLD", 50_000, minimum=0),
             data_dir=Path(env.get("ORDERLY_DATA_DIR", ".orderly")),
             metrics_port=_int(env, "ORDERLY_METRICS_PORT", 0, minimum=0),
             gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
@@ -166,6 +168,7 @@ class Settings:
             "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
             "ORDERLY_STORE": self.store,
             "ORDERLY_WORKER_STALL_S": str(self.worker_stall_s),
+            "ORDERLY_GC_THRESHOLD": str(self.gc_threshold),
             "ORDERLY_DATA_DIR": str(self.data_dir),
             "ORDERLY_METRICS_PORT": str(self.metrics_port),
             "ORDERLY_GAP_BACKFILL_AFTER_S": str(self.gap_backfill_after_s),

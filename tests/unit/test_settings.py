@@ -32,7 +32,7 @@ def test_missing_secret_is_refused() -> None:
 
 @pytest.mark.parametrize(("name", "value"), [
     ("ORDERLY_PARTITIONS", "zero"), ("ORDERLY_PARTITIONS", "0"), ("ORDERLY_API_TOKEN", ""),
-    ("ORDERLY_NAMESPACE", "1bad"), ("ORDERLY_PROCESSING_GUARANTEE", "maybe"),
+    ("ORDERLY_NAMESPACE", "1bad"), ("ORDERLY_PROCESSING_GUARANTEE", "maybe"), ("ORDERLY_GC_THRESHOLD", "-1"),
 ])
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
@@ -40,5 +40,7 @@ def test_bad_values_name_the_variable(name: str, value: str) -> None:
 
 
 def test_to_env_round_trips() -> None:
-    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PG": "a,b", "ORDERLY_PARTITIONS": "5"})
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PG": "a,b", "ORDERLY_PARTITIONS": "5",
+                           "ORDERLY_GC_THRESHOLD": "0"})
+    assert s.gc_threshold == 0
     assert Settings.from_env(s.to_env()) == s
