@@ -110,6 +110,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from app.replay import replay
 
     settings = _production_settings()
+    tune_gc(settings.gc_threshold)
     return replay(settings, args.into, Path(settings.data_dir) / "replay")
 
 

@@ -13,6 +13,7 @@ import os
 import time
 
 from app.bootstrap import prepare
+from app.cli import tune_gc
 from app.replay import copy_log, merged_log, rebuild
 from app.settings import dev_settings
 from bench.stack import embedded, save_results
@@ -27,6 +28,7 @@ def main() -> None:
         source = dev_settings({**env, "ORDERLY_NAMESPACE": live["namespace"]})
         target = dev_settings({**env, "ORDERLY_NAMESPACE": f"{live['namespace']}_rb"})
         asyncio.run(prepare(target))
+        tune_gc(target.gc_threshold)  # as `orderly replay` does
         time.sleep(3)  # the broker finishes creating the new partitions' logs: topic creation is not timed
         started = time.monotonic()
         merged = asyncio.run(merged_log(source))
