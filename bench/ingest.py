@@ -52,7 +52,9 @@ def _requests(settings_env: dict[str, str], path: Path, count: int = 3000) -> No
 def _load(url: str, requests_file: Path) -> dict[str, float]:
     result = subprocess.run(
         [sys.executable, "-m", "bench.load", url, str(requests_file), str(CONCURRENCY), str(DURATION), str(WARMUP)],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{result.stderr[-3000:]}")
     return dict(json.loads(result.stdout))
 
 
