@@ -1,7 +1,8 @@
 """The worker's state in RocksDB survives restarts: a graceful restart reads it from local disk, and
 after kill -9 with the local folder deleted it is rebuilt from the changelog alone. Either way the
 recovered state decides exactly as the original would: redeliveries are duplicates, and a reversal
-debits only the deposits that were credited before the restart."""
+debits only the deposits that were credited before the restart. With exactly-once, the changelog
+the worker writes in batches is committed in the partitions' transactions."""
 
 from __future__ import annotations
 
@@ -135,5 +136,38 @@ async def test_state_survives_restart_and_a_rebuild_from_the_changelog_alone(
         pipeline.start("worker")
         found = await decided(s, third_ids, pipeline)
         assert Counter(d["outcome"] for d in found) == {"duplicate": len(third)}
+    finally:
+        pipeline.stop()
+
+
+async def test_exactly_once_commits_the_batched_changelog_in_the_partition_transactions(
+        kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> None:
+    """With exactly-once the worker writes the table's changelog through Faust's transactional
+    producers. A restore reads the changelog read_committed, so state whose transaction was never
+    committed would be missing: after a graceful stop and the local folder deleted, every
+    redelivery must still be a duplicate."""
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"eos{uuid.uuid4().hex[:8]}", data_dir=tmp_path / "data",
+                      worker_stall_s=10.0, sweep_after_s=2.0, processing_guarantee="exactly_once")
+    await prepare(s)
+    n = names(s.namespace)
+    deps = [f"dep_x{i}" for i in range(40)]
+    first = [(n.correlations, d, orjson.dumps({"pg_deposit_id": d, "merchant_reference": f"mr_{d}",
+                                               "our_order_id": f"o_{d}", "our_user_id": f"u_{d}"})) for d in deps]
+    first += [(n.raw, d, deposit(d, 3, "settled", sequence=i + 1)) for i, d in enumerate(deps)]
+    first_ids = await deliver(s, first)
+    pipeline = Pipeline(s, tmp_path)
+    pipeline.start("worker")
+    try:
+        found = await decided(s, first_ids, pipeline)
+        assert {d["outcome"] for d in found} <= {"applied", "unparked"}
+        pipeline.procs["worker"].terminate()  # graceful: Faust commits the open transactions
+        pipeline.procs.pop("worker").wait(30)
+        committed = await read_topic(s.kafka_bootstrap, changelog_topic(s.namespace), isolation="read_committed")
+        assert {r.key for r in committed} == {f"pg:{d}".encode() for d in deps}
+        shutil.rmtree(tmp_path / "data")
+        again = await deliver(s, [(n.raw, d, deposit(d, 3, "settled", sequence=i + 1)) for i, d in enumerate(deps)])
+        pipeline.start("worker")
+        found = await decided(s, again, pipeline)
+        assert Counter(d["outcome"] for d in found) == {"duplicate": len(deps)}
     finally:
         pipeline.stop()
