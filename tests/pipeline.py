@@ -79,6 +79,18 @@ class Pipeline:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
+    def terminate(self, name: str, timeout_s: float = 30) -> None:
+        """Stop ``name`` gracefully (SIGTERM); one still running after ``timeout_s`` is killed and
+        fails the test, so that no process outlives it."""
+        proc = self.procs.pop(name)
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM") from None
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -106,8 +106,7 @@ async def test_state_survives_restart_and_a_rebuild_from_the_changelog_alone(
         found = await decided(s, first_ids, pipeline)
         # a deposit event read before its correlation (two topics) is parked, then unparked
         assert {d["outcome"] for d in found} <= {"applied", "unparked"}
-        pipeline.procs["worker"].terminate()  # graceful: RocksDB keeps the state (memory: the changelog)
-        pipeline.procs.pop("worker").wait(30)
+        pipeline.terminate("worker")  # graceful: RocksDB keeps the state (memory: the changelog)
         rocks = list((tmp_path / "data").rglob("*.sst")) + list((tmp_path / "data").rglob("*.log"))
         assert rocks or s.store == "memory", "no RocksDB files in the worker data folder"
         if s.store == "rocksdb":  # each partition's store knows the last changelog record it holds
@@ -160,8 +159,7 @@ async def test_exactly_once_commits_the_batched_changelog_in_the_partition_trans
     try:
         found = await decided(s, first_ids, pipeline)
         assert {d["outcome"] for d in found} <= {"applied", "unparked"}
-        pipeline.procs["worker"].terminate()  # graceful: Faust commits the open transactions
-        pipeline.procs.pop("worker").wait(30)
+        pipeline.terminate("worker")  # graceful: Faust commits the open transactions
         committed = await read_topic(s.kafka_bootstrap, changelog_topic(s.namespace), isolation="read_committed")
         assert {r.key for r in committed} == {f"pg:{d}".encode() for d in deps}
         shutil.rmtree(tmp_path / "data")
