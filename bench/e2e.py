@@ -5,7 +5,6 @@ transaction per webhook) on the same signed events."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
 from bench import baseline
+from bench.load import spawn
 from bench.stack import cpu_seconds, embedded, save_results
 from projections.migrate import migrate
 from tests.pg_events import AMOUNT, deposit
@@ -54,9 +54,7 @@ def write_requests(settings: Settings, path: Path, deposits: int = DEPOSITS) -> 
 
 
 def load(url: str, requests_file: Path, count: int) -> dict[str, float]:
-    result = subprocess.run([sys.executable, "-m", "bench.load", url, str(requests_file), str(CONCURRENCY), "600",
-                             "0", str(count)], capture_output=True, text=True, check=True)
-    return dict(json.loads(result.stdout))
+    return spawn(url, requests_file, CONCURRENCY, 600, max_requests=count)
 
 
 def serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -4,7 +4,6 @@ bare aiohttp handler (the ceiling on this machine), in one run on loopback."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import orjson
 from app.bootstrap import prepare
 from app.settings import dev_settings
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from bench.load import spawn
 from bench.stack import embedded, save_results
 from tests.support import signed_headers
 
@@ -50,12 +50,7 @@ def _requests(settings_env: dict[str, str], path: Path, count: int = 3000) -> No
 
 
 def _load(url: str, requests_file: Path) -> dict[str, float]:
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.load", url, str(requests_file), str(CONCURRENCY), str(DURATION), str(WARMUP)],
-        capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"the load generator failed:\n{result.stderr[-3000:]}")
-    return dict(json.loads(result.stdout))
+    return spawn(url, requests_file, CONCURRENCY, DURATION, WARMUP)
 
 
 def cpu_seconds(pid: int) -> float:

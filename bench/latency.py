@@ -18,7 +18,7 @@ import asyncpg
 import orjson
 
 from app.settings import Settings
-from bench.e2e import pipeline, write_requests
+from bench.e2e import pipeline, wait_projected, write_requests
 from bench.stack import embedded, save_results
 
 RATE = float(os.environ.get("BENCH_RATE", "500"))
@@ -63,18 +63,6 @@ async def latencies(settings: Settings, since_s: float) -> dict[str, float]:
         await conn.close()
 
 
-async def wait_projected(settings: Settings, expected: int, limit_s: float = 120) -> None:
-    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
-    try:
-        deadline = time.monotonic() + limit_s
-        while await conn.fetchval("SELECT count(*) FROM webhook_events WHERE event_type LIKE 'deposit.%'") < expected:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the pipeline did not drain")
-            await asyncio.sleep(0.2)
-    finally:
-        await conn.close()
-
-
 def main() -> None:
     total = int(RATE * SECONDS)
     deposits = total // 3 + 1
@@ -88,7 +76,7 @@ def main() -> None:
                 since = time.time() + WARMUP_S
                 statuses = asyncio.run(send_open_loop(url, requests, RATE))
                 acked = sum(n for status, n in statuses.items() if 200 <= status < 300)
-                asyncio.run(wait_projected(settings, acked))
+                asyncio.run(wait_projected(settings, acked, limit_s=120))
                 results[guarantee] = {**asyncio.run(latencies(settings, since)), "acked": acked}
             print(f"{guarantee}: {results[guarantee]}", flush=True)
     print(f"\nlatency benchmark: ingest -> read model at {RATE:.0f} webhooks/s for {SECONDS:.0f} s "

@@ -4,6 +4,7 @@ for D seconds; prints JSON with the rate and latency percentiles."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,17 @@ async def run(url: str, requests: list[dict[str, Any]], concurrency: int, durati
         "non_2xx": sum(n for s, n in statuses.items() if not 200 <= s < 300),
         "started_at": started_at + warmup,
     }
+
+
+def spawn(url: str, requests_file: Path, concurrency: int, duration: float, warmup: float = 0.0,
+          max_requests: int = 0) -> dict[str, float]:
+    """Run the generator in its own process (its CPU is not the caller's) and return its figures."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.load", url, str(requests_file), str(concurrency), str(duration), str(warmup),
+         str(max_requests)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"the load generator failed:\n{result.stderr[-3000:]}")
+    return dict(orjson.loads(result.stdout))
 
 
 if __name__ == "__main__":
