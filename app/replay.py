@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing
 import os
 import signal
@@ -124,6 +125,13 @@ async def copy_log(target: Settings, merged: Merged) -> int:
     return len(records)
 
 
+async def prepare_target(target: Settings) -> None:
+    """What a rebuild into ``target`` writes to must exist first: the namespace's topics and tables
+    (as every process ensures them) and the worker table's changelog topic."""
+    await prepare(target)
+    await ensure_changelog(target)
+
+
 def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> int:
     """Decide the merged log with the worker's own reducers, record by record in log order per
     partition (what one worker would decide), and write what a worker would have written:
@@ -132,10 +140,10 @@ def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> i
     worker started on ``NS`` later carries on from here. Returns the number of decisions.
 
     Partitions share nothing, so a log of at least FORK_FROM records is split by size across
-    ``processes`` (default REBUILD_PROCESSES) forked processes, each inheriting the log."""
+    ``processes`` (default REBUILD_PROCESSES) forked processes, each inheriting the log.
+    The target's topics must exist (prepare_target)."""
     global _forked
     processes = processes or REBUILD_PROCESSES
-    asyncio.run(ensure_changelog(target))
     groups = _groups(merged, processes if sum(map(len, merged.values())) >= FORK_FROM else 1)
     if len(groups) <= 1:
         decided = asyncio.run(_rebuild_partitions(target, merged, groups[0] if groups else []))
@@ -188,6 +196,9 @@ def _run_forked(target: Settings, groups: list[list[int]]) -> int:
 
 
 def _rebuild_forked(answer: Any, target: Settings, partitions: list[int]) -> None:
+    # A short-lived process that ends with os._exit: what it allocates is freed by reference
+    # counting or with the process, so the cycle collector only costs time here.
+    gc.disable()
     try:
         result: tuple[bool, Any] = (True, asyncio.run(_rebuild_partitions(target, _forked, partitions)))
     except BaseException as exc:  # reported to the parent, which fails the rebuild
@@ -305,7 +316,7 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     if into == live.namespace:
         raise SystemExit("orderly replay: --into must name a namespace other than the live one")
     target = live.with_overrides(namespace=into, effects_url=None)
-    asyncio.run(prepare(target))
+    asyncio.run(prepare_target(target))
     if asyncio.run(_count(target, "SELECT count(*) FROM webhook_events")):
         raise SystemExit(f"orderly replay: namespace {into!r} is not fresh (it already has deliveries)")
     started = time.monotonic()

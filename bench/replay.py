@@ -12,9 +12,8 @@ import asyncio
 import os
 import time
 
-from app.bootstrap import prepare
 from app.cli import tune_gc
-from app.replay import copy_log, merged_log, rebuild
+from app.replay import copy_log, merged_log, prepare_target, rebuild
 from app.settings import dev_settings
 from bench.stack import embedded, save_results
 from bench.worker import DEPOSITS, PARTITIONS, run_mode
@@ -27,9 +26,9 @@ def main() -> None:
                "ORDERLY_PARTITIONS": PARTITIONS, "ORDERLY_DATA_DIR": str(work)}
         source = dev_settings({**env, "ORDERLY_NAMESPACE": live["namespace"]})
         target = dev_settings({**env, "ORDERLY_NAMESPACE": f"{live['namespace']}_rb"})
-        asyncio.run(prepare(target))
+        asyncio.run(prepare_target(target))
         tune_gc(target.gc_threshold)  # as `orderly replay` does
-        time.sleep(3)  # the broker finishes creating the new partitions' logs: topic creation is not timed
+        time.sleep(3)  # the broker finishes creating the new partitions' logs: topic creation (the changelog's too) is not timed
         started = time.monotonic()
         merged = asyncio.run(merged_log(source))
         read_s = time.monotonic() - started

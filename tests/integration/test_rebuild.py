@@ -13,8 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 import app.replay
-from app.bootstrap import prepare
-from app.replay import Merged, rebuild
+from app.replay import Merged, prepare_target, rebuild
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.worker import changelog_topic
@@ -67,7 +66,7 @@ def test_forked_rebuild_writes_what_the_in_process_rebuild_writes(
     results = []
     for processes in (1, 2):
         s = make_settings(kafka.bootstrap, postgres.dsn, f"rb{processes}{uuid.uuid4().hex[:8]}")
-        asyncio.run(prepare(s))
+        asyncio.run(prepare_target(s))
         decided = rebuild(s, merged, processes)
         written = {}
         for suffix in ("decisions", "effects", "facts", "state"):
