@@ -28,7 +28,8 @@ def main() -> None:
         target = dev_settings({**env, "ORDERLY_NAMESPACE": f"{live['namespace']}_rb"})
         asyncio.run(prepare_target(target))
         tune_gc(target.gc_threshold)  # as `orderly replay` does
-        time.sleep(3)  # the broker finishes creating the new partitions' logs: topic creation (the changelog's too) is not timed
+        # the broker finishes creating the new partitions' logs: topic creation (the changelog's too) is not timed
+        time.sleep(3)
         started = time.monotonic()
         merged = asyncio.run(merged_log(source))
         read_s = time.monotonic() - started
