@@ -52,13 +52,14 @@ log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
 STALLED_EXIT_CODE, FAILED_EXIT_CODE = 3, 4
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
-# Under load, batches are let grow: after a batch of BUSY_BATCH records or more, the next one is taken
-# no sooner than BUSY_INTERVAL_S after it. Each batch costs a produce request per output
-# topic-partition, and with exactly-once one per changelog partition's transactional producer; at
-# 200 records a batch instead of 1,000, exactly-once decided 15 % fewer records/s and the broker
-# spent 40 % more CPU (bench/worker.py, ORDERLY_WORKER_BATCH=200). End to end at 3,000-3,800
-# webhooks/s this halves the batches (20-25 instead of 45-55 for 9,000 webhooks) and was 0-10 %
-# faster in 6 of 6 side-by-side pairs. At 500 webhooks/s batches stay small: p99 unchanged.
+# Under load, batches are let grow: after a batch of BUSY_BATCH records or more, the next one is
+# taken no sooner than BUSY_INTERVAL_S after it, unless a full batch is already waiting (a backlog).
+# Each batch costs a produce request per output topic-partition, and with exactly-once one per
+# changelog partition's transactional producer; at 200 records a batch instead of 1,000,
+# exactly-once decided 15 % fewer records/s and the broker spent 40 % more CPU (bench/worker.py,
+# ORDERLY_WORKER_BATCH=200). End to end at 3,000-3,800 webhooks/s this halves the batches (20-25
+# instead of 45-55 for 9,000 webhooks): a median 3 % faster over 10 side-by-side pairs (-4 to +11 %).
+# At 500 webhooks/s batches stay small: p99 unchanged.
 BUSY_BATCH = 100
 BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_WORKER_BUSY_INTERVAL_MS", "100")) / 1000
 
@@ -103,10 +104,13 @@ def changelog_topic(namespace: str) -> str:
     return f"{namespace}-worker-{TABLE}-changelog"
 
 
-def busy_pause(batch_size: int, taken: float, now: float, interval: float = BUSY_INTERVAL_S) -> float:
+def busy_pause(batch_size: int, waiting: int, taken: float, now: float, interval: float = BUSY_INTERVAL_S,
+               full: int = BATCH_MAX) -> float:
     """Seconds to wait before taking the next batch: after a batch of BUSY_BATCH records or more
-    taken at ``taken``, the next one is not taken before ``taken + interval``; otherwise none."""
-    return max(0.0, taken + interval - now) if batch_size >= BUSY_BATCH else 0.0
+    taken at ``taken``, the next one is not taken before ``taken + interval``. None after a small
+    batch (low load), nor when ``waiting`` records already make a full batch (a backlog: waiting
+    would only slow the worker down, by 15 % in bench/worker.py)."""
+    return max(0.0, taken + interval - now) if batch_size >= BUSY_BATCH and waiting < full else 0.0
 
 
 def touches_state(decisions: list[Decision]) -> bool:
@@ -242,7 +246,8 @@ def build_app(settings: Settings) -> faust.App:
                 os._exit(FAILED_EXIT_CODE)  # the supervisor restarts it; the batch is decided again
             for event in events:
                 await stream.ack(event)
-            pause = busy_pause(len(events), taken, time.monotonic())
+            waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]  # records Faust has fetched for us
+            pause = busy_pause(len(events), waiting, taken, time.monotonic())
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
