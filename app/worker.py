@@ -12,10 +12,10 @@ waits for Kafka to acknowledge them, and only then writes the table. Any commit 
 state whose outputs are already durable; a crash before the commit replays the batch, which
 re-emits the same records with the same keys, and every sink dedupes on them.
 
-The table is written the way Faust writes it (changelog record in the partition's transaction,
-then the local store, then the store's changelog offset), but a batch at a time: one aiokafka batch
-per changelog partition instead of Faust's per-key send, callback and offset write, which cost a
-quarter of the worker's CPU.
+The table is written the way Faust writes it (changelog record, then the local store, then the
+store's changelog offset), but a batch at a time: one aiokafka batch per changelog partition instead
+of Faust's per-key send, callback and offset write, which cost a quarter of the worker's CPU. With
+exactly-once the changelog goes into each partition's transaction when it commits (CommitChangelog).
 """
 
 from __future__ import annotations
@@ -89,9 +89,76 @@ class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """With exactly-once, the table's staged changelog goes into the partitions' open
+        transactions first, and each committed partition's store offset is kept once they commit."""
+        changelog: CommitChangelog | None = getattr(self.app, "commit_changelog", None)
+        if changelog is None or not self.in_transaction:
+            return bool(await super()._commit_offsets(offsets, start_new_transaction))
+        await changelog.flush()
+        did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
+        if did_commit:
+            assigned = self.assignment()
+            changelog.committed({tp.partition for tp in offsets if tp in assigned})
+        return did_commit
+
 
 class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
+
+
+class CommitChangelog:
+    """Exactly-once: the table's changelog written into each partition's transaction when it
+    commits, a record per resource changed since the last commit, instead of a produce request per
+    partition's transactional producer in every batch (with 200-record batches exactly-once decided
+    15 % fewer records/s than at-least-once, and the broker spent 40 % more CPU).
+
+    ``stage`` keeps a batch's new values (the local store is written at once, as before); the
+    worker's consumer calls ``flush`` before Faust commits the transactions and ``committed`` after:
+    every offset a commit covers was acked after its state was staged, so its changelog records are
+    in the transaction that commits the offset. ``committed`` also writes the store's changelog
+    offset, which Faust's own exactly-once path never persists (it keeps it under the changelog
+    partition and looks it up under the source partitions), so a restart reads on from local state."""
+
+    def __init__(self, topic: str, producer_for: Any, store: Any) -> None:
+        self.topic = topic
+        self.producer_for = producer_for  # partition -> (transactional producer, lock) or None
+        self.store = store
+        self.pending: dict[int, dict[bytes, bytes]] = {}
+        self.sent: dict[int, int] = {}  # partition -> last changelog offset sent in its open transaction
+
+    def stage(self, partition: int, key: bytes, value: bytes) -> None:
+        self.pending.setdefault(partition, {})[key] = value
+
+    async def flush(self) -> None:
+        staged, self.pending = self.pending, {}
+        sent = []
+        for partition, values in staged.items():
+            target = self.producer_for(partition)
+            if target is None:  # no transaction for it any more (revoked): its offsets are not committed here
+                continue
+            kafka, lock = target
+            chain = [kafka.create_batch()]
+            for key, value in values.items():
+                append(kafka, chain, key, value, [])
+            async with lock:
+                sent.append((partition, chain, await enqueue(kafka, (self.topic, partition), chain)))
+        for partition, chain, futures in sent:
+            last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
+            self.sent[partition] = max(self.sent.get(partition, -1), last)
+
+    def committed(self, partitions: set[int]) -> None:
+        for partition in partitions:
+            last = self.sent.pop(partition, None)
+            if last is not None:
+                self.store.set_persisted_offset(TP(self.topic, partition), last)
+
+    def revoked(self, partitions: set[int]) -> None:
+        """A revoked partition's staged values and uncommitted offset are dropped: its transaction
+        is aborted or committed by Faust, and its offsets are the next owner's to decide again."""
+        for partition in partitions:
+            self.pending.pop(partition, None)
+            self.sent.pop(partition, None)
 
 
 Record = tuple[str, bytes, bytes]
@@ -308,15 +375,36 @@ def build_app(settings: Settings) -> faust.App:
         transactional = app.producer._transaction_producers.get(tid)  # type: ignore[attr-defined]
         return (transactional, app.producer._trn_locks[tid]) if transactional is not None else None  # type: ignore[attr-defined]
 
+    commit_changelog = CommitChangelog(changelog, changelog_producer, table.data)
+    if settings.processing_guarantee == "exactly_once":
+        app.commit_changelog = commit_changelog  # type: ignore[attr-defined]  # read by _Consumer
+
     async def write_state(states: dict[bytes, bytes], last_event: dict[bytes, Any]) -> None:
-        """Write the batch's new table values: the changelog records acknowledged by Kafka (inside
-        the open transaction with exactly-once) before the local store, then the changelog offset
-        the store holds data up to (Faust reads the changelog from there on a restart). The
-        changelog records must be in Kafka before the events are acked: a commit could otherwise
-        cover offsets whose state is lost with the process (seen here: reversals applied twice)."""
+        """Write the batch's new table values: the changelog records acknowledged by Kafka before
+        the local store, then the changelog offset the store holds data up to (Faust reads the
+        changelog from there on a restart). The changelog records must be in Kafka before the
+        events' offsets are committed: a commit could otherwise cover offsets whose state is lost
+        with the process (seen here: reversals applied twice). With exactly-once they are staged
+        and go into the partition's transaction when it commits (CommitChangelog)."""
         by_partition: dict[int, list[bytes]] = {}
         for key in states:
             by_partition.setdefault(last_event[key].message.partition, []).append(key)
+        store: Any = table.data
+        if app.in_transaction:  # staged for the partition's transaction, sent when it commits
+            faust_path = False
+            for partition, keys in by_partition.items():
+                staged = changelog_producer(partition) is not None
+                faust_path = faust_path or not staged
+                for key in keys:
+                    with inside(last_event[key]):
+                        if staged:
+                            commit_changelog.stage(partition, key, states[key])
+                            store[key] = states[key]
+                        else:  # mid-rebalance: Faust's own path, which knows what to do
+                            table[key] = states[key]
+            if faust_path:
+                await app.producer.flush()
+            return
         sent: list[tuple[int, list[Any], list[asyncio.Future[Any]]]] = []
         for partition, keys in by_partition.items():
             target = changelog_producer(partition)
@@ -331,17 +419,12 @@ def build_app(settings: Settings) -> faust.App:
                 append(kafka, chain, key, states[key], [])
             async with lock:
                 sent.append((partition, chain, await enqueue(kafka, (changelog, partition), chain)))
-        store: Any = table.data
         for partition, chain, futures in sent:
             last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
             for key in by_partition[partition]:
                 with inside(last_event[key]):
                     store[key] = states[key]  # the store itself: its changelog record is written above
-            tp = TP(changelog, partition)
-            if app.in_transaction:  # the offset is kept once the transaction commits, as Faust does
-                app.tables.persist_offset_on_commit(store, tp, last)
-            else:
-                store.set_persisted_offset(tp, last)
+            store.set_persisted_offset(TP(changelog, partition), last)
         if len(sent) < len(by_partition):
             await app.producer.flush()
 
@@ -372,6 +455,10 @@ def build_app(settings: Settings) -> faust.App:
                               if tp.topic in (n.raw, n.correlations)})
         metrics.partitions.set(len(mine))
         log.info("Assigned partitions: %d of %s: %s", len(mine), n.raw, mine)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def drop_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
+        commit_changelog.revoked({tp.partition for tp in revoked if tp.topic in (n.raw, n.correlations)})
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:
