@@ -8,7 +8,7 @@ cost is less than half of aiokafka's own partitioner path (measured in bench/ing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -100,3 +100,20 @@ async def enqueue(producer: AIOKafkaProducer, tp: tuple[str, int], chain: list[A
     """Hand one topic-partition's batches to ``producer`` in order (aiokafka queues the next only
     once the previous drained); each future resolves to the batch's RecordMetadata (its base offset)."""
     return [await producer.send_batch(builder, tp[0], partition=tp[1]) for builder in chain]
+
+
+async def send_keyed(producer: AIOKafkaProducer, lock: Any, tp: tuple[str, int],
+                     items: Iterable[tuple[bytes, bytes]]) -> Awaitable[int]:
+    """Hand (key, value) records for one topic-partition to ``producer`` as whole batches, under
+    ``lock`` (a transactional producer's); the returned awaitable resolves, once Kafka acknowledged
+    them all, to the offset of the last record."""
+    chain = [producer.create_batch()]
+    for key, value in items:
+        append(producer, chain, key, value, [])
+    async with lock:
+        futures = await enqueue(producer, tp, chain)
+
+    async def last_offset() -> int:
+        return int((await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1)
+
+    return last_offset()

@@ -28,7 +28,7 @@ import signal
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import faust
@@ -43,7 +43,7 @@ from app.core import card, paymos, pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
-from app.producer import KeyedProducer, append, enqueue
+from app.producer import KeyedProducer, send_keyed
 from app.settings import Settings
 from topics.catalog import TopicNames, names
 from topics.records import header_map
@@ -138,14 +138,9 @@ class CommitChangelog:
             if target is None:  # no transaction for it any more (revoked): its offsets are not committed here
                 continue
             kafka, lock = target
-            chain = [kafka.create_batch()]
-            for key, value in values.items():
-                append(kafka, chain, key, value, [])
-            async with lock:
-                sent.append((partition, chain, await enqueue(kafka, (self.topic, partition), chain)))
-        for partition, chain, futures in sent:
-            last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
-            self.sent[partition] = max(self.sent.get(partition, -1), last)
+            sent.append((partition, await send_keyed(kafka, lock, (self.topic, partition), values.items())))
+        for partition, acknowledged in sent:
+            self.sent[partition] = max(self.sent.get(partition, -1), await acknowledged)
 
     def committed(self, partitions: set[int]) -> None:
         for partition in partitions:
@@ -405,7 +400,7 @@ def build_app(settings: Settings) -> faust.App:
             if faust_path:
                 await app.producer.flush()
             return
-        sent: list[tuple[int, list[Any], list[asyncio.Future[Any]]]] = []
+        sent: list[tuple[int, Awaitable[int]]] = []
         for partition, keys in by_partition.items():
             target = changelog_producer(partition)
             if target is None:  # mid-rebalance: Faust's own path, which knows what to do
@@ -414,13 +409,10 @@ def build_app(settings: Settings) -> faust.App:
                         table[key] = states[key]
                 continue
             kafka, lock = target
-            chain = [kafka.create_batch()]
-            for key in keys:
-                append(kafka, chain, key, states[key], [])
-            async with lock:
-                sent.append((partition, chain, await enqueue(kafka, (changelog, partition), chain)))
-        for partition, chain, futures in sent:
-            last = (await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1
+            sent.append((partition, await send_keyed(kafka, lock, (changelog, partition),
+                                                     ((key, states[key]) for key in keys))))
+        for partition, acknowledged in sent:
+            last = await acknowledged
             for key in by_partition[partition]:
                 with inside(last_event[key]):
                     store[key] = states[key]  # the store itself: its changelog record is written above
