@@ -54,12 +54,12 @@ STALLED_EXIT_CODE, FAILED_EXIT_CODE = 3, 4
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow: after a batch of BUSY_BATCH records or more, the next one is
 # taken no sooner than BUSY_INTERVAL_S after it, unless a full batch is already waiting (a backlog).
-# Each batch costs a produce request per output topic-partition, and with exactly-once one per
-# changelog partition's transactional producer; at 200 records a batch instead of 1,000,
-# exactly-once decided 15 % fewer records/s and the broker spent 40 % more CPU (bench/worker.py,
-# ORDERLY_WORKER_BATCH=200). End to end at 3,000-3,800 webhooks/s this halves the batches (20-25
-# instead of 45-55 for 9,000 webhooks): a median 3 % faster over 10 side-by-side pairs (-4 to +11 %).
-# At 500 webhooks/s batches stay small: p99 unchanged.
+# Each batch costs a produce request per output topic-partition (and, until the exactly-once
+# changelog went at commit, one per transactional producer: at 200 records a batch instead of
+# 1,000 exactly-once decided 15 % fewer records/s, bench/worker.py with ORDERLY_WORKER_BATCH=200).
+# End to end at 3,000-3,800 webhooks/s this halves the batches (20-25 instead of 45-55 for 9,000
+# webhooks): a median 3 % faster over 10 side-by-side pairs (-4 to +11 %). At 500 webhooks/s
+# batches stay small: p99 unchanged.
 BUSY_BATCH = 100
 BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_WORKER_BUSY_INTERVAL_MS", "100")) / 1000
 
@@ -385,39 +385,31 @@ def build_app(settings: Settings) -> faust.App:
         for key in states:
             by_partition.setdefault(last_event[key].message.partition, []).append(key)
         store: Any = table.data
-        if app.in_transaction:  # staged for the partition's transaction, sent when it commits
-            faust_path = False
-            for partition, keys in by_partition.items():
-                staged = changelog_producer(partition) is not None
-                faust_path = faust_path or not staged
-                for key in keys:
-                    with inside(last_event[key]):
-                        if staged:
-                            commit_changelog.stage(partition, key, states[key])
-                            store[key] = states[key]
-                        else:  # mid-rebalance: Faust's own path, which knows what to do
-                            table[key] = states[key]
-            if faust_path:
-                await app.producer.flush()
-            return
+        faust_path = False
         sent: list[tuple[int, Awaitable[int]]] = []
         for partition, keys in by_partition.items():
             target = changelog_producer(partition)
             if target is None:  # mid-rebalance: Faust's own path, which knows what to do
+                faust_path = True
                 for key in keys:
                     with inside(last_event[key]):
                         table[key] = states[key]
-                continue
-            kafka, lock = target
-            sent.append((partition, await send_keyed(kafka, lock, (changelog, partition),
-                                                     ((key, states[key]) for key in keys))))
+            elif app.in_transaction:  # staged: it goes into the partition's transaction when it commits
+                for key in keys:
+                    commit_changelog.stage(partition, key, states[key])
+                    with inside(last_event[key]):
+                        store[key] = states[key]
+            else:
+                kafka, lock = target
+                sent.append((partition, await send_keyed(kafka, lock, (changelog, partition),
+                                                         ((key, states[key]) for key in keys))))
         for partition, acknowledged in sent:
             last = await acknowledged
             for key in by_partition[partition]:
                 with inside(last_event[key]):
                     store[key] = states[key]  # the store itself: its changelog record is written above
             store.set_persisted_offset(TP(changelog, partition), last)
-        if len(sent) < len(by_partition):
+        if faust_path:
             await app.producer.flush()
 
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]
