@@ -23,7 +23,7 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import port_accepts, stop_process, wait_until
+from app.stack.process import free_port, port_accepts, port_is_free, stop_process, wait_until
 
 log = logging.getLogger("orderly.dev")
 
@@ -45,16 +45,35 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
+    metrics_port: int = 0  # 0: the process serves no /metrics of its own (ingest serves it on its port)
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = field(default=0.0)
 
-    def start(self) -> None:
+    def start(self, host: str) -> None:
+        if self.metrics_port and not port_is_free(self.metrics_port, host):
+            # A port next to a free one is often the local end of some outgoing connection: Linux
+            # hands those out with the other parity. Binding it would kill the process at start,
+            # and again at every restart.
+            taken, self.metrics_port = self.metrics_port, free_port(host)
+            log.warning("%s: metrics port %d is taken; serving /metrics on %d", self.name, taken,
+                        self.metrics_port)
+        self.env["ORDERLY_METRICS_PORT"] = str(self.metrics_port)
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
         self.started_at = time.monotonic()
+
+    def last_words(self, lines: int = 3) -> str:
+        """The end of the child's log: why it died, for the supervisor's warning."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                tail = f.read().decode("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(line for line in tail[-lines:] if line.strip())
 
 
 class Stack:
@@ -68,9 +87,8 @@ class Stack:
         env = {**os.environ, **settings.to_env()}
         # each process without an HTTP server of its own serves /metrics on the next port up
         self.children = [
-            Child(name, [sys.executable, "-m", "app.cli", name],
-                  {**env, "ORDERLY_METRICS_PORT": str(settings.ingest_port + i) if i else "0"},
-                  self.data_dir / f"{name}.log")
+            Child(name, [sys.executable, "-m", "app.cli", name], dict(env), self.data_dir / f"{name}.log",
+                  metrics_port=settings.ingest_port + i if name != "ingest" else 0)
             for i, name in enumerate(processes)
         ]
 
@@ -84,6 +102,10 @@ class Stack:
             "postgres_dsn": self.postgres.dsn,
             "kafka_bootstrap": self.kafka.bootstrap,
             "metrics_url": f"{self.ingest_url}/metrics",
+            "process_metrics_urls": {
+                c.name: f"http://{self.settings.ingest_host}:{c.metrics_port}/metrics"
+                for c in self.children if c.metrics_port
+            },
         }
 
     @property
@@ -100,7 +122,7 @@ class Stack:
         log.info("infrastructure up in %.1fs; topics created %d, migrations applied %d",
                  time.monotonic() - started, len(created), len(applied))
         for child in self.children:
-            child.start()
+            child.start(self.settings.ingest_host)
         if "ingest" in {c.name for c in self.children}:
             ingest = next(c for c in self.children if c.name == "ingest")
             proc = ingest.proc
@@ -119,10 +141,14 @@ class Stack:
                 quick_death = now - child.started_at < 10
                 child.restarts = child.restarts + 1 if quick_death else 1
                 child.next_start = now + min(0.5 * 2 ** (child.restarts - 1), 30.0)
-                log.warning("%s exited with %s; restarting", child.name, child.proc.returncode)
+                log.warning("%s exited with %s; restarting. Its log ends:\n%s", child.name,
+                            child.proc.returncode, child.last_words())
             elif now >= child.next_start:
                 child.next_start = 0.0
-                child.start()
+                port = child.metrics_port
+                child.start(self.settings.ingest_host)
+                if child.metrics_port != port and self.stack_file.exists():
+                    self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
 
     def stop(self) -> None:
         self.stack_file.unlink(missing_ok=True)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,18 @@ def wait_for_stack(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> 
     raise AssertionError("orderly dev did not come up:\n" + log.read_text()[-3000:])
 
 
+async def eventually_get(http: aiohttp.ClientSession, url: str, within_s: float = 60) -> str:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            async with http.get(url) as resp:
+                return await resp.text()
+        except aiohttp.ClientConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 def stop_dev(proc: subprocess.Popen[bytes]) -> int:
     os.kill(proc.pid, signal.SIGTERM)
     return proc.wait(90)
@@ -53,13 +66,20 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     settings = dev_settings(env)
     log = tmp_path / "dev.log"
 
+    # The worker's usual /metrics port (ingest + 1) is taken, as the local end of an outgoing
+    # connection can take it: the supervisor must serve it elsewhere, not restart the worker forever.
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", ingest_port + 1))
+    squatter.listen()
     proc = start_dev(env, log)
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        process_metrics = stack.pop("process_metrics_urls")
         assert stack == {"ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "postgres_dsn": settings.postgres_dsn,
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "metrics_url": f"http://127.0.0.1:{ingest_port}/metrics"}
+        assert sorted(process_metrics) == ["effects", "fetcher", "projector", "worker"]
         body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.settled", "sequence": 1,
                              "created": "2026-11-29T10:33:15Z",
                              "data": {"object": {"id": "dep_dev", "object": "deposit", "version": 1}}})
@@ -74,6 +94,9 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                 assert resp.status == 200
             async with http.get(stack["metrics_url"]) as resp:
                 assert "orderly_ingest_requests_total" in await resp.text()
+            assert process_metrics["worker"] != f"http://127.0.0.1:{ingest_port + 1}/metrics"
+            assert "orderly_worker_partitions" in await eventually_get(http, process_metrics["worker"])
+        assert "worker exited" not in log.read_text(), log.read_text()[-3000:]
         assert await asyncio.to_thread(stop_dev, proc) == 0
         for port in (kafka_port, pg_port, ingest_port):
             assert port_is_free(port), f"port {port} still held after SIGTERM"
@@ -90,5 +113,6 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         finally:
             await conn.close()
     finally:
+        squatter.close()
         if proc.poll() is None:
             stop_dev(proc)
