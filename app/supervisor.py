@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from app.bootstrap import prepare
@@ -96,7 +97,7 @@ class Stack:
     def ingest_url(self) -> str:
         return f"http://{self.settings.ingest_host}:{self.settings.ingest_port}"
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, Any]:
         return {
             "ingest_url": self.ingest_url,
             "postgres_dsn": self.postgres.dsn,
