@@ -76,6 +76,16 @@ ROCKSDB_OPTIONS = {"driver": "rocksdict", "write_buffer_size": 4 << 20, "max_wri
 # holds it the whole wait: orderly.raw is not read meanwhile (seen: no batch for 1.4 s while the
 # ingest appended 7,000 records/s; the end-to-end rate rose by a fifth without it).
 FETCH_MAX_WAIT_MS = 100
+# Under load the fetches grow as well: after a busy batch the worker's fetches ask the broker for at
+# least this much (or FETCH_MAX_WAIT_MS), after a small one for any record at all. Asking for any
+# record while the ingest appends thousands a second returns a fetch per few records, each costing
+# the worker's consumer thread and the broker a request for 24 partitions.
+BUSY_FETCH_MIN_BYTES = 256 * 1024
+
+
+def fetch_min_bytes(batch_size: int) -> int:
+    """What the worker's next fetches wait for, given the size of the batch it just decided."""
+    return BUSY_FETCH_MIN_BYTES if batch_size >= BUSY_BATCH else 1
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -83,6 +93,13 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts
         return consumer
+
+    def set_fetch_min_bytes(self, value: int) -> None:
+        """Applies from the next fetch request: aiokafka's fetcher reads it for each one (a plain
+        attribute, so setting it from the agent's thread is safe)."""
+        fetcher = getattr(self._consumer, "_fetcher", None)  # there once the consumer started
+        if fetcher is not None:
+            fetcher._fetch_min_bytes = value
 
 
 class _Consumer(faust_aiokafka.Consumer):
@@ -309,6 +326,7 @@ def build_app(settings: Settings) -> faust.App:
             for event in events:
                 await stream.ack(event)
             waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]  # records Faust has fetched for us
+            app.consumer._thread.set_fetch_min_bytes(fetch_min_bytes(len(events)))  # type: ignore[attr-defined]
             pause = busy_pause(len(events), waiting, taken, time.monotonic())
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow

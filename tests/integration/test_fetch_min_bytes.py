@@ -1,0 +1,58 @@
+"""The worker's busy fetches (app.worker.fetch_min_bytes): set on a started consumer, the minimum
+really reaches the broker, which then holds a fetch that has less until the fetch wait ends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from app.stack.kafka import KafkaBroker
+from app.worker import BUSY_BATCH, BUSY_FETCH_MIN_BYTES, _ConsumerThread, fetch_min_bytes
+
+WAIT_MS = 1500
+
+
+async def _first_record_after(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, topic: str) -> float:
+    """Seconds from sending one small record to the consumer's getmany returning it."""
+    await producer.send_and_wait(topic, b"x")
+    started = time.monotonic()
+    async with asyncio.timeout(20):
+        while not await consumer.getmany(timeout_ms=WAIT_MS * 2):
+            pass
+    return time.monotonic() - started
+
+
+async def test_a_busy_fetch_waits_for_more_and_a_quiet_one_does_not(kafka: KafkaBroker, namespace: str) -> None:
+    assert fetch_min_bytes(BUSY_BATCH - 1) == 1 and fetch_min_bytes(BUSY_BATCH) == BUSY_FETCH_MIN_BYTES
+    topic = f"{namespace}.fetch"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, fetch_max_wait_ms=WAIT_MS)
+    await producer.start()
+    await consumer.start()
+    try:
+        thread = SimpleNamespace(_consumer=consumer)  # what the method reads of Faust's consumer thread
+        # Each change applies from the next fetch request: the one in flight returns a record first.
+        _ConsumerThread.set_fetch_min_bytes(thread, fetch_min_bytes(BUSY_BATCH))  # type: ignore[arg-type]
+        await _first_record_after(consumer, producer, topic)
+        busy = await _first_record_after(consumer, producer, topic)
+        _ConsumerThread.set_fetch_min_bytes(thread, fetch_min_bytes(1))  # type: ignore[arg-type]
+        await _first_record_after(consumer, producer, topic)
+        quiet = await _first_record_after(consumer, producer, topic)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    # The broker held the busy fetch (a few bytes, not 256 KiB) for the whole wait; the quiet one
+    # answered with the record.
+    assert busy >= WAIT_MS / 1000 * 0.8, busy
+    assert quiet < busy / 2, (quiet, busy)
