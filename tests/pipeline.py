@@ -76,7 +76,8 @@ class Pipeline:
 
     def kill(self, name: str) -> None:
         proc = self.procs.pop(name)
-        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # it may have exited on its own (and been started again by restart_stalled)
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
     def terminate(self, name: str, timeout_s: float = 30) -> None:
@@ -105,10 +106,12 @@ class Pipeline:
 
     def restart_stalled(self) -> list[str]:
         """Start again every process that exited because it found itself stalled (exit code 3, see
-        app/liveness.py), as its supervisor would; returns their names."""
-        from app.worker import STALLED_EXIT_CODE
+        app/liveness.py) or found records skipped (exit code 5, app.worker.OffsetGuard), as its
+        supervisor would; returns their names."""
+        from app.worker import SKIPPED_EXIT_CODE, STALLED_EXIT_CODE
 
-        restarted = [name for name, proc in self.procs.items() if proc.poll() == STALLED_EXIT_CODE]
+        restarted = [name for name, proc in self.procs.items()
+                     if proc.poll() in (STALLED_EXIT_CODE, SKIPPED_EXIT_CODE)]
         for name in restarted:
             self.start(name)
         return restarted
@@ -150,6 +153,7 @@ class Running:
             deadline = time.monotonic() + timeout
             last: Any = None
             while time.monotonic() < deadline:
+                self.pipeline.restart_stalled()  # as its supervisor would
                 self.pipeline.assert_alive()
                 last = await check(conn)
                 if last:

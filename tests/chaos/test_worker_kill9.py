@@ -1,5 +1,6 @@
 """kill -9 the worker again and again while a few thousand pg events flow: afterwards nothing is
-lost, nothing is applied twice, every balance equals the gateway's truth."""
+lost, nothing is applied twice, every balance equals the gateway's truth (at-least-once and
+exactly-once)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ DEPOSITS = 600
 KILLS = 3
 
 
-@pytest.fixture
-def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}")
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def pipe(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer,
+         tmp_path: Path) -> Iterator[Running]:
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}",
+                      processing_guarantee=request.param)
     with running_pipeline(s, tmp_path) as running:
         yield running
 
