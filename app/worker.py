@@ -174,12 +174,12 @@ class CommitChangelog:
 
 
 class OffsetGuard:
-    """Notices records Faust never handed to the agent. Faust's fetch loop sets a partition's read
-    offset after each record it hands over; a seek to the committed offsets (at the end of every
-    recovery) that lands while a record is being handed over is undone by that set, and the records
-    between the committed offset and it are then dropped as already read (seen with exactly-once,
-    whose recovery waits 10 s while the fetcher runs: 50 of 98 records of a partition skipped, so
-    the state missed updates whose decisions were out). orderly.raw and orderly.correlations are
+    """Notices records Faust never handed to the agent. Seen after restarts: 50 of 98 records of a
+    partition skipped with exactly-once (whose recovery waits 10 s while the fetcher runs), so the
+    state missed updates whose decisions were out; also with at-least-once, less often. Faust's
+    code suggests how: its fetch loop sets a partition's read offset after each record it hands
+    over, so a seek to the committed offsets (at the end of every recovery) that lands meanwhile is
+    undone, and the records in between are dropped as already read. orderly.raw and orderly.correlations are
     never compacted nor written in transactions, so their offsets have no holes: a record beyond
     the next expected offset (the committed one, for a partition's first record) means records
     were skipped. Going back is allowed: Faust hands records over again after a seek, and they are
