@@ -113,6 +113,9 @@ class Stack:
     def stack_file(self) -> Path:
         return self.data_dir / "stack.json"
 
+    def write_stack_file(self) -> None:
+        self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stack_file.unlink(missing_ok=True)  # present only while the stack is up
@@ -130,7 +133,7 @@ class Stack:
             assert proc is not None
             wait_until(lambda: port_accepts(self.settings.ingest_port, self.settings.ingest_host), 30,
                        "ingest", lambda: proc.poll() is None)
-        self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        self.write_stack_file()
 
     def supervise_once(self) -> None:
         """Restart a child that died, with a backoff that grows while it keeps dying."""
@@ -149,7 +152,7 @@ class Stack:
                 port = child.metrics_port
                 child.start(self.settings.ingest_host)
                 if child.metrics_port != port and self.stack_file.exists():
-                    self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+                    self.write_stack_file()
 
     def stop(self) -> None:
         self.stack_file.unlink(missing_ok=True)

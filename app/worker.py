@@ -179,10 +179,10 @@ class OffsetGuard:
     state missed updates whose decisions were out; also with at-least-once, less often. Faust's
     code suggests how: its fetch loop sets a partition's read offset after each record it hands
     over, so a seek to the committed offsets (at the end of every recovery) that lands meanwhile is
-    undone, and the records in between are dropped as already read. orderly.raw and orderly.correlations are
-    never compacted nor written in transactions, so their offsets have no holes: a record beyond
-    the next expected offset (the committed one, for a partition's first record) means records
-    were skipped. Going back is allowed: Faust hands records over again after a seek, and they are
+    undone, and the records in between are dropped as already read. orderly.raw and
+    orderly.correlations are never compacted nor written in transactions, so their offsets have no
+    holes: a record beyond the next expected offset (the committed one, for a partition's first
+    record) means records were skipped. Going back is allowed: Faust hands records over again after a seek, and they are
     decided again with the same outcome."""
 
     def __init__(self) -> None:
@@ -198,6 +198,14 @@ class OffsetGuard:
         expected = self.next.get(tp, committed)
         self.next[tp] = offset + 1
         return expected if expected is not None and offset > expected else None
+
+
+def exit_for_restart(code: int, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log why and end the process at once, nothing acked: its supervisor starts it again, and it
+    resumes from the committed offsets with the state recovered from Kafka."""
+    log.critical(message, *args, exc_info=exc_info)
+    logging.shutdown()
+    os._exit(code)
 
 
 Record = tuple[str, bytes, bytes]
@@ -348,9 +356,8 @@ def build_app(settings: Settings) -> faust.App:
             try:
                 await decide_batch(events)
             except Exception:  # a bug, not bad input (bad input is quarantined by the reducers)
-                log.critical("the worker failed on a batch; exiting without acking it", exc_info=True)
-                logging.shutdown()
-                os._exit(FAILED_EXIT_CODE)  # the supervisor restarts it; the batch is decided again
+                exit_for_restart(FAILED_EXIT_CODE, "the worker failed on a batch; exiting without acking it",
+                                 exc_info=True)  # the batch is decided again
             for event in events:
                 await stream.ack(event)
             waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]  # records Faust has fetched for us
@@ -371,11 +378,9 @@ def build_app(settings: Settings) -> faust.App:
             earliest = (await app.consumer.earliest_offsets(tp)).get(tp)
             if earliest is not None and earliest >= offset:  # deleted by retention, not skipped
                 continue
-            log.critical("records %s[%d] %d-%d were never handed to the worker (Faust skipped them); exiting "
-                         "without acking, so that the supervisor restarts it from the committed offsets",
-                         tp.topic, tp.partition, first_skipped, offset - 1)
-            logging.shutdown()
-            os._exit(SKIPPED_EXIT_CODE)
+            exit_for_restart(SKIPPED_EXIT_CODE, "records %s[%d] %d-%d were never handed to the worker (Faust "
+                             "skipped them); exiting without acking, so that the supervisor restarts it from "
+                             "the committed offsets", tp.topic, tp.partition, first_skipped, offset - 1)
 
     async def decide_batch(events: list[Any]) -> None:
         started = time.perf_counter()
@@ -484,11 +489,9 @@ def build_app(settings: Settings) -> faust.App:
         behind = await liveness.stalled()
         if behind:
             waiting = ", ".join(f"{tp.topic}[{tp.partition}]: {count}" for tp, count in sorted(behind.items()))
-            log.critical("no batch decided for %.0f s while records wait (%s): exiting so that the supervisor "
-                         "restarts this worker (state and offsets are recovered from Kafka)",
-                         liveness.quiet_for(), waiting)
-            logging.shutdown()
-            os._exit(STALLED_EXIT_CODE)
+            exit_for_restart(STALLED_EXIT_CODE, "no batch decided for %.0f s while records wait (%s): exiting so "
+                             "that the supervisor restarts this worker (state and offsets are recovered from "
+                             "Kafka)", liveness.quiet_for(), waiting)
 
     if settings.metrics_port:
         @app.page("/metrics")
@@ -508,7 +511,6 @@ def build_app(settings: Settings) -> faust.App:
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def drop_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         commit_changelog.revoked({tp.partition for tp in revoked if tp.topic in (n.raw, n.correlations)})
-        guard.forget(revoked)
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:
