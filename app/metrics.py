@@ -68,6 +68,13 @@ class WorkerMetrics(_Metrics):
                                     buckets=(1, 10, 50, 100, 250, 500, 1000), registry=self.registry)
         self.partitions = Gauge("orderly_worker_partitions", "orderly.raw partitions this worker owns",
                                 registry=self.registry)
+        self.commit_seconds = Histogram("orderly_worker_commit_seconds",
+                                        "One commit of the consumed offsets (exactly-once: with the "
+                                        "transactions' outputs and changelog)",
+                                        buckets=APPEND_BUCKETS, registry=self.registry)
+        self.handed_again = Counter("orderly_worker_records_handed_again",
+                                    "Records Faust handed over again after a seek (acked, not decided twice)",
+                                    registry=self.registry)
 
 
 class ProjectorMetrics(_Metrics):

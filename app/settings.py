@@ -12,6 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 GATEWAYS = ("pg", "card", "paymos")
+# How often the worker commits its offsets. With exactly-once its outputs are visible to the
+# projector and the effects worker only once committed, so the interval is part of their latency.
+COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.1}
 
 # Development defaults (documented in the README). `orderly dev` and `orderly demo` use them;
 # production processes must be given real values.
@@ -98,6 +101,11 @@ class Settings:
     fetch_interval_s: float = 30.0
     sweep_after_s: float = 120.0  # a stored record with no decision this long after arrival is appended again
     fetch_rate_per_s: float = 10.0
+    commit_interval_s: float | None = None  # the worker's commits; None: COMMIT_INTERVAL_S for the guarantee
+
+    @property
+    def worker_commit_interval_s(self) -> float:
+        return self.commit_interval_s or COMMIT_INTERVAL_S[self.processing_guarantee]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,6 +156,7 @@ class Settings:
             fetch_interval_s=_float(env, "ORDERLY_FETCH_INTERVAL_S", 30.0),
             sweep_after_s=_float(env, "ORDERLY_SWEEP_AFTER_S", 120.0),
             fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
+            commit_interval_s=_float(env, "ORDERLY_COMMIT_INTERVAL_S", 0.0) or None,
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -186,6 +195,8 @@ class Settings:
         env["ORDERLY_FETCH_INTERVAL_S"] = str(self.fetch_interval_s)
         env["ORDERLY_SWEEP_AFTER_S"] = str(self.sweep_after_s)
         env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)
+        if self.commit_interval_s:
+            env["ORDERLY_COMMIT_INTERVAL_S"] = str(self.commit_interval_s)
         return env
 
 

@@ -50,7 +50,8 @@ class Sweeper:
         self.consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+                                         isolation_level="read_committed")  # end offsets: what the projector can read
         await self.consumer.start()
         self.consumer.assign(self.tps)
         self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)

@@ -4,18 +4,18 @@ One agent consumes ``orderly.raw`` and ``orderly.correlations`` (co-partitioned,
 that owns a partition sees every record about its resources in log order) and keeps each
 resource's state in a changelogged Faust table.
 
-Exactly-once, and why the order inside a batch matters. With ``processing_guarantee=
-exactly_once`` Faust commits the table's changelog and the consumed offsets in one Kafka
-transaction, but records an agent sends to other topics are *not* in it (tests/integration/
-test_faust_recovery.py shows a re-publish after kill -9). So each batch first sends its outputs and
-waits for Kafka to acknowledge them, and only then writes the table. Any commit therefore covers
-state whose outputs are already durable; a crash before the commit replays the batch, which
-re-emits the same records with the same keys, and every sink dedupes on them.
+The order inside a batch. With at-least-once, each batch first sends its outputs and waits for
+Kafka to acknowledge them, and only then writes the table. Any commit therefore covers state whose
+outputs are already durable; a crash before the commit replays the batch, which re-emits the same
+records with the same keys, and every sink dedupes on them. With ``processing_guarantee=
+exactly_once`` a batch's outputs and changelog are staged and go into its source partition's Kafka
+transaction, with the consumed offsets, when Faust commits it (TransactionStage): Faust itself would
+commit only the changelog and the offsets, and send an agent's other records outside the
+transaction (tests/integration/test_faust_recovery.py shows a re-publish after kill -9).
 
 The table is written the way Faust writes it (changelog record, then the local store, then the
 store's changelog offset), but a batch at a time: one aiokafka batch per changelog partition instead
-of Faust's per-key send, callback and offset write, which cost a quarter of the worker's CPU. With
-exactly-once the changelog goes into each partition's transaction when it commits (CommitChangelog).
+of Faust's per-key send, callback and offset write, which cost a quarter of the worker's CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import time
+import types
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Iterator
@@ -106,98 +107,192 @@ class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    def _new_offset(self, tp: TP) -> int | None:
+        """The offset to commit: the one after the last record the worker decided (at-least-once:
+        its outputs acknowledged and the table written; exactly-once: staged for the partition's
+        transaction). Faust's own answer, from its list of acks, fell behind what was decided when
+        records were handed over during recovery and again after its seek (seen: acks 208, 209,
+        209, 210, ... against 207 committed, so 209 committed while 501 was decided and staged):
+        a commit then carried the outputs of records it did not cover."""
+        positions: dict[Any, int] | None = getattr(self.app, "decided_positions", None)
+        if positions is None:
+            return super()._new_offset(tp)
+        self._acked[tp].clear()  # Faust's ack lists only say which partitions have news
+        self._acked_index[tp].clear()
+        return positions.get(tp)
+
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
-        """With exactly-once, the table's staged changelog goes into the partitions' open
-        transactions first, and each committed partition's store offset is kept once they commit."""
-        changelog: CommitChangelog | None = getattr(self.app, "commit_changelog", None)
-        if changelog is None or not self.in_transaction:
-            return bool(await super()._commit_offsets(offsets, start_new_transaction))
-        await changelog.flush()
-        did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
-        if did_commit:
-            assigned = self.assignment()
-            changelog.committed({tp.partition for tp in offsets if tp in assigned})
+        """With exactly-once, the batches' staged outputs and changelog go into the partitions' open
+        transactions first, and each committed partition's values reach the local store once they
+        commit. The offsets are taken again in the same step as the staged writes: a batch decided
+        since Faust chose them is in both or in neither."""
+        started = time.perf_counter()
+        stage: TransactionStage | None = getattr(self.app, "transaction_stage", None)
+        if stage is None or not self.in_transaction:
+            did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
+        else:
+            positions: dict[Any, int] = getattr(self.app, "decided_positions", {})
+            offsets = {tp: offset for tp, offset in positions.items() if self._should_commit(tp, offset)}
+            await stage.flush()  # takes the staged writes before it first waits
+            did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
+            if did_commit:
+                assigned = self.assignment()
+                stage.committed({tp.partition for tp in offsets if tp in assigned})
+        metrics: WorkerMetrics | None = getattr(self.app, "orderly_metrics", None)
+        if metrics is not None:
+            metrics.commit_seconds.observe(time.perf_counter() - started)
         return did_commit
+
+
+class _Producer(faust_aiokafka.Producer):
+    async def commit_transactions(self, tid_to_offset_map: Any, group_id: str,
+                                  start_new_transaction: bool = True) -> None:
+        """Faust commits each partition's transaction after the previous one has finished, each a
+        few round trips to the broker; they are independent (a producer each), so they go at once."""
+        async def commit(transactional_id: str, offsets: Any) -> None:
+            async with self._trn_locks[transactional_id]:
+                transactional = self._transaction_producers.get(transactional_id)
+                if transactional is None:
+                    log.warning("commit asked for unknown transaction %s", transactional_id)
+                    return
+                await transactional.send_offsets_to_transaction(offsets, group_id)
+                await transactional.commit_transaction()
+                if start_new_transaction:
+                    await transactional.begin_transaction()
+        await asyncio.gather(*(commit(tid, offsets) for tid, offsets in tid_to_offset_map.items()))
 
 
 class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
+    Producer = _Producer
 
 
-class CommitChangelog:
-    """Exactly-once: the table's changelog written into each partition's transaction when it
-    commits, a record per resource changed since the last commit, instead of a produce request per
-    partition's transactional producer in every batch (with 200-record batches exactly-once decided
-    15 % fewer records/s than at-least-once, and the broker spent 40 % more CPU).
+class TransactionStage:
+    """Exactly-once: what a batch writes, its outputs (decisions, effects, facts, state snapshots)
+    and its table values, goes into its source partition's Kafka transaction when Faust commits
+    that with the consumed offsets; the local store gets the values only once it has committed. So
+    a crash or a revocation before the commit loses all of it together: read_committed readers
+    (projector, effects worker, fetcher, replay) never see outputs whose offsets were not
+    committed, and the records are decided again from committed state, with their full outputs.
+    (A local store ahead of the committed changelog would recognise them as decided and re-emit
+    only a summary: seen here as reversals whose read-model row and debit were lost.)
 
-    ``stage`` keeps a batch's new values (the local store is written at once, as before); the
-    worker's consumer calls ``flush`` before Faust commits the transactions and ``committed`` after:
-    every offset a commit covers was acked after its state was staged, so its changelog records are
-    in the transaction that commits the offset. ``committed`` also writes the store's changelog
-    offset, which Faust's own exactly-once path never persists (it keeps it under the changelog
-    partition and looks it up under the source partitions), so a restart reads on from local state."""
+    Sent at commit, a record per resource changed since the last commit for the changelog,
+    instead of a produce request per partition's transactional producer in every batch (with
+    200-record batches exactly-once decided 15 % fewer records/s than at-least-once, and the broker
+    spent 40 % more CPU). ``get`` reads the values not yet committed, which the worker consults
+    before the table. The worker's consumer calls ``flush`` before Faust commits the transactions
+    and ``committed`` after: every offset a commit covers was acked after its writes were staged,
+    so they are in the transaction that commits the offset. ``committed`` also writes the store's
+    changelog offset, which Faust's own exactly-once path never persists (it keeps it under the
+    changelog partition and looks it up under the source partitions), so a restart reads on from
+    local state."""
 
-    def __init__(self, topic: str, producer_for: Any, store: Any) -> None:
+    def __init__(self, topic: str, producer_for: Any, store: Any, outputs: KeyedProducer) -> None:
         self.topic = topic
         self.producer_for = producer_for  # partition -> (transactional producer, lock) or None
         self.store = store
-        self.pending: dict[int, dict[bytes, bytes]] = {}
+        self.outputs = outputs  # partitions the output records like every other Orderly producer
+        self.pending: dict[int, dict[bytes, bytes]] = {}  # table values not sent yet
+        self.pending_outputs: dict[int, list[Record]] = {}
+        self.in_flight: dict[int, dict[bytes, bytes]] = {}  # table values sent in the open transaction
         self.sent: dict[int, int] = {}  # partition -> last changelog offset sent in its open transaction
 
     def stage(self, partition: int, key: bytes, value: bytes) -> None:
         self.pending.setdefault(partition, {})[key] = value
 
+    def stage_outputs(self, partition: int, records: list[Record]) -> None:
+        self.pending_outputs.setdefault(partition, []).extend(records)
+
+    def get(self, partition: int, key: bytes) -> bytes | None:
+        """The key's value not yet committed, if it has one."""
+        for values in (self.pending.get(partition), self.in_flight.get(partition)):
+            if values is not None and (value := values.get(key)) is not None:
+                return value
+        return None
+
     async def flush(self) -> None:
         staged, self.pending = self.pending, {}
-        sent = []
-        for partition, values in staged.items():
+        outputs, self.pending_outputs = self.pending_outputs, {}
+        for partition, changed in staged.items():
+            self.in_flight.setdefault(partition, {}).update(changed)
+        sent, acks = [], []
+        for partition in staged.keys() | outputs.keys():
             target = self.producer_for(partition)
             if target is None:  # no transaction for it any more (revoked): its offsets are not committed here
                 continue
             kafka, lock = target
-            sent.append((partition, await send_keyed(kafka, lock, (self.topic, partition), values.items())))
-        for partition, acknowledged in sent:
-            self.sent[partition] = max(self.sent.get(partition, -1), await acknowledged)
+            if partition in outputs:
+                async with lock:
+                    acks.append(await self.outputs.enqueue_all(outputs[partition], via=kafka))
+            if partition in staged:
+                items = staged[partition].items()
+                sent.append((partition, await send_keyed(kafka, lock, (self.topic, partition), items)))
+        for acknowledged in acks:
+            await acknowledged
+        for partition, last in sent:
+            self.sent[partition] = max(self.sent.get(partition, -1), await last)
 
     def committed(self, partitions: set[int]) -> None:
         for partition in partitions:
             last = self.sent.pop(partition, None)
+            values = self.in_flight.pop(partition, {})
+            with inside(PartitionEvent(partition)):  # the store writes into the current event's partition
+                for key, value in values.items():
+                    self.store[key] = value
             if last is not None:
                 self.store.set_persisted_offset(TP(self.topic, partition), last)
 
     def revoked(self, partitions: set[int]) -> None:
-        """A revoked partition's staged values and uncommitted offset are dropped: its transaction
-        is aborted or committed by Faust, and its offsets are the next owner's to decide again."""
+        """A revoked partition's staged writes and uncommitted offset are dropped: Faust stops its
+        transactional producer without committing, and its offsets are the next owner's to decide again."""
         for partition in partitions:
-            self.pending.pop(partition, None)
-            self.sent.pop(partition, None)
+            for staged in (self.pending, self.pending_outputs, self.in_flight, self.sent):
+                staged.pop(partition, None)
+
+
+class PartitionEvent:
+    """Stands for an event of ``partition`` where Faust's store asks the current event which
+    partition's database to use."""
+
+    def __init__(self, partition: int) -> None:
+        self.message = types.SimpleNamespace(partition=partition)
 
 
 class OffsetGuard:
-    """Notices records Faust never handed to the agent. Seen after restarts: 50 of 98 records of a
-    partition skipped with exactly-once (whose recovery waits 10 s while the fetcher runs), so the
-    state missed updates whose decisions were out; also with at-least-once, less often. Faust's
-    code suggests how: its fetch loop sets a partition's read offset after each record it hands
-    over, so a seek to the committed offsets (at the end of every recovery) that lands meanwhile is
-    undone, and the records in between are dropped as already read. orderly.raw and
-    orderly.correlations are never compacted nor written in transactions, so their offsets have no
-    holes: a record beyond the next expected offset (the committed one, for a partition's first
-    record) means records were skipped. Going back is allowed: Faust hands records over again after a seek, and they are
-    decided again with the same outcome."""
+    """Notices records Faust never handed to the agent, and records it hands over again.
+
+    Skipped records, seen after restarts: 50 of 98 records of a partition skipped with
+    exactly-once (whose recovery waits 10 s while the fetcher runs), so the state missed updates
+    whose decisions were out; also with at-least-once, less often. Faust's code suggests how: its
+    fetch loop sets a partition's read offset after each record it hands over, so a seek to the
+    committed offsets (at the end of every recovery) that lands meanwhile is undone, and the
+    records in between are dropped as already read. orderly.raw and orderly.correlations are never
+    compacted nor written in transactions, so their offsets have no holes: a record beyond the
+    offset after the highest handed over so far (the committed one, before the first) means
+    records were skipped.
+
+    Records handed over again (after such a seek) were decided already in this assignment, and
+    their outputs are durable (at-least-once) or in the partition's open transaction
+    (exactly-once), or they are below the committed offset: they are acked, not decided again
+    (exactly-once would otherwise commit their decisions twice, seen here: 1,009 of 3,138)."""
 
     def __init__(self) -> None:
-        self.next: dict[Any, int] = {}
+        self.high: dict[Any, int] = {}  # partition -> one past the highest offset handed over
 
     def forget(self, tps: Any) -> None:
         for tp in tps:
-            self.next.pop(tp, None)
+            self.high.pop(tp, None)
 
-    def skipped(self, tp: Any, offset: int, committed: int | None) -> int | None:
-        """The first offset skipped before ``offset`` in ``tp``, or None; ``committed`` is where
-        the partition's first record is expected (None: unknown)."""
-        expected = self.next.get(tp, committed)
-        self.next[tp] = offset + 1
-        return expected if expected is not None and offset > expected else None
+    def check(self, tp: Any, offset: int, committed: int | None) -> tuple[bool, int | None]:
+        """Whether ``offset`` of ``tp`` was handed over before (or is below ``committed``), and the
+        first offset skipped before it, or None; ``committed`` is where the partition's first
+        record is expected (None: unknown)."""
+        high = self.high.get(tp, committed)
+        self.high[tp] = offset + 1 if high is None else max(high, offset + 1)
+        if high is None:
+            return False, None
+        return offset < high, (high if offset > high else None)
 
 
 def exit_for_restart(code: int, message: str, *args: Any, exc_info: bool = False) -> None:
@@ -328,7 +423,7 @@ def build_app(settings: Settings) -> faust.App:
         # A changelog write per resource per batch goes to one of up to `partitions` transactional
         # producers; lingering lets each send a batch instead of a request per record.
         producer_linger=0.005,
-        broker_commit_interval=float(os.environ.get("ORDERLY_COMMIT_INTERVAL_S", "2.8")),
+        broker_commit_interval=settings.worker_commit_interval_s,
         producer_max_batch_size=256 * 1024,
     )
     app.transport = _Transport(app.conf.broker_consumer, app)
@@ -337,6 +432,7 @@ def build_app(settings: Settings) -> faust.App:
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     metrics = WorkerMetrics()
+    app.orderly_metrics = metrics  # type: ignore[attr-defined]  # read by _Consumer
     changelog = changelog_topic(settings.namespace)
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0)  # send_all hands over whole batches
     liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s)
@@ -352,9 +448,10 @@ def build_app(settings: Settings) -> faust.App:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         async for events in stream.noack_take(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
             taken = time.monotonic()
-            await check_contiguous(events)
+            fresh = await not_handed_before(events)
             try:
-                await decide_batch(events)
+                if fresh:
+                    await decide_batch(fresh)
             except Exception:  # a bug, not bad input (bad input is quarantined by the reducers)
                 exit_for_restart(FAILED_EXIT_CODE, "the worker failed on a batch; exiting without acking it",
                                  exc_info=True)  # the batch is decided again
@@ -367,12 +464,18 @@ def build_app(settings: Settings) -> faust.App:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
     guard = OffsetGuard()
+    positions: dict[Any, int] = {}  # partition -> the offset after the last record decided (committable)
+    app.decided_positions = positions  # type: ignore[attr-defined]  # read by _Consumer
 
-    async def check_contiguous(events: list[Any]) -> None:
+    async def not_handed_before(events: list[Any]) -> list[Any]:
+        """The events to decide: those not handed over before. Exits if records were skipped."""
         committed = app.consumer._committed_offset  # type: ignore[attr-defined]  # set by Faust's seek and commits
+        fresh = []
         for event in events:
             tp, offset = event.message.tp, event.message.offset
-            first_skipped = guard.skipped(tp, offset, committed.get(tp))
+            again, first_skipped = guard.check(tp, offset, committed.get(tp))
+            if not again:
+                fresh.append(event)
             if first_skipped is None:
                 continue
             earliest = (await app.consumer.earliest_offsets(tp)).get(tp)
@@ -381,6 +484,9 @@ def build_app(settings: Settings) -> faust.App:
             exit_for_restart(SKIPPED_EXIT_CODE, "records %s[%d] %d-%d were never handed to the worker (Faust "
                              "skipped them); exiting without acking, so that the supervisor restarts it from "
                              "the committed offsets", tp.topic, tp.partition, first_skipped, offset - 1)
+        if len(fresh) < len(events):
+            metrics.handed_again.inc(len(events) - len(fresh))
+        return fresh
 
     async def decide_batch(events: list[Any]) -> None:
         started = time.perf_counter()
@@ -389,15 +495,17 @@ def build_app(settings: Settings) -> faust.App:
         outcomes: Counter[tuple[str, str]] = Counter()
         effects: Counter[tuple[str, str]] = Counter()  # counted per batch: a labels() lookup per effect adds up
         changed: set[bytes] = set()
-        records: list[tuple[str, bytes, bytes]] = []
+        records: dict[int, list[Record]] = {}  # source partition -> the outputs of its records
         decided: dict[TopicPartition, int] = {}
         for event in events:
             key = event.key
             if key in overlay:
                 state = overlay[key]
             else:
-                with inside(event):
-                    stored = table.get(key)
+                stored = stage.get(event.message.partition, key)  # exactly-once: not committed yet
+                if stored is None:
+                    with inside(event):
+                        stored = table.get(key)
                 state = orjson.loads(stored) if stored is not None else None
             message = event.message
             decided[TopicPartition(message.topic, message.partition)] = message.offset
@@ -408,8 +516,9 @@ def build_app(settings: Settings) -> faust.App:
             last_event[key] = event
             if touches_state(decisions):
                 changed.add(key)
+            outputs = records.setdefault(message.partition, [])
             for decision in decisions:
-                records += output_records(decision, n, None)
+                outputs += output_records(decision, n, None)
                 outcomes[(decision.gateway, decision.outcome)] += 1
                 for effect in decision.effects:
                     effects[(decision.gateway, effect.type)] += 1
@@ -417,14 +526,24 @@ def build_app(settings: Settings) -> faust.App:
                     metrics.errors.labels(decision.gateway).inc()
                     log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
         # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
-        records += [state_record(n, key, st) for key in changed if (st := overlay[key]) is not None]
-        await producer.send_all(records)  # durable before the state that implies them
+        for key in changed:
+            if (st := overlay[key]) is not None:
+                records[last_event[key].message.partition].append(state_record(n, key, st))
+        if app.in_transaction:  # they go into the partition's transaction when it commits
+            for partition, outputs in records.items():
+                stage.stage_outputs(partition, outputs)
+        else:  # durable before the state that implies them
+            await producer.send_all([record for outputs in records.values() for record in outputs])
         for (gateway, outcome), count in outcomes.items():
             metrics.decisions.labels(gateway, outcome).inc(count)
         for (gateway, kind), count in effects.items():
             metrics.effects.labels(gateway, kind).inc(count)
         await write_state({key: orjson.dumps(state) for key, state in overlay.items() if state is not None},
                           last_event)
+        # what the next commit may cover; exactly-once: in the same step as the staging above, so
+        # that a commit takes a batch's writes and its offsets together or neither
+        for tp, offset in decided.items():
+            positions[tp] = max(positions.get(tp, 0), offset + 1)
         metrics.batch_seconds.observe(time.perf_counter() - started)
         metrics.batch_size.observe(len(events))
         liveness.on_batch(decided)
@@ -439,9 +558,9 @@ def build_app(settings: Settings) -> faust.App:
         transactional = app.producer._transaction_producers.get(tid)  # type: ignore[attr-defined]
         return (transactional, app.producer._trn_locks[tid]) if transactional is not None else None  # type: ignore[attr-defined]
 
-    commit_changelog = CommitChangelog(changelog, changelog_producer, table.data)
+    stage = TransactionStage(changelog, changelog_producer, table.data, producer)
     if settings.processing_guarantee == "exactly_once":
-        app.commit_changelog = commit_changelog  # type: ignore[attr-defined]  # read by _Consumer
+        app.transaction_stage = stage  # type: ignore[attr-defined]  # read by _Consumer
 
     async def write_state(states: dict[bytes, bytes], last_event: dict[bytes, Any]) -> None:
         """Write the batch's new table values: the changelog records acknowledged by Kafka before
@@ -449,7 +568,7 @@ def build_app(settings: Settings) -> faust.App:
         changelog from there on a restart). The changelog records must be in Kafka before the
         events' offsets are committed: a commit could otherwise cover offsets whose state is lost
         with the process (seen here: reversals applied twice). With exactly-once they are staged
-        and go into the partition's transaction when it commits (CommitChangelog)."""
+        and go into the partition's transaction when it commits (TransactionStage)."""
         by_partition: dict[int, list[bytes]] = {}
         for key in states:
             by_partition.setdefault(last_event[key].message.partition, []).append(key)
@@ -463,11 +582,9 @@ def build_app(settings: Settings) -> faust.App:
                 for key in keys:
                     with inside(last_event[key]):
                         table[key] = states[key]
-            elif app.in_transaction:  # staged: it goes into the partition's transaction when it commits
+            elif app.in_transaction:  # staged: into the partition's transaction, and the store once it commits
                 for key in keys:
-                    commit_changelog.stage(partition, key, states[key])
-                    with inside(last_event[key]):
-                        store[key] = states[key]
+                    stage.stage(partition, key, states[key])
             else:
                 kafka, lock = target
                 sent.append((partition, await send_keyed(kafka, lock, (changelog, partition),
@@ -505,12 +622,14 @@ def build_app(settings: Settings) -> faust.App:
         liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned
                               if tp.topic in (n.raw, n.correlations)})
         guard.forget(assigned)  # a new assignment starts at the committed offsets
+        for tp in assigned:
+            positions.pop(tp, None)
         metrics.partitions.set(len(mine))
         log.info("Assigned partitions: %d of %s: %s", len(mine), n.raw, mine)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def drop_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
-        commit_changelog.revoked({tp.partition for tp in revoked if tp.topic in (n.raw, n.correlations)})
+        stage.revoked({tp.partition for tp in revoked if tp.topic in (n.raw, n.correlations)})
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:

@@ -84,6 +84,19 @@ class Record:
     headers: dict[str, str]
 
 
+async def records_written(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds, committed or not (the sum of its high watermarks)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(10):
+            while not consumer.assignment():
+                await asyncio.sleep(0.05)
+        return sum((await consumer.end_offsets(list(consumer.assignment()))).values())
+    finally:
+        await consumer.stop()
+
+
 async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Record]:
     """Every record of ``topic`` up to its current end, in partition/offset order."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,

@@ -57,18 +57,20 @@ class Poster:
     done: int = 0
     retries: int = 0
 
-    async def run(self, concurrency: int = 12, limit_s: float = 300) -> None:
+    async def run(self, concurrency: int = 12, limit_s: float = 300, pause_s: float = 0.0) -> None:
+        """Deliver everything; each of the ``concurrency`` senders waits ``pause_s`` after each
+        delivery (to make the flow last)."""
         queue: asyncio.Queue[Item] = asyncio.Queue()
         for item in self.stream:
             queue.put_nowait(item)
         async with asyncio.timeout(limit_s), aiohttp.ClientSession() as http:
-            await asyncio.gather(*(self._worker(http, queue) for _ in range(concurrency)))
+            await asyncio.gather(*(self._worker(http, queue, pause_s) for _ in range(concurrency)))
 
     async def reached(self, fraction: float) -> None:
         while self.done < len(self.stream) * fraction:
             await asyncio.sleep(0.05)
 
-    async def _worker(self, http: aiohttp.ClientSession, queue: asyncio.Queue[Item]) -> None:
+    async def _worker(self, http: aiohttp.ClientSession, queue: asyncio.Queue[Item], pause_s: float) -> None:
         s = self.pipe.settings
         while True:
             try:
@@ -94,6 +96,8 @@ class Poster:
                 self.retries += 1
                 await asyncio.sleep(0.2)
             self.done += 1
+            if pause_s:
+                await asyncio.sleep(pause_s)
 
 
 async def wait_until(check: Any, limit_s: float, what: str) -> None:
