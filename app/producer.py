@@ -68,11 +68,19 @@ class KeyedProducer:
         """Send every record (topic, key, value[, headers]) and wait until Kafka acknowledged all of them."""
         await (await self.enqueue_all(records))
 
+    async def enqueue_partitioned(self, by_partition: dict[int, list[tuple[str, bytes, bytes]]]) -> Awaitable[Any]:
+        """Hand over each partition's records to that partition of their topics (the worker's rule:
+        every output about a resource goes to the resource's partition, so a batch touches one
+        partition per topic and source partition, not every partition of the effects and facts);
+        the returned awaitable completes when Kafka acknowledged all of them."""
+        acks = [await self.enqueue_all(records, partition=partition) for partition, records in by_partition.items()]
+        return asyncio.gather(*acks)
+
     async def enqueue_all(self, records: list[tuple[str, bytes, bytes]] | list[tuple[str, bytes, bytes, Headers]],
-                          via: AIOKafkaProducer | None = None) -> Awaitable[Any]:
+                          via: AIOKafkaProducer | None = None, partition: int | None = None) -> Awaitable[Any]:
         """Hand every record (topic, key, value[, headers]) to the producer (or to ``via``, e.g. a
-        transactional producer, partitioned the same way); the returned awaitable completes when
-        Kafka acknowledged all of them (await it, or the errors go unseen).
+        transactional producer), to ``partition`` of its topic or else to its key's; the returned
+        awaitable completes when Kafka acknowledged all of them (await it, or the errors go unseen).
 
         Records are packed into one aiokafka batch per topic-partition (in list order) instead of
         a send per record: a worker batch is a few thousand records, and the per-record path
@@ -80,8 +88,11 @@ class KeyedProducer:
         producer = via or self.producer
         builders: dict[tuple[str, int], list[Any]] = {}
         for topic, key, value, *headers in records:
-            count = self._partitions.get(topic)
-            tp = (topic, partition_for(key, count) if count else await self.partition(topic, key))
+            if partition is not None:
+                tp = (topic, partition)
+            else:
+                count = self._partitions.get(topic)
+                tp = (topic, partition_for(key, count) if count else await self.partition(topic, key))
             chain = builders.get(tp)
             if chain is None:
                 chain = builders[tp] = [producer.create_batch()]

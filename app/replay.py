@@ -218,14 +218,14 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
     await producer.start()
     decided = 0
     try:
-        out: list[tuple[str, bytes, bytes]] = []
+        out: list[tuple[str, bytes, bytes]] = []  # the current partition's outputs (the worker's rule)
         in_flight: Awaitable[Any] | None = None
 
-        async def hand_over() -> None:  # Kafka acknowledges one chunk while the next is decided
+        async def hand_over(partition: int) -> None:  # Kafka acknowledges one chunk while the next is decided
             nonlocal in_flight, out
             if in_flight is not None:
                 await in_flight
-            in_flight = await producer.enqueue_all(out)
+            in_flight = await producer.enqueue_partitioned({partition: out})
             out = []
             for _ in range(4):  # let aiokafka's sender write the requests before deciding on
                 await asyncio.sleep(0)
@@ -244,15 +244,13 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
                 if touches_state(decisions):
                     changed.add(key)
                 if len(out) >= CHUNK:
-                    await hand_over()
+                    await hand_over(partition)
             # the partition's snapshots and changelog go out while the next partition is decided
             out += [state_record(n, key, st) for key in changed if (st := states[key]) is not None]
             out += [(changelog, key, orjson.dumps(state)) for key, state in states.items() if state is not None]
-            if len(out) >= CHUNK:
-                await hand_over()
+            await hand_over(partition)
         if in_flight is not None:
             await in_flight
-        await producer.send_all(out)
     finally:
         await producer.stop()
     return decided

@@ -224,7 +224,7 @@ class TransactionStage:
             kafka, lock = target
             if partition in outputs:
                 async with lock:
-                    acks.append(await self.outputs.enqueue_all(outputs[partition], via=kafka))
+                    acks.append(await self.outputs.enqueue_all(outputs[partition], via=kafka, partition=partition))
             if partition in staged:
                 items = staged[partition].items()
                 sent.append((partition, await send_keyed(kafka, lock, (self.topic, partition), items)))
@@ -533,7 +533,7 @@ def build_app(settings: Settings) -> faust.App:
             for partition, outputs in records.items():
                 stage.stage_outputs(partition, outputs)
         else:  # durable before the state that implies them
-            await producer.send_all([record for outputs in records.values() for record in outputs])
+            await (await producer.enqueue_partitioned(records))
         for (gateway, outcome), count in outcomes.items():
             metrics.decisions.labels(gateway, outcome).inc(count)
         for (gateway, kind), count in effects.items():

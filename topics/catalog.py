@@ -61,7 +61,8 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
         spec(n.quarantine, {**keep, **big}, co_partitioned=False),
         spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000)}),
         spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
-        spec(n.facts, keep, co_partitioned=False),
-        spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}, co_partitioned=False),
+        # facts and effects are keyed by their own ids but written to their resource's partition
+        spec(n.facts, keep),
+        spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
         spec(n.fetch, {"cleanup.policy": "delete", "retention.ms": str(14 * DAY_MS)}),
     ]
