@@ -78,19 +78,22 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
     broker.stop()
 
 
-@pytest.fixture
-def broker_pipe(own_broker: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgres: PostgresServer,
+                tmp_path: Path) -> Iterator[Running]:
     s = make_settings(own_broker.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}",
                       effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=STALL_S,
-                      sweep_after_s=SWEEP_S)
+                      sweep_after_s=SWEEP_S, processing_guarantee=request.param)
     with running_pipeline(s, tmp_path) as pipe:
         yield pipe
 
 
-@pytest.fixture
-def two_worker_pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def two_worker_pipe(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer,
+                    tmp_path: Path) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
-                      partitions=4, worker_stall_s=STALL_S, sweep_after_s=SWEEP_S)
+                      partitions=4, worker_stall_s=STALL_S, sweep_after_s=SWEEP_S,
+                      processing_guarantee=request.param)
     with running_pipeline(s, tmp_path) as pipe:
         # a second worker in the same consumer group, with its own local state folder
         pipe.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "worker2"))
