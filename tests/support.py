@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -84,21 +84,10 @@ class Record:
     headers: dict[str, str]
 
 
-async def records_written(bootstrap: str, topic: str) -> int:
-    """How many records ``topic`` holds, committed or not (the sum of its high watermarks)."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        async with asyncio.timeout(10):
-            while not consumer.assignment():
-                await asyncio.sleep(0.05)
-        return sum((await consumer.end_offsets(list(consumer.assignment()))).values())
-    finally:
-        await consumer.stop()
-
-
-async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Record]:
-    """Every record of ``topic`` up to its current end, in partition/offset order."""
+@asynccontextmanager
+async def assigned_consumer(bootstrap: str, topic: str, isolation: str = "read_uncommitted"
+                            ) -> AsyncIterator[AIOKafkaConsumer]:
+    """A group-less consumer of every partition of ``topic``, once it has them."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level=isolation, auto_offset_reset="earliest")
     await consumer.start()
@@ -106,6 +95,20 @@ async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committe
         async with asyncio.timeout(10):
             while not consumer.assignment():
                 await asyncio.sleep(0.05)
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def records_written(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds, committed or not (the sum of its high watermarks)."""
+    async with assigned_consumer(bootstrap, topic) as consumer:
+        return sum((await consumer.end_offsets(list(consumer.assignment()))).values())
+
+
+async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Record]:
+    """Every record of ``topic`` up to its current end, in partition/offset order."""
+    async with assigned_consumer(bootstrap, topic, isolation) as consumer:
         tps = sorted(consumer.assignment())
         ends = await consumer.end_offsets(tps)
         found: list[Record] = []
@@ -116,5 +119,3 @@ async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committe
                     found += [Record(tp.topic, tp.partition, m.offset, m.key, m.value,
                                      {k: v.decode() for k, v in m.headers}) for m in msgs]
         return sorted(found, key=lambda r: (r.partition, r.offset))
-    finally:
-        await consumer.stop()
