@@ -72,6 +72,10 @@ class WorkerMetrics(_Metrics):
                                         "One commit of the consumed offsets (exactly-once: with the "
                                         "transactions' outputs and changelog)",
                                         buckets=APPEND_BUCKETS, registry=self.registry)
+        self.commit_wait = Gauge("orderly_worker_commit_wait_seconds",
+                                 "The wait before the next commit, chosen from the records the last one "
+                                 "covered (ORDERLY_COMMIT_INTERVAL_S or ORDERLY_BUSY_COMMIT_INTERVAL_S)",
+                                 registry=self.registry)
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)

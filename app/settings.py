@@ -13,8 +13,11 @@ from pathlib import Path
 
 GATEWAYS = ("pg", "card", "paymos")
 # How often the worker commits its offsets. With exactly-once its outputs are visible to the
-# projector and the effects worker only once committed, so the interval is part of their latency.
-COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.1}
+# projector and the effects worker only once committed, so the interval is part of their latency;
+# and every commit is a transaction per partition, so under load it is let grow to the busy
+# interval (app/worker.py, next_commit_wait).
+COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.05}
+BUSY_COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.3}
 
 # Development defaults (documented in the README). `orderly dev` and `orderly demo` use them;
 # production processes must be given real values.
@@ -102,10 +105,17 @@ class Settings:
     sweep_after_s: float = 120.0  # a stored record with no decision this long after arrival is appended again
     fetch_rate_per_s: float = 10.0
     commit_interval_s: float | None = None  # the worker's commits; None: COMMIT_INTERVAL_S for the guarantee
+    busy_commit_interval_s: float | None = None  # ... after a busy commit; None: BUSY_COMMIT_INTERVAL_S
 
     @property
     def worker_commit_interval_s(self) -> float:
         return self.commit_interval_s or COMMIT_INTERVAL_S[self.processing_guarantee]
+
+    @property
+    def worker_busy_commit_interval_s(self) -> float:
+        """Never shorter than the commit interval: a longer ORDERLY_COMMIT_INTERVAL_S applies throughout."""
+        busy = self.busy_commit_interval_s or BUSY_COMMIT_INTERVAL_S[self.processing_guarantee]
+        return max(busy, self.worker_commit_interval_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -157,6 +167,7 @@ class Settings:
             sweep_after_s=_float(env, "ORDERLY_SWEEP_AFTER_S", 120.0),
             fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
             commit_interval_s=_float(env, "ORDERLY_COMMIT_INTERVAL_S", 0.0) or None,
+            busy_commit_interval_s=_float(env, "ORDERLY_BUSY_COMMIT_INTERVAL_S", 0.0) or None,
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -197,6 +208,8 @@ class Settings:
         env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)
         if self.commit_interval_s:
             env["ORDERLY_COMMIT_INTERVAL_S"] = str(self.commit_interval_s)
+        if self.busy_commit_interval_s:
+            env["ORDERLY_BUSY_COMMIT_INTERVAL_S"] = str(self.busy_commit_interval_s)
         return env
 
 
