@@ -88,12 +88,11 @@ BUSY_FETCH_MIN_BYTES = 256 * 1024
 
 # Commits adapt to load the same way: after a commit that covered BUSY_COMMIT_RECORDS records or
 # more, the next one comes after the busy commit interval (ORDERLY_BUSY_COMMIT_INTERVAL_S) instead
-# of the commit interval, or sooner once the flow thins out: the last batch was small, or no batch
-# has been taken for QUIET_S (the end of a burst is not held back). With exactly-once every commit
-# is a transaction per partition with new records, and the projector sees a decision only once its
-# transaction commits: at 500 webhooks/s a commit covers a few dozen records and comes every
-# 0.05 s, for latency; at 3,000 and more it covers hundreds, and a commit every 0.3 s spares the
-# broker most of the transactions.
+# of the commit interval, or as soon as no batch has been taken for QUIET_S (the flow stopped: its
+# tail is not held back). With exactly-once every commit is a transaction per partition with new
+# records, and the projector sees a decision only once its transaction commits: at 500 webhooks/s a
+# commit covers a few dozen records and comes every 0.05 s, for latency; at 3,000 and more it covers
+# hundreds, and a commit every 0.3 s spares the broker most of the transactions.
 BUSY_COMMIT_RECORDS = 250
 QUIET_S = BUSY_INTERVAL_S + 0.05  # longer than a busy worker's pause between batches
 
@@ -103,11 +102,10 @@ def next_commit_wait(covered: int, interval: float, busy_interval: float) -> flo
     return busy_interval if covered >= BUSY_COMMIT_RECORDS else interval
 
 
-def commit_due(since_commit: float, wait: float, since_batch: float, last_batch: int) -> bool:
+def commit_due(since_commit: float, wait: float, since_batch: float) -> bool:
     """Whether to commit now, ``since_commit`` seconds after the last commit with ``wait`` chosen
-    for the next, and ``since_batch`` seconds after the last batch (of ``last_batch`` records) was
-    taken."""
-    return since_commit >= wait or since_batch >= QUIET_S or last_batch < BUSY_BATCH
+    for the next, and ``since_batch`` seconds after the last batch was taken."""
+    return since_commit >= wait or since_batch >= QUIET_S
 
 
 def fetch_min_bytes(batch_size: int) -> int:
@@ -150,8 +148,7 @@ class _Consumer(faust_aiokafka.Consumer):
             await self.sleep(interval)
             while not self.should_stop:
                 now = time.monotonic()
-                if commit_due(now - committed_at, wait, now - getattr(self.app, "last_batch_at", 0.0),
-                              getattr(self.app, "last_batch_size", 0)):
+                if commit_due(now - committed_at, wait, now - getattr(self.app, "last_batch_at", 0.0)):
                     break
                 await self.sleep(min(interval, committed_at + wait - now))
 
@@ -532,7 +529,6 @@ def build_app(settings: Settings) -> faust.App:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         async for events in stream.noack_take(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
             taken = app.last_batch_at = time.monotonic()  # type: ignore[attr-defined]  # read by _Consumer
-            app.last_batch_size = len(events)  # type: ignore[attr-defined]
             fresh = await not_handed_before(events)
             try:
                 if fresh:

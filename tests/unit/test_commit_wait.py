@@ -8,15 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.settings import BUSY_COMMIT_INTERVAL_S, COMMIT_INTERVAL_S, Settings, dev_settings
-from app.worker import (
-    BATCH_MAX,
-    BUSY_BATCH,
-    BUSY_COMMIT_RECORDS,
-    BUSY_INTERVAL_S,
-    QUIET_S,
-    commit_due,
-    next_commit_wait,
-)
+from app.worker import BUSY_COMMIT_RECORDS, BUSY_INTERVAL_S, QUIET_S, commit_due, next_commit_wait
 
 intervals = st.floats(min_value=0.001, max_value=10, allow_nan=False)
 
@@ -51,16 +43,13 @@ def test_the_busy_interval_is_never_shorter_than_the_interval(interval: float, b
     assert Settings.from_env(settings.to_env()).worker_busy_commit_interval_s == max(interval, busy)
 
 
-@given(st.floats(min_value=0, max_value=10), intervals, st.floats(min_value=0, max_value=10),
-       st.integers(min_value=1, max_value=BATCH_MAX))
-def test_a_commit_is_due_after_the_wait_or_once_the_flow_thins_out(since_commit: float, wait: float,
-                                                                    since_batch: float, last_batch: int) -> None:
-    expected = since_commit >= wait or since_batch >= QUIET_S or last_batch < BUSY_BATCH
-    assert commit_due(since_commit, wait, since_batch, last_batch) == expected
+@given(st.floats(min_value=0, max_value=10), intervals, st.floats(min_value=0, max_value=10))
+def test_a_commit_is_due_after_the_wait_or_once_the_flow_stopped(since_commit: float, wait: float,
+                                                                  since_batch: float) -> None:
+    assert commit_due(since_commit, wait, since_batch) == (since_commit >= wait or since_batch >= QUIET_S)
 
 
 def test_a_busy_worker_between_batches_is_not_quiet() -> None:
     assert QUIET_S > BUSY_INTERVAL_S  # its pause between batches does not count as the end of the flow
-    assert not commit_due(0.1, 0.3, BUSY_INTERVAL_S, BUSY_BATCH)
-    assert commit_due(0.1, 0.3, QUIET_S, BUSY_BATCH)  # the flow stopped: its tail is committed now
-    assert commit_due(0.1, 0.3, 0.0, BUSY_BATCH - 1)  # a small batch: the flow thinned out
+    assert not commit_due(0.1, 0.3, BUSY_INTERVAL_S)
+    assert commit_due(0.1, 0.3, QUIET_S)  # the flow stopped: its tail is committed now
