@@ -88,11 +88,12 @@ BUSY_FETCH_MIN_BYTES = 256 * 1024
 
 # Commits adapt to load the same way: after a commit that covered BUSY_COMMIT_RECORDS records or
 # more, the next one comes after the busy commit interval (ORDERLY_BUSY_COMMIT_INTERVAL_S) instead
-# of the commit interval, or as soon as no batch has been taken for QUIET_S (the flow stopped: its
-# tail is not held back). With exactly-once every commit is a transaction per partition with new
-# records, and the projector sees a decision only once its transaction commits: at 500 webhooks/s a
-# commit covers a few dozen records and comes every 0.05 s, for latency; at 3,000 and more it covers
-# hundreds, and a commit every 0.3 s spares the broker most of the transactions.
+# of the commit interval, or as soon as the worker has been idle for QUIET_S (no batch taken or
+# finished: the flow stopped, and its tail is not held back). With exactly-once every commit is a
+# transaction per partition with new records, and the projector sees a decision only once its
+# transaction commits: at 500 webhooks/s a commit covers a few dozen records and comes every
+# 0.05 s, for latency; at 3,000 and more it covers hundreds, and a commit every 0.3 s spares the
+# broker most of the transactions.
 BUSY_COMMIT_RECORDS = 250
 QUIET_S = BUSY_INTERVAL_S + 0.05  # longer than a busy worker's pause between batches
 
@@ -104,7 +105,7 @@ def next_commit_wait(covered: int, interval: float, busy_interval: float) -> flo
 
 def commit_due(since_commit: float, wait: float, since_batch: float) -> bool:
     """Whether to commit now, ``since_commit`` seconds after the last commit with ``wait`` chosen
-    for the next, and ``since_batch`` seconds after the last batch was taken."""
+    for the next, and ``since_batch`` seconds after a batch was last taken or finished."""
     return since_commit >= wait or since_batch >= QUIET_S
 
 
@@ -540,7 +541,8 @@ def build_app(settings: Settings) -> faust.App:
                 await stream.ack(event)
             waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]  # records Faust has fetched for us
             app.consumer._thread.set_fetch_min_bytes(fetch_min_bytes(len(events)))  # type: ignore[attr-defined]
-            pause = busy_pause(len(events), waiting, taken, time.monotonic())
+            app.last_batch_at = time.monotonic()  # type: ignore[attr-defined]  # a long batch is not a quiet time
+            pause = busy_pause(len(events), waiting, taken, app.last_batch_at)  # type: ignore[attr-defined]
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
