@@ -129,6 +129,8 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    last_commit_covered = 0  # records the last commit covered (set by _commit_offsets)
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -142,7 +144,7 @@ class _Consumer(faust_aiokafka.Consumer):
         while not self.should_stop:
             await self.commit()
             committed_at = time.monotonic()
-            covered, self.last_commit_covered = getattr(self, "last_commit_covered", 0), 0
+            covered, self.last_commit_covered = self.last_commit_covered, 0
             wait = next_commit_wait(covered, interval, busy_interval)
             if metrics is not None:
                 metrics.commit_wait.set(wait)
