@@ -44,6 +44,7 @@ from rocksdict import WriteBatch
 
 from app.core import card, paymos, pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
+from app.core.pacing import BUSY_BATCH, busy_pause
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
@@ -55,15 +56,15 @@ log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
 STALLED_EXIT_CODE, FAILED_EXIT_CODE, SKIPPED_EXIT_CODE = 3, 4, 5
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
-# Under load, batches are let grow: after a batch of BUSY_BATCH records or more, the next one is
-# taken no sooner than BUSY_INTERVAL_S after it, unless a full batch is already waiting (a backlog).
+# Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
+# the next one is taken no sooner than BUSY_INTERVAL_S after it, unless a full batch is already
+# waiting (a backlog).
 # Each batch costs a produce request per output topic-partition (and, until the exactly-once
 # changelog went at commit, one per transactional producer: at 200 records a batch instead of
 # 1,000 exactly-once decided 15 % fewer records/s, bench/worker.py with ORDERLY_WORKER_BATCH=200).
 # End to end at 3,000-3,800 webhooks/s this halves the batches (20-25 instead of 45-55 for 9,000
 # webhooks): a median 3 % faster over 10 side-by-side pairs (-4 to +11 %). At 500 webhooks/s
 # batches stay small: p99 unchanged.
-BUSY_BATCH = 100
 BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_WORKER_BUSY_INTERVAL_MS", "100")) / 1000
 
 
@@ -396,15 +397,6 @@ def changelog_topic(namespace: str) -> str:
     return f"{namespace}-worker-{TABLE}-changelog"
 
 
-def busy_pause(batch_size: int, waiting: int, taken: float, now: float, interval: float = BUSY_INTERVAL_S,
-               full: int = BATCH_MAX) -> float:
-    """Seconds to wait before taking the next batch: after a batch of BUSY_BATCH records or more
-    taken at ``taken``, the next one is not taken before ``taken + interval``. None after a small
-    batch (low load), nor when ``waiting`` records already make a full batch (a backlog: waiting
-    would only slow the worker down, by 15 % in bench/worker.py)."""
-    return max(0.0, taken + interval - now) if batch_size >= BUSY_BATCH and waiting < full else 0.0
-
-
 def touches_state(decisions: list[Decision]) -> bool:
     """Whether these decisions change what orderly.state publishes for the resource."""
     return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
@@ -544,7 +536,8 @@ def build_app(settings: Settings) -> faust.App:
             waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]  # records Faust has fetched for us
             app.consumer._thread.set_fetch_min_bytes(fetch_min_bytes(len(events)))  # type: ignore[attr-defined]
             app.last_batch_at = time.monotonic()  # type: ignore[attr-defined]  # a long batch is not a quiet time
-            pause = busy_pause(len(events), waiting, taken, app.last_batch_at)  # type: ignore[attr-defined]
+            pause = busy_pause(len(events), waiting, taken, app.last_batch_at,  # type: ignore[attr-defined]
+                               BUSY_INTERVAL_S, BATCH_MAX)
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 

@@ -8,7 +8,9 @@ therefore write each record once (the eventsourcing "tracking record" pattern).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,12 +20,18 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from app.core.pacing import busy_pause
 from app.settings import Settings
 from projections import sql
 from projections.bulk import Conn
 from projections.migrate import quote_ident
 
 log = logging.getLogger("orderly.sink")
+# Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch of
+# 100+ records it takes the next one no sooner than this after it, unless a full batch was taken (a
+# backlog). Every batch is a PostgreSQL transaction with a fixed cost (the offsets' lock and upsert,
+# the sequence bookkeeping, a statement per table); at low load nothing waits.
+BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_SINK_BUSY_INTERVAL_MS", "100")) / 1000
 Apply = Callable[[Conn, list[ConsumerRecord]], Awaitable[None]]
 
 
@@ -81,11 +89,23 @@ class PgSink:
                  {p: stored.get(p) for p in sorted(t.partition for t in partitions)})
 
     async def run_once(self, timeout_ms: int = 200) -> int:
-        """Consume one batch and write it in one transaction; returns the records written."""
+        """Consume one batch and write it in one transaction; returns the records written. After
+        a busy batch it waits (busy_pause) before returning, so that the next one grows."""
         assert self.pool is not None and self.consumer is not None
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
         if not batch:
             return 0
+        taken = time.monotonic()
+        written = await self._write(batch)
+        taken_count = sum(len(messages) for messages in batch.values())
+        waiting = self.max_records if taken_count >= self.max_records else 0  # a full batch: a backlog
+        pause = busy_pause(taken_count, waiting, taken, time.monotonic(), BUSY_INTERVAL_S, self.max_records)
+        if pause:
+            await asyncio.sleep(pause)
+        return written
+
+    async def _write(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> int:
+        assert self.pool is not None
         partitions = [tp.partition for tp in batch]
         async with self.pool.acquire() as conn, conn.transaction():
             stored = {r["partition"]: r["next_offset"]

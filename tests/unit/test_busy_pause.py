@@ -1,6 +1,6 @@
-"""The worker's pause between batches (app.worker.busy_pause): only after a large batch while less
-than a full batch waits, only until the interval since that batch was taken has passed, never
-negative."""
+"""The pause between batches of the worker and the sinks (app.core.pacing.busy_pause): only after
+a large batch while less than a full batch waits, only until the interval since that batch was
+taken has passed, never negative."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.worker import BATCH_MAX, BUSY_BATCH, busy_pause
+from app.core.pacing import BUSY_BATCH, busy_pause
+from app.worker import BATCH_MAX
 
 sizes = st.integers(min_value=1, max_value=BATCH_MAX)
 waiting = st.integers(min_value=0, max_value=5000)
@@ -19,7 +20,7 @@ spans = st.floats(min_value=0, max_value=10, allow_nan=False)
 @given(sizes, waiting, times, spans, st.floats(min_value=0.001, max_value=1))
 def test_the_next_batch_is_taken_one_interval_after_a_large_one(size: int, queued: int, taken: float,
                                                                  elapsed: float, interval: float) -> None:
-    pause = busy_pause(size, queued, taken, taken + elapsed, interval)
+    pause = busy_pause(size, queued, taken, taken + elapsed, interval, BATCH_MAX)
     if size < BUSY_BATCH or queued >= BATCH_MAX or elapsed >= interval:
         assert pause == 0.0
     else:
@@ -28,6 +29,6 @@ def test_the_next_batch_is_taken_one_interval_after_a_large_one(size: int, queue
 
 
 def test_low_load_and_a_backlog_never_wait_and_busy_batches_wait_the_rest() -> None:
-    assert busy_pause(BUSY_BATCH - 1, 0, 10.0, 10.0, 0.1) == 0.0  # low load: latency first
-    assert busy_pause(BATCH_MAX, BATCH_MAX, 10.0, 10.0, 0.1) == 0.0  # a full batch waits already
-    assert busy_pause(BUSY_BATCH, 150, 10.0, 10.03, 0.1) == pytest.approx(0.07)
+    assert busy_pause(BUSY_BATCH - 1, 0, 10.0, 10.0, 0.1, BATCH_MAX) == 0.0  # low load: latency first
+    assert busy_pause(BATCH_MAX, BATCH_MAX, 10.0, 10.0, 0.1, BATCH_MAX) == 0.0  # a full batch waits already
+    assert busy_pause(BUSY_BATCH, 150, 10.0, 10.03, 0.1, BATCH_MAX) == pytest.approx(0.07)
