@@ -97,9 +97,9 @@ class PgSink:
             return 0
         taken = time.monotonic()
         written = await self._write(batch)
-        taken_count = sum(len(messages) for messages in batch.values())
-        waiting = self.max_records if taken_count >= self.max_records else 0  # a full batch: a backlog
-        pause = busy_pause(taken_count, waiting, taken, time.monotonic(), BUSY_INTERVAL_S, self.max_records)
+        size = sum(len(messages) for messages in batch.values())
+        # what waits is not known here: a full batch stands for a backlog, so it counts as waiting
+        pause = busy_pause(size, size, taken, time.monotonic(), BUSY_INTERVAL_S, self.max_records)
         if pause:
             await asyncio.sleep(pause)
         return written
