@@ -27,7 +27,7 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import H_REASON, Correlation, raw_headers
+from topics.records import H_REASON, Correlation, correlation_headers, raw_headers
 
 log = logging.getLogger("orderly.ingest")
 
@@ -236,10 +236,12 @@ async def put_correlation(request: web.Request) -> web.Response:
         if not await request.app[CORRELATIONS].claim(correlation):
             metrics.requests.labels("correlations", "conflict").inc()
             return _json(409, error="a different mapping is already stored for this deposit or reference")
-        # Appended again on an identical PUT: a retry after a 503 must still reach the log.
+        # Into orderly.raw under the deposit's key: its webhooks and its correlation then have one
+        # order, the log's, live and in replay (DESIGN.md §4). Appended again on an identical PUT:
+        # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
         await request.app[APPENDER].append(
-            names(settings.namespace).correlations, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
-            raw_headers("pg", next_delivery_id(), int(time.time() * 1000), source="merchant"))
+            names(settings.namespace).raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
+            correlation_headers(next_delivery_id(), int(time.time() * 1000)))
     except Unavailable as exc:
         metrics.requests.labels("correlations", "unavailable").inc()
         return _json(503, error=str(exc))

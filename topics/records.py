@@ -12,6 +12,8 @@ H_DELIVERY_ID = "delivery_id"
 H_RECEIVED_AT = "received_at"  # unix milliseconds, as ASCII digits
 H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced events)
 H_REASON = "reason"            # quarantine only
+H_RECORD = "record"            # "correlation" on a merchant's correlation in orderly.raw; absent on webhooks
+CORRELATION = "correlation"
 
 
 def raw_headers(
@@ -23,6 +25,11 @@ def raw_headers(
         (H_RECEIVED_AT, str(received_at_ms).encode()),
         (H_SOURCE, source.encode()),
     ]
+
+
+def correlation_headers(delivery_id: str, received_at_ms: int) -> list[tuple[str, bytes]]:
+    """Headers of a correlation appended to orderly.raw (key ``pg:{deposit_id}``)."""
+    return [*raw_headers("pg", delivery_id, received_at_ms, source="merchant"), (H_RECORD, CORRELATION.encode())]
 
 
 def header_map(headers: list[tuple[str, bytes]] | tuple[tuple[str, bytes], ...]) -> dict[str, str]:
