@@ -10,7 +10,8 @@ each delivery with these functions. The rules it enforces:
   still appended (a fact), and a claim_id seen with other content is surfaced as an error.
 - One-shot effects are keyed on the resource (``deposit:{id}:credit_user``) so no later event can
   repeat them; snapshot effects are keyed on the event id.
-- A deposit event whose correlation has not arrived is parked, and applied when it arrives.
+- A deposit event whose correlation has not arrived is parked; when it arrives, the parked events
+  are applied in log order, as if it had been there first.
 """
 
 from __future__ import annotations
@@ -313,13 +314,13 @@ def _apply_correlation(state: State, correlation: dict[str, Any], d: Delivery) -
     decisions = [decide(d, APPLIED, facts=[Fact("correlation", correlation["pg_deposit_id"], correlation)],
                         **common)]
     parked, state["parked"] = state["parked"], []
-    # Highest version first: it alone applies; the older ones are stale against it, so a
-    # superseded expiry emits nothing (their overpayment flags are still kept).
-    bodies = sorted(((orjson.loads(p["raw"]), p) for p in parked),
-                    key=lambda bp: bp[0]["data"]["object"]["version"], reverse=True)
-    for body, p in bodies:
-        delivery = Delivery(**p["delivery"])
-        decisions.append(_guard_deposit(state, body, delivery, UNPARKED))
+    # In log order, through the guard: exactly what would have been decided had the correlation
+    # come before them, so a deposit's effects depend on the order of its webhooks in the log and
+    # never on when the merchant's correlation arrived among them. (Newest first would suppress
+    # superseded effects, e.g. a settled-then-reversed deposit would be neither credited nor
+    # debited; but then the same webhooks gave other effects when the correlation came first.)
+    for p in parked:
+        decisions.append(_guard_deposit(state, orjson.loads(p["raw"]), Delivery(**p["delivery"]), UNPARKED))
     return state, decisions
 
 

@@ -135,11 +135,19 @@ def test_overpayment_flag_from_a_stale_event_is_still_kept() -> None:
 
 def test_webhook_before_correlation_is_parked_then_applied() -> None:
     state, out = run([deposit("dep_1", 6, "expired"), deposit("dep_1", 9, "settled"), CORR])
-    assert [d.outcome for d in out] == ["parked", "parked", "applied", "unparked", "stale"]
+    assert [d.outcome for d in out] == ["parked", "parked", "applied", "unparked", "unparked"]
     assert state["parked"] == [] and state["version"] == 9
-    # only the newest parked snapshot applies: no fail_order for a deposit that settled
-    assert [e.type for d in out for e in d.effects] == ["credit_user", "release_goods"]
-    assert out[3].delivery_id == out[1].delivery_id and out[3].seq > out[1].seq
+    # released in log order, as if the correlation had come first: the expiry, then the settlement
+    assert [e.type for d in out for e in d.effects] == ["show_late_slip", "credit_user", "release_goods"]
+    assert [d.delivery_id for d in out[3:]] == ["dlv_0", "dlv_1"] and out[3].seq > out[1].seq
+
+
+def test_late_correlation_of_a_settled_then_reversed_deposit_credits_then_debits() -> None:
+    """The race of issue #22: both webhooks logged before the correlation. The merchant receives
+    what it would have received with the correlation first: credit, release, debit, hold."""
+    state, out = run([deposit("dep_1", 5, "settled"), deposit("dep_1", 8, "reversed"), CORR])
+    assert [e.type for d in out for e in d.effects] == ["credit_user", "release_goods", "debit_user", "hold_goods"]
+    assert state["object"]["status"] == "reversed" and balance(out) == 0
 
 
 def test_metadata_is_never_used_for_the_user() -> None:
@@ -231,3 +239,46 @@ def test_replay_equals_incremental(case: tuple[list[str], list[Any]]) -> None:
     b_state, b_out = run(order)
     assert a_state == b_state
     assert [(d.outcome, d.effects) for d in a_out] == [(d.outcome, d.effects) for d in b_out]
+
+
+def without_ordinals(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != "n"}  # parked deliveries take ordinals of their own
+
+
+def run_log(log: list[tuple[int, bytes | dict[str, Any]]]) -> tuple[dict[str, Any], list[Decision]]:
+    """Like run(), each record keeping its own delivery id and arrival time wherever it stands."""
+    state: dict[str, Any] | None = None
+    out: list[Decision] = []
+    for position, (n, ev) in enumerate(log):
+        delivery = Delivery(f"dlv_{n}", "pg", "pg:dep_1", 1_700_000_000_000 + n, position)
+        if isinstance(ev, dict):
+            state, decisions = apply_correlation(state, ev, delivery)
+        else:
+            state, decisions = apply_event(state, ev, delivery)
+        out += decisions
+    assert state is not None
+    return state, out
+
+
+@settings(max_examples=400)
+@given(st.sampled_from(LIFECYCLES), st.data())
+def test_when_the_correlation_comes_changes_no_effect(statuses: list[str], data: st.DataObject) -> None:
+    """The same webhooks in the same log order give the same effects, facts, ledger and state
+    wherever the correlation stands among them: releasing parked events in log order decides them
+    as if the correlation had come first (issue #22)."""
+    versions = data.draw(st.lists(st.integers(1, 1000), min_size=len(statuses), max_size=len(statuses), unique=True))
+    events: list[bytes | dict[str, Any]] = [deposit("dep_1", v, s) for v, s in zip(sorted(versions), statuses,
+                                                                                    strict=True)]
+    events += data.draw(st.lists(st.sampled_from(events), max_size=3))
+    webhooks = list(enumerate(data.draw(st.permutations(events)), start=1))
+    at = data.draw(st.integers(0, len(webhooks)))
+    first_state, first = run_log([(0, CORR), *webhooks])
+    late_state, late = run_log([*webhooks[:at], (0, CORR), *webhooks[at:]])
+    assert [e.to_dict() for d in late for e in d.effects] == [e.to_dict() for d in first for e in d.effects]
+    assert [(f.kind, f.key) for d in late for f in d.facts] == [(f.kind, f.key) for d in first for f in d.facts]
+    assert without_ordinals(late_state) == without_ordinals(first_state)
+    assert balance(late) == balance(first)
+    # every webhook parked before the correlation is released, in the order it was logged
+    assert {d.outcome for d in late[:at]} <= {"parked", "duplicate"} and late[at].outcome == "applied"
+    parked = [d.delivery_id for d in late[:at] if d.outcome == "parked"]
+    assert [d.delivery_id for d in late[at + 1:at + 1 + len(parked)]] == parked
