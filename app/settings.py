@@ -6,6 +6,7 @@ and pass the object down.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -71,8 +72,8 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError as exc:
         raise SettingsError(f"{name}={raw!r} is not a number") from exc
-    if value <= 0:
-        raise SettingsError(f"{name}={value} must be positive")
+    if not value > 0 or value == math.inf:  # NaN compares false to everything
+        raise SettingsError(f"{name}={raw!r} must be a finite positive number")
     return value
 
 
@@ -89,6 +90,7 @@ class Settings:
     ingest_host: str = "127.0.0.1"
     ingest_port: int = 8080
     append_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0  # a request body (or headers) not arrived by then: 408 and the socket closed
     processing_guarantee: str = "at_least_once"  # see README, "Exactly-once": Faust's is not safe here
     store: str = "rocksdb"  # where the worker keeps resource state: rocksdb (on disk) or memory
     worker_stall_s: float = 60.0  # a worker deciding nothing this long while records wait exits
@@ -151,6 +153,7 @@ class Settings:
             ingest_host=env.get("ORDERLY_INGEST_HOST", "127.0.0.1"),
             ingest_port=_int(env, "ORDERLY_INGEST_PORT", 8080, minimum=0),
             append_timeout_s=_float(env, "ORDERLY_APPEND_TIMEOUT_S", 5.0),
+            read_timeout_s=_float(env, "ORDERLY_READ_TIMEOUT_S", 10.0),
             processing_guarantee=guarantee,
             store=store,
             worker_stall_s=_float(env, "ORDERLY_WORKER_STALL_S", 60.0),
@@ -185,6 +188,7 @@ class Settings:
             "ORDERLY_INGEST_HOST": self.ingest_host,
             "ORDERLY_INGEST_PORT": str(self.ingest_port),
             "ORDERLY_APPEND_TIMEOUT_S": str(self.append_timeout_s),
+            "ORDERLY_READ_TIMEOUT_S": str(self.read_timeout_s),
             "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
             "ORDERLY_STORE": self.store,
             "ORDERLY_WORKER_STALL_S": str(self.worker_stall_s),

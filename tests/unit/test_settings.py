@@ -44,3 +44,16 @@ def test_to_env_round_trips() -> None:
                            "ORDERLY_GC_THRESHOLD": "0"})
     assert s.gc_threshold == 0
     assert Settings.from_env(s.to_env()) == s
+
+
+def test_read_timeout_defaults_to_10_s_and_round_trips() -> None:
+    assert dev_settings({}).read_timeout_s == 10.0
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_READ_TIMEOUT_S": "0.25"})
+    assert s.read_timeout_s == 0.25
+    assert Settings.from_env(s.to_env()) == s
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])
+def test_read_timeout_must_be_a_finite_positive_number(value: str) -> None:
+    with pytest.raises(SettingsError, match="ORDERLY_READ_TIMEOUT_S"):
+        Settings.from_env({**DEV_DEFAULTS, "ORDERLY_READ_TIMEOUT_S": value})
