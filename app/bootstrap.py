@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import asyncpg
+import logging
 
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import migrate
 from topics.admin import ensure_topics
-from topics.catalog import catalog
+from topics.catalog import catalog, names
+from topics.records import CORRELATION, H_RECORD
+
+log = logging.getLogger("orderly.bootstrap")
 
 
 async def prepare(settings: Settings) -> tuple[list[str], list[str]]:
@@ -21,3 +29,52 @@ async def prepare(settings: Settings) -> tuple[list[str], list[str]]:
     finally:
         await conn.close()
     return created, applied
+
+
+async def migrate_correlations(settings: Settings) -> int:
+    """Move what an installation from before 0.2 holds in ``{namespace}.correlations`` into
+    ``{namespace}.raw`` (same key, headers, and ``record: correlation``), then delete that topic;
+    returns the number of records moved (0 when there is no such topic).
+
+    Idempotent and safe to repeat after a crash: a correlation appended twice is decided as a
+    duplicate of itself. The worker already decided these records from the old topic, so live
+    state does not change; a replay finds them in the one log, after the webhooks that came before
+    the upgrade, and releases those in log order exactly as if the correlation had come first
+    (app/core/pg.py)."""
+    topic = names(settings.namespace).correlations
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000)
+    await admin.start()
+    try:
+        if topic not in await admin.list_topics():
+            return 0
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or ())]
+            if not tps:
+                await consumer.topics()  # metadata for the topic
+                tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            records = []
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                for tp, messages in (await consumer.getmany(timeout_ms=500, max_records=5000)).items():
+                    records += [(names(settings.namespace).raw, m.key, m.value,
+                                 [*((k, v) for k, v in m.headers if k != H_RECORD), (H_RECORD, CORRELATION.encode())])
+                                for m in messages if m.offset < ends[tp]]
+        finally:
+            await consumer.stop()
+        if records:
+            producer = KeyedProducer(settings.kafka_bootstrap)
+            await producer.start()
+            try:
+                await producer.send_all(records)
+            finally:
+                await producer.stop()
+        await admin.delete_topics([topic])
+        log.warning("moved %d correlations from %s into %s and deleted %s", len(records), topic,
+                    names(settings.namespace).raw, topic)
+        return len(records)
+    finally:
+        await admin.close()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.settings import Settings, SettingsError, dev_settings
+from topics.catalog import names
 
 
 def _production_settings() -> Settings:
@@ -40,13 +41,16 @@ def tune_gc(threshold: int) -> None:
         gc.set_threshold(threshold, 10, 10)
 
 
-def _process(run: Callable[[Settings], Any]) -> int:
-    """A production process: settings from the environment, topics and migrations ensured, then run."""
+def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None) -> int:
+    """A production process: settings from the environment, topics and migrations ensured (and
+    ``first`` run), then run."""
     from app.bootstrap import prepare
 
     settings = _production_settings()
     use_event_loop(os.environ.get("ORDERLY_LOOP", "uvloop"))
     asyncio.run(prepare(settings))
+    if first is not None:
+        asyncio.run(first(settings))
     tune_gc(settings.gc_threshold)
     result = run(settings)
     if inspect.iscoroutine(result):
@@ -54,10 +58,21 @@ def _process(run: Callable[[Settings], Any]) -> int:
     return 0
 
 
+def _embedded_stack(run: Callable[[], int]) -> int:
+    """Run the embedded stack; a port it cannot have ends it with what to do, not a traceback."""
+    from app.stack.process import PortTakenError
+
+    try:
+        return run()
+    except PortTakenError as exc:
+        print(f"orderly: {exc}", file=sys.stderr)
+        return 1
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from app.supervisor import run_dev
 
-    return run_dev(dev_settings())
+    return _embedded_stack(lambda: run_dev(dev_settings()))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -65,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     scale = args.scale if hasattr(args, "scale") else 1.0
     size = Size(*(max(1, int(n * scale)) for n in (200, 60, 200, 80)))
-    return run_demo(dev_settings(), size)
+    return _embedded_stack(lambda: run_demo(dev_settings(), size))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -75,9 +90,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from app.bootstrap import migrate_correlations
     from app.worker import run
 
-    return _process(run)
+    return _process(run, migrate_correlations)  # the worker reads only orderly.raw
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
@@ -121,10 +137,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from app.bootstrap import prepare
+    from app.bootstrap import migrate_correlations, prepare
 
-    created, applied = asyncio.run(prepare(_production_settings()))
-    print(f"topics created: {created or 'none'}; migrations applied: {applied or 'none'}")
+    settings = _production_settings()
+    created, applied = asyncio.run(prepare(settings))
+    moved = asyncio.run(migrate_correlations(settings))
+    print(f"topics created: {created or 'none'}; migrations applied: {applied or 'none'}; "
+          f"correlations moved into {names(settings.namespace).raw}: {moved}")
     return 0
 
 
@@ -142,7 +161,8 @@ COMMANDS = {
                            "and report every difference from the live one"),
     "simulate": (cmd_simulate, "the gateway simulator against an ingest: signed deliveries with retries, "
                                "duplicates and reordering; optionally serves the gateways' GET APIs"),
-    "migrate": (cmd_migrate, "create the topics and apply the SQL migrations, then exit"),
+    "migrate": (cmd_migrate, "create the topics, apply the SQL migrations, move a pre-0.2 correlations topic "
+                             "into orderly.raw, then exit"),
 }
 
 

@@ -6,7 +6,7 @@ issues #323 and #678; reproduced here by tests/chaos/test_pipeline_chaos.py with
 killed). A restarted worker recovers its state from RocksDB or the changelog and resumes from the
 committed offsets, which is correct by design; a silent stall is not.
 
-Stalled means: on some assigned partition of orderly.raw or orderly.correlations there are records
+Stalled means: on some assigned partition of orderly.raw there are records
 past the group's committed offset, that offset has not moved for ``stall_s``, and either no batch
 was decided for ``stall_s`` or this worker has decided past the committed offset (Faust can skip a
 record after a rebalance and then never commit past it). An idle worker is never stalled.

@@ -1,8 +1,8 @@
 """`orderly replay --into NS`: rebuild state, topics and read models from the log (I/O shell).
 
-1. Copy ``orderly.raw`` and ``orderly.correlations`` into ``NS.raw``, partition by partition, merged
-   in the order they were received (``received_at``), correlations marked by a header. One input
-   log per partition makes the rebuild follow the live arrival order.
+1. Copy ``orderly.raw`` into ``NS.raw``, partition by partition, in log order. Every input that
+   can change a decision is in it (webhooks, synced fetches, the merchant's correlations), so the
+   rebuild decides each resource's records in the very order the live worker did.
 2. Rebuild what the worker would have written (``rebuild``: its own reducers over the merged log,
    the partitions split across forked processes), then run a projector and an effects recorder
    for ``NS`` (effects are recorded, never delivered: no ``ORDERLY_EFFECTS_URL``) until every
@@ -35,10 +35,9 @@ from app.settings import Settings
 from app.worker import changelog_topic, decide_record, output_records, state_record, touches_state
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import H_RECEIVED_AT, header_map
+from topics.records import header_map
 
 Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
-H_RECORD = "record"  # "correlation" on a correlation copied into NS.raw
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
 CHUNK = 20_000
 # A rebuild splits the partitions across this many processes (ORDERLY_REPLAY_PROCESSES, default:
@@ -66,10 +65,7 @@ COMPARED = {
     "order_notes": "note_key, resource_id, kind, body",
     "ledger_entries": "entry_key, user_id, amount_minor, source_id",
     "effects": "dedupe_key, type, gateway, resource_id, payload, caused_by",
-    # "unparked" is "applied" after a wait: whether a webhook beat its correlation across two topics
-    # is an accident of consumption order, not of the log, so both count as applied
-    "webhook_events": "delivery_id, gateway, event_id, resource_id, event_type, "
-                      "CASE outcome WHEN 'unparked' THEN 'applied' ELSE outcome END, error",
+    "webhook_events": "delivery_id, gateway, event_id, resource_id, event_type, outcome, error",
 }
 
 
@@ -92,23 +88,21 @@ async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, li
         await consumer.stop()
 
 
-def _received(message: Any) -> int:
-    return int(dict(message.headers).get(H_RECEIVED_AT, b"0") or 0)
-
-
 async def merged_log(live: Settings) -> Merged:
-    """orderly.raw and orderly.correlations merged per partition in the order they were received."""
-    n = names(live.namespace)
-    raw = await _read_all(live.kafka_bootstrap, n.raw, live.partitions)
-    corr = await _read_all(live.kafka_bootstrap, n.correlations, live.partitions)
-    merged: Merged = {}
-    for partition in sorted(set(raw) | set(corr)):
-        tagged = [(_received(m), 1, i, m, False) for i, m in enumerate(raw.get(partition, []))]
-        tagged += [(_received(m), 0, i, m, True) for i, m in enumerate(corr.get(partition, []))]
-        merged[partition] = [
-            (m.key, m.value, list(m.headers) + ([(H_RECORD, b"correlation")] if is_corr else []))
-            for _, _, _, m, is_corr in sorted(tagged, key=lambda x: x[:3])]  # ties: the correlation first
-    return merged
+    """orderly.raw per partition, in log order."""
+    raw = await _read_all(live.kafka_bootstrap, names(live.namespace).raw, live.partitions)
+    return {partition: [(m.key, m.value, list(m.headers)) for m in messages]
+            for partition, messages in sorted(raw.items())}
+
+
+async def unmigrated_correlations(live: Settings) -> bool:
+    """Whether a pre-0.2 correlations topic still holds what the log lacks (`orderly migrate` moves it)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=live.kafka_bootstrap)
+    await admin.start()
+    try:
+        return names(live.namespace).correlations in await admin.list_topics()
+    finally:
+        await admin.close()
 
 
 async def copy_log(target: Settings, merged: Merged) -> int:
@@ -317,6 +311,9 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     asyncio.run(prepare_target(target))
     if asyncio.run(_count(target, "SELECT count(*) FROM webhook_events")):
         raise SystemExit(f"orderly replay: namespace {into!r} is not fresh (it already has deliveries)")
+    if asyncio.run(unmigrated_correlations(live)):
+        raise SystemExit(f"orderly replay: {names(live.namespace).correlations} still exists; run `orderly migrate` "
+                         "(or start a worker) to move its correlations into the log first")
     started = time.monotonic()
     merged = asyncio.run(merged_log(live))
     copied = asyncio.run(copy_log(target, merged))

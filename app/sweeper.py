@@ -1,6 +1,6 @@
 """Nothing stored stays undecided (I/O shell, runs inside `orderly fetcher`).
 
-Every record the ingest acknowledged is in orderly.raw or orderly.correlations, and the worker
+Every record the ingest acknowledged is in orderly.raw (or quarantine), and the worker
 gives every one of them a decision, which the projector stores under its delivery id in
 ``webhook_events``. The worker acks a record only after its decision is in Kafka, so once the worker
 group has committed past a record, its decision is in orderly.decisions; once the projector has
@@ -41,7 +41,7 @@ class Sweeper:
         self.producer = producer
         self.on_reappend = on_reappend  # called with the topic of every record appended again
         n = names(settings.namespace)
-        self.tps = [TopicPartition(t, p) for t in (n.raw, n.correlations) for p in range(settings.partitions)]
+        self.tps = [TopicPartition(n.raw, p) for p in range(settings.partitions)]
         self.reappended: dict[str, float] = {}  # delivery id -> when, so one is not appended every sweep
         # delivery id -> orderly.decisions' end offsets when it was first seen past the worker, undecided
         self.missing_since: dict[str, dict[int, int]] = {}

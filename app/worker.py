@@ -1,8 +1,9 @@
 """`orderly worker`: the Faust stream processor around the pure core (thin I/O shell).
 
-One agent consumes ``orderly.raw`` and ``orderly.correlations`` (co-partitioned, so the instance
-that owns a partition sees every record about its resources in log order) and keeps each
-resource's state in a changelogged Faust table.
+One agent consumes ``orderly.raw`` (webhooks, synced fetches and the merchant's correlations, each
+under its resource's key, so the instance that owns a partition sees every record about its
+resources in the log's one order, live and in replay) and keeps each resource's state in a
+changelogged Faust table.
 
 The order inside a batch. With at-least-once, each batch first sends its outputs and waits for
 Kafka to acknowledge them, and only then writes the table. Any commit therefore covers state whose
@@ -50,7 +51,7 @@ from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
 from app.settings import Settings
 from topics.catalog import TopicNames, names
-from topics.records import header_map
+from topics.records import CORRELATION, H_RECORD, header_map
 
 log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
@@ -351,7 +352,7 @@ class OffsetGuard:
     whose decisions were out; also with at-least-once, less often. Faust's code suggests how: its
     fetch loop sets a partition's read offset after each record it hands over, so a seek to the
     committed offsets (at the end of every recovery) that lands meanwhile is undone, and the
-    records in between are dropped as already read. orderly.raw and orderly.correlations are never
+    records in between are dropped as already read. orderly.raw is never
     compacted nor written in transactions, so their offsets have no holes: a record beyond the
     offset after the highest handed over so far (the committed one, before the first) means
     records were skipped.
@@ -433,7 +434,7 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
     if again is not None:  # decided before, but its offsets were not committed: the same outcome again
         return state, again
     before = state.get(RECENT_KEY) if state is not None else None
-    if topic == n.correlations or headers.get("record") == "correlation":  # the latter: a replay's merged log
+    if headers.get(H_RECORD) == CORRELATION:
         after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
     elif gateway == "pg":
         after, decisions = pg.apply_event(state, value, delivery)
@@ -503,7 +504,7 @@ def build_app(settings: Settings) -> faust.App:
     )
     app.transport = _Transport(app.conf.broker_consumer, app)
     app.busy_commit_interval = settings.worker_busy_commit_interval_s  # type: ignore[attr-defined]  # read by _Consumer
-    source = app.topic(n.raw, n.correlations, key_type=bytes, value_type=bytes,
+    source = app.topic(n.raw, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
@@ -694,7 +695,7 @@ def build_app(settings: Settings) -> faust.App:
     async def log_assignment(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
         mine = sorted(tp.partition for tp in assigned if tp.topic == n.raw)
         liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned
-                              if tp.topic in (n.raw, n.correlations)})
+                              if tp.topic == n.raw})
         guard.forget(assigned)  # a new assignment starts at the committed offsets
         for tp in assigned:
             positions.pop(tp, None)
@@ -703,7 +704,7 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def drop_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
-        stage.revoked({tp.partition for tp in revoked if tp.topic in (n.raw, n.correlations)})
+        stage.revoked({tp.partition for tp in revoked if tp.topic == n.raw})
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:

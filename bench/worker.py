@@ -27,7 +27,7 @@ from app.stack.process import stop_process
 from bench.stack import cpu_seconds, embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import raw_headers
+from topics.records import correlation_headers, raw_headers
 
 DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "5000"))
 PARTITIONS = os.environ.get("BENCH_PARTITIONS", "12")
@@ -46,8 +46,8 @@ async def prefill(settings: Settings) -> int:
             dep = f"dep_b{i}"
             corr = {"pg_deposit_id": dep, "merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
                     "our_user_id": f"u_{dep}"}
-            futures.append(await producer.send(n.correlations, f"pg:{dep}".encode(), orjson.dumps(corr),
-                                               raw_headers("pg", f"c{i}", 1_700_000_000_000, "merchant")))
+            futures.append(await producer.send(n.raw, f"pg:{dep}".encode(), orjson.dumps(corr),
+                                               correlation_headers(f"c{i}", 1_700_000_000_000)))
         count = 0
         for step, status in enumerate(["pending", "slip_received", "settled", "settled"]):
             for i in range(DEPOSITS):

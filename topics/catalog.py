@@ -27,7 +27,7 @@ class TopicSpec:
 @dataclass(frozen=True)
 class TopicNames:
     raw: str
-    correlations: str
+    correlations: str  # before 0.2 correlations had a topic of their own; now only migrated from it
     quarantine: str
     state: str
     decisions: str
@@ -56,8 +56,6 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
     return [
         # The source of truth: every webhook as received, kept forever so replay can rebuild.
         spec(n.raw, {**keep, **big}),
-        # Merchant-supplied mappings are input too, replayed with raw.
-        spec(n.correlations, keep),
         spec(n.quarantine, {**keep, **big}, co_partitioned=False),
         spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000)}),
         spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),

@@ -29,7 +29,7 @@ from tests.pg_events import deposit
 from tests.pipeline import Pipeline
 from tests.support import make_settings, read_topic
 from topics.catalog import names
-from topics.records import raw_headers
+from topics.records import CORRELATION, correlation_headers, raw_headers
 
 DEPOSITS = 120
 
@@ -49,15 +49,18 @@ def persisted_offsets(data_dir: Path) -> dict[int, int]:
 
 
 async def deliver(s: Settings, items: list[tuple[str, str, bytes]]) -> set[str]:
-    """(topic, deposit id, body) in order, each with a fresh delivery id; returns the ids."""
+    """(topic, deposit id, body) in order, each with a fresh delivery id; returns the ids. The topic
+    CORRELATION stands for a merchant's correlation, appended to orderly.raw as the ingest does."""
     producer = KeyedProducer(s.kafka_bootstrap)
     await producer.start()
     ids = set()
     try:
         for topic, dep, body in items:
-            delivery_id = uuid.uuid4().hex
-            await producer.send_and_wait(topic, f"pg:{dep}".encode(), body,
-                                         raw_headers("pg", delivery_id, int(time.time() * 1000)))
+            delivery_id, now_ms = uuid.uuid4().hex, int(time.time() * 1000)
+            headers = raw_headers("pg", delivery_id, now_ms)
+            if topic == CORRELATION:
+                topic, headers = names(s.namespace).raw, correlation_headers(delivery_id, now_ms)
+            await producer.send_and_wait(topic, f"pg:{dep}".encode(), body, headers)
             ids.add(delivery_id)
     finally:
         await producer.stop()
@@ -91,8 +94,8 @@ async def test_state_survives_restart_and_a_rebuild_from_the_changelog_alone(
     n = names(s.namespace)
     deps = [f"dep_r{i}" for i in range(DEPOSITS)]
     credited = deps[: DEPOSITS // 2]  # settled before the restart; the others stop at slip_received
-    first = [(n.correlations, d, orjson.dumps({"pg_deposit_id": d, "merchant_reference": f"mr_{d}",
-                                               "our_order_id": f"o_{d}", "our_user_id": f"u_{d}"})) for d in deps]
+    first = [(CORRELATION, d, orjson.dumps({"pg_deposit_id": d, "merchant_reference": f"mr_{d}",
+                                            "our_order_id": f"o_{d}", "our_user_id": f"u_{d}"})) for d in deps]
     first += [(n.raw, d, deposit(d, v, st, sequence=i * 10 + v)) for i, d in enumerate(deps)
               for v, st in enumerate(["pending", "slip_received"], start=1)]
     first += [(n.raw, d, deposit(d, 3, "settled", sequence=i * 10 + 3)) for i, d in enumerate(credited)]
@@ -154,8 +157,8 @@ async def test_exactly_once_commits_the_batched_changelog_in_the_partition_trans
     await prepare(s)
     n = names(s.namespace)
     deps = [f"dep_x{i}" for i in range(40)]
-    first = [(n.correlations, d, orjson.dumps({"pg_deposit_id": d, "merchant_reference": f"mr_{d}",
-                                               "our_order_id": f"o_{d}", "our_user_id": f"u_{d}"})) for d in deps]
+    first = [(CORRELATION, d, orjson.dumps({"pg_deposit_id": d, "merchant_reference": f"mr_{d}",
+                                            "our_order_id": f"o_{d}", "our_user_id": f"u_{d}"})) for d in deps]
     first += [(n.raw, d, deposit(d, 3, "settled", sequence=i + 1)) for i, d in enumerate(deps)]
     first_ids = await deliver(s, first)
     pipeline = Pipeline(s, tmp_path)

@@ -21,15 +21,16 @@ from topics.catalog import names
 from topics.records import raw_headers
 
 
-async def commit_worker_group(s: Settings, topic: str) -> dict[int, int]:
-    """What the worker does once it decided (or believes it decided) every record of ``topic``."""
+async def commit_worker_group(s: Settings, topic: str, at_start: bool = False) -> dict[int, int]:
+    """What the worker does once it decided (or believes it decided) every record of ``topic``
+    (``at_start``: none of them)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap, group_id=f"{s.namespace}-worker",
                                 enable_auto_commit=False)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(s.partitions)]
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
+        ends = {tp: 0 for tp in tps} if at_start else await consumer.end_offsets(tps)
         await consumer.commit(ends)
         return {tp.partition: offset for tp, offset in ends.items()}
     finally:
@@ -52,7 +53,7 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
         await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
                            "VALUES ('d0', 'pg', now(), 'applied')")
         await sweeper.start()
-        await commit_worker_group(s, n.correlations)  # the group exists, but is not past the raw records
+        await commit_worker_group(s, n.raw, at_start=True)  # the group exists, but is not past the raw records
         assert await sweeper.sweep() == 0  # the worker group has not committed past them: not lost
         # a decision the projector has not stored yet: the missing rows may be in it
         await producer.send_all([(n.decisions, b"pg:dep_w9", b"{}")])

@@ -21,9 +21,9 @@ def headers(delivery_id: str) -> dict[str, str]:
 
 
 def test_a_delivery_decided_again_keeps_its_outcome_and_emits_no_effect() -> None:
-    state, _ = decide_record(N.correlations, N, None, KEY, orjson.dumps(
+    state, _ = decide_record(N.raw, N, None, KEY, orjson.dumps(
         {"pg_deposit_id": "dep_r", "merchant_reference": "mr", "our_order_id": "o", "our_user_id": "u"}),
-        headers("c1"), 0, 0)
+        {**headers("c1"), "record": "correlation"}, 0, 0)
     body = deposit("dep_r", 3, "settled", sequence=3)
     state, first = decide_record(N.raw, N, state, KEY, body, headers("d1"), 1, 0)
     assert [d.outcome for d in first] == ["applied"] and first[0].effects
