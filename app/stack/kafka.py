@@ -15,7 +15,15 @@ import time
 import uuid
 from pathlib import Path
 
-from app.stack.process import port_accepts, port_is_free, sticky_ports, stop_process, wait_until
+from app.stack.process import (
+    PortTakenError,
+    keep_or_move,
+    port_accepts,
+    port_is_free,
+    sticky_ports,
+    stop_process,
+    wait_until,
+)
 
 HERE = Path(__file__).parent
 KAFKA_VERSION = "4.1.1"
@@ -52,7 +60,14 @@ def ensure_jars(cache_dir: Path = DEFAULT_CACHE, version: str = KAFKA_VERSION) -
 
 
 class KafkaBroker:
-    """One broker+controller process. ``data_dir`` keeps the log across restarts."""
+    """One broker+controller process. ``data_dir`` keeps the log across restarts.
+
+    The broker port is where clients find it, so it never moves: a taken one stops the start with
+    what to do. The controller port is this node's own affair and moves when it was taken while
+    the broker was down. That is safe for this single node: the voter set formatted by
+    ``--standalone`` is found again through ``controller.quorum.bootstrap.servers``, which is
+    written afresh at every start (tests/integration/test_kafka_broker.py restarts on a new one).
+    """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, controller_port: int | None = None,
                  heap_mb: int = 384, cache_dir: Path = DEFAULT_CACHE) -> None:
@@ -63,6 +78,7 @@ class KafkaBroker:
                              {"broker": port, "controller": controller_port})
         self.port = ports["broker"]
         self.controller_port = ports["controller"]
+        self.controller_port_may_move = controller_port is None
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -121,9 +137,17 @@ class KafkaBroker:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for port in (self.port, self.controller_port):
-            if not port_is_free(port):
-                raise RuntimeError(f"kafka: port {port} on 127.0.0.1 is in use by another process")
+        if not port_is_free(self.port):
+            raise PortTakenError(
+                f"kafka: the broker port {self.port} on 127.0.0.1 is in use by another process. Stop that "
+                f"process, or give the broker another free port (for `orderly dev`: "
+                f"ORDERLY_KAFKA=127.0.0.1:<port>; clients then use that address)")
+        if self.controller_port_may_move:
+            self.controller_port = keep_or_move(self.data_dir / "ports.json", "controller", self.controller_port,
+                                                "kafka controller")
+        elif not port_is_free(self.controller_port):
+            raise PortTakenError(f"kafka: the controller port {self.controller_port} on 127.0.0.1 is in use by "
+                                 "another process; stop it or ask for another controller port")
         props = self.data_dir / "server.properties"
         props.write_text(self._properties())
         if not (self.data_dir / "log" / "meta.properties").exists():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,11 +13,44 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+log = logging.getLogger("orderly.stack")
+
+# Spare ports are drawn from here, below the kernel's ephemeral range (where outgoing connections
+# take their local port) and above the dev stack's documented defaults (8080, 15432, 19092).
+SPARE_PORTS_FROM = 20000
+
+
+class PortTakenError(RuntimeError):
+    """A port that must not move is in use; the message says what to do."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local end of outgoing connections."""
+    try:
+        low, high = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def spare_port(host: str = "127.0.0.1") -> int:
+    """A free port to keep across restarts, outside the ephemeral range when one is free there.
+
+    A port from ``free_port`` lies in that range, so any outgoing connection may take it while the
+    server is down (`orderly dev` once could not restart its broker for that reason).
+    """
+    low, _ = ephemeral_ports()
+    if low > SPARE_PORTS_FROM:
+        for port in random.sample(range(SPARE_PORTS_FROM, low), min(64, low - SPARE_PORTS_FROM)):
+            if port_is_free(port, host):
+                return port
+    return free_port(host)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -51,10 +86,25 @@ def sticky_ports(path: Path, names: tuple[str, ...], wanted: dict[str, int | Non
         elif name in known:
             ports[name] = known[name]
         else:
-            ports[name] = free_port()
+            ports[name] = spare_port()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(ports))
     return ports
+
+
+def keep_or_move(path: Path, name: str, port: int, what: str, host: str = "127.0.0.1") -> int:
+    """``port`` if it is free, else a new spare port, remembered in ``path`` in its place.
+
+    Only for a port that nothing outside the server needs to find again (a KRaft controller's own
+    listener): a restart must not depend on it staying free while the server was down.
+    """
+    if port_is_free(port, host):
+        return port
+    moved = spare_port(host)
+    known: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**known, name: moved}))
+    log.warning("%s: port %d on %s is taken by another process; moving to %d", what, port, host, moved)
+    return moved
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, alive: Callable[[], bool]) -> None:
