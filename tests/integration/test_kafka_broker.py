@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.stack.kafka import KafkaBroker
+from app.stack.process import PortTakenError
 from topics.admin import TopicMismatchError, ensure_topics, topic_configs
 from topics.catalog import catalog, names
 
@@ -37,15 +42,14 @@ async def test_topics_are_created_once_with_their_settings(kafka: KafkaBroker, n
     assert await ensure_topics(kafka.bootstrap, specs) == []
 
     n = names(namespace)
-    configs = await topic_configs(kafka.bootstrap, [n.raw, n.state, n.correlations])
+    configs = await topic_configs(kafka.bootstrap, [n.raw, n.state])
     assert configs[n.raw]["retention.ms"] == "-1"
     assert configs[n.raw]["retention.bytes"] == "-1"
-    assert configs[n.correlations]["retention.ms"] == "-1"
     assert configs[n.state]["cleanup.policy"] == "compact"
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
     await admin.start()
     try:
-        described = await admin.describe_topics([n.raw, n.correlations])
+        described = await admin.describe_topics([n.raw, n.state])
         assert sorted(len(d["partitions"]) for d in described) == [4, 4]
     finally:
         await admin.close()
@@ -96,3 +100,55 @@ async def test_transactions_commit_and_abort(kafka: KafkaBroker, namespace: str)
     assert committed == [b"committed-1", b"committed-2", b"committed-3"]
     everything = await _read_all(kafka.bootstrap, topic, "read_uncommitted", 4)
     assert b"aborted" in everything
+
+
+async def test_a_restart_moves_a_controller_port_taken_meanwhile(tmp_path: Path) -> None:
+    """`orderly dev` once would not restart: an outgoing connection had taken the controller port
+    kept in the data dir. The controller's port is the node's own affair; the broker's is not."""
+    first = KafkaBroker(tmp_path / "kafka")  # our own broker: this test restarts it
+    again: KafkaBroker | None = None
+    try:
+        first.start()
+        await ensure_topics(first.bootstrap, catalog("moved", partitions=1))
+        topic = names("moved").raw
+        await _produce(first.bootstrap, topic, b"before")
+        first.stop()
+        with socket.socket() as squatter:  # someone else binds the kept controller port meanwhile
+            squatter.bind(("127.0.0.1", first.controller_port))
+            squatter.listen()
+            again = KafkaBroker(tmp_path / "kafka")  # as after a restart: the ports from the data dir
+            assert (again.port, again.controller_port) == (first.port, first.controller_port)
+            await asyncio.to_thread(again.start)
+        assert again.port == first.port  # clients' address unchanged
+        assert again.controller_port != first.controller_port
+        kept = json.loads((tmp_path / "kafka" / "ports.json").read_text())
+        assert kept == {"broker": first.port, "controller": again.controller_port}
+        assert f"CONTROLLER://127.0.0.1:{again.controller_port}" in (
+            tmp_path / "kafka" / "server.properties").read_text()
+        # the existing log, on the new controller port: it takes writes and serves what it had
+        await _produce(again.bootstrap, topic, b"after")
+        assert await _read_all(again.bootstrap, topic, "read_uncommitted", 2) == [b"before", b"after"]
+    finally:
+        first.stop()
+        if again is not None:
+            again.stop()
+
+
+def test_a_taken_broker_port_stops_the_start_with_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        broker = KafkaBroker(tmp_path / "kafka", port=port)
+        with pytest.raises(PortTakenError, match=rf"broker port {port} .* ORDERLY_KAFKA=127.0.0.1:<port>"):
+            broker.start()
+    assert broker.proc is None
+
+
+async def _produce(bootstrap: str, topic: str, value: bytes) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=b"k")
+    finally:
+        await producer.stop()
