@@ -12,16 +12,21 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 import asyncpg
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from app import timeline
 from app.gateways import ADAPTERS, card
 from app.gateways.base import Route, SignatureError
+from app.gateways.limits import id_error
 from app.metrics import IngestMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -32,7 +37,11 @@ from topics.records import H_REASON, Correlation, correlation_headers, raw_heade
 log = logging.getLogger("orderly.ingest")
 
 MAX_BODY = 1024 * 1024  # 1 MiB; larger bodies are refused before any HMAC work
+# A correlation is three ids of at most 200 characters: 64 KiB is room for any JSON spelling of
+# them, and a bound on what one PUT makes the ingest hold in memory.
+MAX_CORRELATION_BODY = 64 * 1024
 CORRELATION_FIELDS = ("merchant_reference", "our_order_id", "our_user_id")
+READY_DEADLINE_S = 2.0  # DESIGN.md §3: readiness is Kafka and PostgreSQL answering now, within 2 s
 
 SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 APPENDER: web.AppKey[Appender] = web.AppKey("appender")
@@ -52,6 +61,67 @@ def next_delivery_id() -> str:
 
 class Unavailable(Exception):
     """Kafka (or PostgreSQL) could not take the write in time: answer 503 so the sender retries."""
+
+
+class BodyRefused(Exception):
+    """The request body cannot be taken: too large (413), not arrived in time (408), malformed (400)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most ``limit`` bytes, arrived within ``timeout_s``; else BodyRefused.
+
+    A sender that announces a longer Content-Length than it sends (or stops mid-chunk) would
+    otherwise hold its socket and a handler for ever, so the wait has a deadline.
+    """
+    too_large = BodyRefused(413, f"body over {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large  # before reading a byte of it
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > limit:  # a chunked body announces no length
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyRefused(408, f"the body did not arrive within {timeout_s:g} s") from None
+    except HttpProcessingError as exc:  # e.g. a malformed chunk
+        raise BodyRefused(400, f"malformed body: {exc.message}") from None
+    except ConnectionError:
+        raise BodyRefused(400, "the connection closed before the body arrived") from None
+    return b"".join(chunks)
+
+
+async def refuse_body(request: web.Request, refused: BodyRefused) -> web.StreamResponse:
+    """Answer a refused body and close the connection: the rest of the body may never come, and
+    waiting to drain it (aiohttp lingers up to 10 s) would keep the socket the timeout freed."""
+    resp = _json(refused.status, error=refused.reason)
+    resp.force_close()
+    if refused.status == 408:
+        await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()  # after the answer is written: the transport flushes it first
+    return resp
+
+
+async def answer_within(check: Awaitable[None], deadline_s: float) -> str | None:
+    """None if ``check`` completed within ``deadline_s``, else why not. Waits no longer than the
+    deadline even for a check that does not honour cancellation promptly."""
+    task = asyncio.ensure_future(check)
+    done, _ = await asyncio.wait({task}, timeout=deadline_s)
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it any more
+        return f"no answer within {deadline_s:g} s"
+    exc = task.exception()
+    return None if exc is None else (str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}")
 
 
 class Appender:
@@ -102,15 +172,31 @@ class Appender:
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc
         self.metrics.child(self.metrics.append_seconds, topic).observe(time.perf_counter() - started)
 
-    async def kafka_ready(self, topic: str) -> bool:
+    async def probe(self, topic: str) -> None:
+        """Ask a broker for ``topic``'s metadata now, over the producer's own connections.
+
+        Not ``partitions_for``: that answers from cached metadata, so a stopped broker looked
+        ready. Raises Unavailable (or a KafkaError) when no broker answers with the topic.
+        """
         producer = self._producer
         if producer is None:
-            return False
-        try:
-            async with asyncio.timeout(2):
-                return bool(await producer.producer.partitions_for(topic))
-        except (TimeoutError, KafkaError):
-            return False
+            raise Unavailable("kafka producer not connected")
+        client = producer.producer.client
+        # allow_auto_topic_creation=False: a probe must never create the topic it asks about
+        request = MetadataRequest([topic], allow_auto_topic_creation=False)
+        failures = []
+        for broker in client.cluster.brokers():
+            try:
+                response = await client.send(broker.nodeId, request)
+            except KafkaError as exc:
+                failures.append(f"broker {broker.nodeId}: {type(exc).__name__}")
+                continue
+            answered = ClusterMetadata()
+            answered.update_metadata(response)
+            if not answered.partitions_for_topic(topic):
+                raise Unavailable(f"kafka has no partitions for {topic}")
+            return
+        raise Unavailable(f"no kafka broker answered ({'; '.join(failures) or 'none known'})")
 
 
 class CorrelationStore:
@@ -120,22 +206,34 @@ class CorrelationStore:
         self.dsn = dsn
         self.schema = schema
         self._pool: asyncpg.Pool | None = None
+        self._creating: asyncio.Future[asyncpg.Pool] | None = None
 
     async def pool(self) -> asyncpg.Pool:
         if self._pool is None:
+            # One creation shared by concurrent first callers (two would each open a pool and leak
+            # one), shielded so that a caller's deadline does not cancel it half-way.
+            if self._creating is None:
+                self._creating = asyncio.ensure_future(self._create_pool())
+            creating = self._creating
             try:
-                self._pool = await asyncpg.create_pool(
-                    self.dsn, min_size=1, max_size=4, timeout=3,
-                    server_settings={"search_path": quote_ident(self.schema)})
-            except (OSError, asyncpg.PostgresError) as exc:
+                self._pool = await asyncio.shield(creating)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
                 raise Unavailable(f"postgres unreachable: {exc}") from exc
+            finally:
+                if creating.done():
+                    self._creating = None
         return self._pool
 
-    async def claim(self, c: Correlation) -> bool:
+    async def _create_pool(self) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            self.dsn, min_size=1, max_size=4, timeout=3,
+            server_settings={"search_path": quote_ident(self.schema)})
+
+    async def claim(self, c: Correlation, timeout_s: float) -> bool:
         """True if the mapping is new or identical; False if it conflicts with a stored one."""
         pool = await self.pool()
         try:
-            async with pool.acquire() as conn:
+            async with asyncio.timeout(timeout_s), pool.acquire() as conn:
                 inserted = await conn.fetchval(
                     """INSERT INTO pg_deposit_correlations
                          (pg_deposit_id, merchant_reference, our_order_id, our_user_id)
@@ -145,45 +243,44 @@ class CorrelationStore:
                     return True
                 row = await conn.fetchrow(
                     "SELECT * FROM pg_deposit_correlations WHERE pg_deposit_id = $1", c.pg_deposit_id)
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError) as exc:
-            raise Unavailable(f"postgres unavailable: {exc}") from exc
+        except (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"postgres unavailable: {type(exc).__name__} {exc}") from exc
         # No row for this deposit means the merchant_reference belongs to another deposit.
         return row is not None and Correlation(**dict(row)) == c
 
-    async def ready(self) -> bool:
-        try:
-            pool = await self.pool()
-            async with asyncio.timeout(2):
-                return bool(await pool.fetchval("SELECT 1") == 1)
-        except (Unavailable, TimeoutError, OSError, asyncpg.PostgresError):
-            return False
+    async def probe(self) -> None:
+        """SELECT 1 now, on a pooled connection (no new connection per probe)."""
+        pool = await self.pool()
+        if await pool.fetchval("SELECT 1") != 1:
+            raise Unavailable("postgres answered SELECT 1 wrongly")
 
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
 
 
+OUTCOMES = {400: "bad_request", 408: "timeout", 413: "too_large"}
+
+
 def _json(code: int, **body: Any) -> web.Response:
     return web.Response(status=code, body=orjson.dumps(body), content_type="application/json")
 
 
-async def receive_webhook(request: web.Request) -> web.Response:
+async def receive_webhook(request: web.Request) -> web.StreamResponse:
     gateway = request.match_info["gateway"]
     metrics = request.app[METRICS]
     adapter = ADAPTERS.get(gateway)
     if adapter is None:
         metrics.requests.labels("unknown", "not_found").inc()
         return _json(404, error=f"unknown gateway {gateway!r}")
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        metrics.requests.labels(gateway, "too_large").inc()
-        return _json(413, error="body over 1 MiB")
-    try:
-        raw = await request.read()  # aiohttp enforces client_max_size on chunked bodies too
-    except web.HTTPRequestEntityTooLarge:
-        metrics.requests.labels(gateway, "too_large").inc()
-        return _json(413, error="body over 1 MiB")
-
     settings = request.app[SETTINGS]
+    try:
+        raw = await read_body(request, MAX_BODY, settings.read_timeout_s)
+    except BodyRefused as refused:
+        metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
+        return await refuse_body(request, refused)
+
     try:
         adapter.verify(raw, request.headers, settings.secrets[gateway], time.time())
     except SignatureError as exc:
@@ -212,28 +309,43 @@ async def receive_webhook(request: web.Request) -> web.Response:
     return _json(200, status="stored", delivery_id=delivery_id)
 
 
-async def put_correlation(request: web.Request) -> web.Response:
+def correlation_error(deposit_id: str, body: Any) -> str | None:
+    """Why a PUT cannot be a correlation (DESIGN.md §2.4: ids of 1-200 printable characters, no NUL),
+    or None. Checked before PostgreSQL, whose index rows and text type refuse such values with a 500."""
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    missing = [f for f in CORRELATION_FIELDS if f not in body]
+    if missing:
+        return f"missing fields: {', '.join(missing)}"
+    errors = [id_error("pg_deposit_id", deposit_id), *(id_error(f, body[f]) for f in CORRELATION_FIELDS)]
+    return "; ".join(e for e in errors if e) or None
+
+
+async def put_correlation(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
     settings = request.app[SETTINGS]
-    offered = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(offered.encode(), f"Bearer {settings.api_token}".encode()):
+    # Headers arrive decoded with surrogateescape: a non-UTF-8 byte must compare unequal, not raise.
+    offered = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(offered, f"Bearer {settings.api_token}".encode()):
         metrics.requests.labels("correlations", "unauthorized").inc()
         return _json(401, error="missing or wrong bearer token")
     deposit_id = request.match_info["deposit_id"]
     try:
-        body = orjson.loads(await request.read())
+        raw = await read_body(request, MAX_CORRELATION_BODY, settings.read_timeout_s)
+    except BodyRefused as refused:
+        metrics.requests.labels("correlations", OUTCOMES[refused.status]).inc()
+        return await refuse_body(request, refused)
+    try:
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         body = None
-    if not isinstance(body, dict):
+    error = correlation_error(deposit_id, body)
+    if error:
         metrics.requests.labels("correlations", "bad_request").inc()
-        return _json(400, error="body must be a JSON object")
-    bad = [f for f in CORRELATION_FIELDS if not isinstance(body.get(f), str) or not body[f]]
-    if bad:
-        metrics.requests.labels("correlations", "bad_request").inc()
-        return _json(400, error=f"missing or empty string fields: {', '.join(bad)}")
+        return _json(400, error=error)
     correlation = Correlation(deposit_id, *(body[f] for f in CORRELATION_FIELDS))
     try:
-        if not await request.app[CORRELATIONS].claim(correlation):
+        if not await request.app[CORRELATIONS].claim(correlation, settings.append_timeout_s):
             metrics.requests.labels("correlations", "conflict").inc()
             return _json(409, error="a different mapping is already stored for this deposit or reference")
         # Into orderly.raw under the deposit's key: its webhooks and its correlation then have one
@@ -253,9 +365,12 @@ async def get_resource(request: web.Request) -> web.Response:
     gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
     if gateway not in ADAPTERS:
         return _json(404, error=f"unknown gateway {gateway!r}")
+    error = id_error("resource_id", resource_id)
+    if error:
+        return _json(400, error=error)
     try:
         body = await timeline.resource(await request.app[CORRELATIONS].pool(), gateway, resource_id)
-    except (Unavailable, OSError, asyncpg.PostgresConnectionError) as exc:
+    except (Unavailable, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
         return _json(503, error=f"postgres unavailable: {exc}")
     if body is None:
         return _json(404, error=f"no deliveries and no state for {gateway}:{resource_id}")
@@ -267,12 +382,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Both answer now, each within READY_DEADLINE_S and concurrently; 503 names what did not."""
     settings = request.app[SETTINGS]
     kafka, postgres = await asyncio.gather(
-        request.app[APPENDER].kafka_ready(names(settings.namespace).raw),
-        request.app[CORRELATIONS].ready(),
+        answer_within(request.app[APPENDER].probe(names(settings.namespace).raw), READY_DEADLINE_S),
+        answer_within(request.app[CORRELATIONS].probe(), READY_DEADLINE_S),
     )
-    return _json(200 if kafka and postgres else 503, kafka=kafka, postgres=postgres)
+    if kafka is None and postgres is None:
+        return _json(200, kafka=True, postgres=True)
+    failed = {name: why for name, why in (("kafka", kafka), ("postgres", postgres)) if why is not None}
+    return _json(503, kafka=kafka is None, postgres=postgres is None, errors=failed)
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -311,6 +430,13 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
+def server_options(settings: Settings) -> dict[str, Any]:
+    """aiohttp's per-connection limits. Its keep-alive timer also runs from the moment a connection
+    opens until its first request's headers are complete, so it bounds a slow header sender
+    (slowloris) as the read timeout bounds a slow body."""
+    return {"keepalive_timeout": settings.read_timeout_s}
+
+
 def run(settings: Settings) -> None:
     web.run_app(create_app(settings), host=settings.ingest_host, port=settings.ingest_port,
-                access_log=None, print=lambda msg: log.info(msg))
+                access_log=None, print=lambda msg: log.info(msg), **server_options(settings))

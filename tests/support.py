@@ -7,11 +7,12 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.ingest import METRICS, create_app
+from app.ingest import METRICS, create_app, server_options
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
@@ -40,11 +41,11 @@ class ServedIngest:
 
 
 @contextmanager
-def serve_in_thread(app: web.Application) -> Iterator[str]:
+def serve_in_thread(app: web.Application, **server_options: Any) -> Iterator[str]:
     """Serve an aiohttp app on a loopback port from a thread with its own event loop; yields its URL."""
     port = free_port()
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, **server_options)
     ready = threading.Event()
 
     def serve() -> None:
@@ -71,6 +72,14 @@ def serve_ingest(settings: Settings) -> Iterator[ServedIngest]:
     """Run the real ingest app on a loopback port in a thread with its own event loop."""
     app = create_app(settings)
     with serve_in_thread(app) as url:
+        yield ServedIngest(url, app[METRICS])
+
+
+@contextmanager
+def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
+    """The ingest with the connection limits that `orderly ingest` serves it with (ingest.run)."""
+    app = create_app(settings)
+    with serve_in_thread(app, **server_options(settings)) as url:
         yield ServedIngest(url, app[METRICS])
 
 

@@ -17,7 +17,7 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.support import ServedIngest, make_settings, read_topic, serve_ingest, signed_headers
 from topics.catalog import names
-from topics.records import Correlation
+from topics.records import CORRELATION, H_RECORD, Correlation
 
 
 @pytest.fixture
@@ -173,14 +173,16 @@ async def test_correlations(settings: Settings, ingest: ServedIngest, http: aioh
     assert await put(mapping, auth, f"{ingest.url}/correlations/pg/deposits/dep_43") == 409
 
     n = names(settings.namespace)
-    stored = await read_topic(settings.kafka_bootstrap, n.correlations)
+    stored = await read_topic(settings.kafka_bootstrap, n.raw)
     assert [Correlation.from_bytes(r.value) for r in stored] == [Correlation("dep_42", **mapping)] * 2
     assert {r.key for r in stored} == {b"pg:dep_42"}
-    # co-partitioned with raw: the deposit's webhooks land on the same partition number
+    assert {(r.headers[H_RECORD], r.headers["gateway"]) for r in stored} == {(CORRELATION, "pg")}
+    # in orderly.raw under the deposit's key: its webhooks land on the same partition, after it
     body = pg_event("dep_42")
     await post(http, ingest, "pg", body, signed_headers("pg", body, settings))
-    [raw] = await read_topic(settings.kafka_bootstrap, n.raw)
-    assert {r.partition for r in stored} == {raw.partition}
+    *_, webhook = await read_topic(settings.kafka_bootstrap, n.raw)
+    assert webhook.value == body and H_RECORD not in webhook.headers
+    assert {r.partition for r in stored} == {webhook.partition}
 
 
 async def test_concurrent_burst_every_2xx_is_readable(
