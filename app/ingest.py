@@ -111,17 +111,29 @@ async def refuse_body(request: web.Request, refused: BodyRefused) -> web.StreamR
     return resp
 
 
-async def answer_within(check: Awaitable[None], deadline_s: float) -> str | None:
-    """None if ``check`` completed within ``deadline_s``, else why not. Waits no longer than the
-    deadline even for a check that does not honour cancellation promptly."""
+class NoAnswer(Exception):
+    """A readiness probe did not complete within its deadline."""
+
+
+async def answer_within(check: Awaitable[None], deadline_s: float) -> BaseException | None:
+    """None if ``check`` completed within ``deadline_s``, else what went wrong. Waits no longer
+    than the deadline even for a check that does not honour cancellation promptly."""
     task = asyncio.ensure_future(check)
     done, _ = await asyncio.wait({task}, timeout=deadline_s)
     if not done:
         task.cancel()
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it any more
-        return f"no answer within {deadline_s:g} s"
-    exc = task.exception()
-    return None if exc is None else (str(exc) if isinstance(exc, Unavailable) else f"{type(exc).__name__}: {exc}")
+        return NoAnswer(f"no answer within {deadline_s:g} s")
+    return task.exception()
+
+
+def public_reason(exc: BaseException) -> str:
+    """What /readyz says on the internet-facing port: our own messages, otherwise only the error's
+    type (an exception's text may carry internal addresses; the log has it in full)."""
+    cause = exc.__cause__
+    if isinstance(exc, (NoAnswer, Unavailable)) and cause is None:
+        return str(exc)
+    return type(cause or exc).__name__
 
 
 class Appender:
@@ -390,8 +402,11 @@ async def readyz(request: web.Request) -> web.Response:
     )
     if kafka is None and postgres is None:
         return _json(200, kafka=True, postgres=True)
-    failed = {name: why for name, why in (("kafka", kafka), ("postgres", postgres)) if why is not None}
-    return _json(503, kafka=kafka is None, postgres=postgres is None, errors=failed)
+    failed = {name: exc for name, exc in (("kafka", kafka), ("postgres", postgres)) if exc is not None}
+    for name, exc in failed.items():
+        log.warning("not ready: %s: %s: %s", name, type(exc).__name__, exc)
+    return _json(503, kafka=kafka is None, postgres=postgres is None,
+                 errors={name: public_reason(exc) for name, exc in failed.items()})
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:

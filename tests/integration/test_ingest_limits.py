@@ -237,5 +237,6 @@ async def test_readiness_asks_kafka_and_postgres_now(postgres: PostgresServer, n
                             break
                         await asyncio.sleep(0.2)
                 assert set(body["errors"]) == {"postgres"}
+                assert "127.0.0.1" not in str(body["errors"])  # no internal address on the public port
     finally:
         broker.stop()
