@@ -8,16 +8,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
+from typing import Any
 
-from app.gateways.base import (
-    Route,
-    SignatureError,
-    any_match,
-    check_timestamp,
-    envelope,
-    hmac_sha256,
-    text_field,
-)
+import msgspec
+
+from app.gateways import schema
+from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
+from app.gateways.limits import IdText, IsoText, Minor, Seq, Text
+from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
 
 name = "card"
 EVENT_TYPES = frozenset({"payment.authorised", "payment.captured", "payment.refunded", "payment.voided"})
@@ -69,13 +67,50 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         raise SignatureError("no webhook-signature v1 matches")
 
 
+class Event(Body):
+    """Every field app/core/card.py and the projector read (DESIGN.md §2.4)."""
+
+    id: IdText
+    type: Text
+    payment_ref: IdText
+    occurred_at: IsoText  # the ordering key when a payment's events lack a sequence
+    sequence: Seq | None = None
+    amount_minor: Minor = 0
+    currency: Text | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)
+        require_times(occurred_at=self.occurred_at)
+
+
+class Head(msgspec.Struct):
+    """What a refused body may still tell: its ids, read without types."""
+
+    id: Any = None
+    type: Any = None
+    payment_ref: Any = None
+
+
+DECODER = msgspec.json.Decoder(Event)
+HEAD = msgspec.json.Decoder(Head)
+
+
 def route(raw: bytes) -> Route:
-    env = envelope(raw, "id", "type")
-    if isinstance(env, Route):
-        return env
-    if env.event_type not in EVENT_TYPES:
-        return env.quarantine("unknown_type", f"unknown event type {env.event_type!r}")
-    payment_ref = text_field(env.body, "payment_ref")
-    if payment_ref is None:
-        return env.quarantine("missing_fields", "payment_ref missing")
-    return Route(f"{name}:{payment_ref}", env.event_id, env.event_type)
+    event = schema.decode(DECODER, raw)
+    if isinstance(event, Refusal):
+        return refused(raw, event)
+    if event.type not in EVENT_TYPES:
+        return Route.quarantine("unknown_type", f"type: unknown event type {event.type!r}", event.id, event.type,
+                                f"{name}:{event.payment_ref}")
+    return Route(f"{name}:{event.payment_ref}", event.id, event.type)
+
+
+def refused(raw: bytes, refusal: Refusal) -> Route:
+    head = schema.lenient(HEAD, raw)
+    if head is None:
+        return Route.quarantine(refusal.code, refusal.reason)
+    event_type, payment_ref = valid_id(head.type), valid_id(head.payment_ref)
+    if event_type is not None and event_type not in EVENT_TYPES:
+        refusal = Refusal("unknown_type", f"type: unknown event type {event_type!r}")
+    return Route.quarantine(refusal.code, refusal.reason, valid_id(head.id), event_type,
+                            f"{name}:{payment_ref}" if payment_ref is not None else None)

@@ -8,16 +8,14 @@ the order the state changed); balance transactions have none and are deduped on 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
-from app.gateways.base import (
-    Route,
-    SignatureError,
-    any_match,
-    check_timestamp,
-    envelope,
-    hmac_sha256,
-    text_field,
-)
+import msgspec
+
+from app.gateways import schema
+from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
+from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text
+from app.gateways.schema import Body, Refusal, field, require_ids, require_times, valid_id
 
 name = "pg"
 SIGNATURE_HEADER = "PG-Signature"
@@ -65,14 +63,169 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         raise SignatureError("no PG-Signature v1 matches")
 
 
+# --- the envelope: every field app/core/pg.py and the projector read (DESIGN.md §2.4) ---------------
+# Optional in the gateway's document stays optional here; money is minor units, never negative.
+
+
+class Reason(Body):
+    display_th: str | None = None
+    display_en: str | None = None
+
+
+class Review(Body):
+    reasons: list[Reason] | None = None  # the core shows reasons[0].display_th
+
+
+class Rejection(Body):
+    display_th: str | None = None
+
+
+class Overpayment(Body):
+    """An immutable flag: appended to pg_deposit_overpayment_flags keyed on claim_id."""
+
+    claim_id: IdText | None = None
+    cause: Text | None = None
+    amount_minor: Minor | None = None
+    slip_received_at: IsoText | None = None
+    status: Text | None = None
+    action_required: Text | None = None
+    expected_response_at: IsoText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(claim_id=self.claim_id)
+        require_times(slip_received_at=self.slip_received_at, expected_response_at=self.expected_response_at)
+
+
+class Deposit(Body, tag_field="object", tag="deposit"):
+    id: IdText
+    version: Int64
+    status: Text
+    is_terminal: bool | None = None
+    late_slip_accepted_until: IsoText | None = None
+    ordered_amount_minor: Minor | None = None
+    transferred_amount_minor: Minor | None = None
+    amount_received_minor: Minor | None = None
+    fee_total_minor: Minor | None = None
+    credited_amount_minor: Minor | None = None
+    fee_breakdown: Any = None  # stored raw (jsonb); the body-wide limits cover it
+    overpayment: Overpayment | None = None
+    balance_transaction_id: IdText | None = None
+    clearing_available_at: IsoText | None = None
+    partial: bool | None = None
+    cancel_reason_code: Text | None = None
+    review: Review | None = None
+    rejection: Rejection | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)
+        require_times(late_slip_accepted_until=self.late_slip_accepted_until,
+                      clearing_available_at=self.clearing_available_at)
+
+
+class PayoutMetadata(Body):
+    payout_id: IdText  # close_payout's key: the merchant's payout
+
+    def __post_init__(self) -> None:
+        require_ids(payout_id=self.payout_id)
+
+
+class Withdrawal(Body, tag_field="object", tag="withdrawal"):
+    id: IdText
+    version: Int64
+    status: Text
+    amount_total_minor: Minor
+    remaining_minor: Minor
+    metadata: PayoutMetadata
+    filled_minor: Minor | None = None
+    fee_total_minor: Minor | None = None
+    fee_recognized_minor: Minor | None = None
+    refunded_minor: Minor | None = None
+    settled_splits: SmallCount | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id)
+
+
+class Source(Body):
+    id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id)
+
+
+class BalanceTransaction(Body, tag_field="object", tag="balance_transaction"):
+    id: IdText
+    type: Text
+    direction: Text
+    amount_minor: Minor
+    created_at: IsoText
+    bucket_from: Text | None = None
+    bucket_to: Text | None = None
+    source: Source | None = None
+    balance_after: Int64 | None = None  # a snapshot, may be below zero
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id)
+        require_times(created_at=self.created_at)
+
+
+class Fill(Body):
+    """One chunk of a withdrawal, appended to pg_withdrawal_fills keyed on leg_ref."""
+
+    leg_ref: IdText
+    amount_minor: Minor
+    sequence: SmallCount | None = None
+    fee_recognized_minor: Minor | None = None
+    settled_at: IsoText | None = None
+    auto_confirm_at: IsoText | None = None
+    balance_transaction_id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(leg_ref=self.leg_ref, balance_transaction_id=self.balance_transaction_id)
+        require_times(settled_at=self.settled_at, auto_confirm_at=self.auto_confirm_at)
+
+
+class Data(Body):
+    object: Deposit | Withdrawal | BalanceTransaction  # the object kind decides the path
+    fill: Fill | None = None
+    previous_attributes: dict[str, Any] | None = None
+
+
+class Event(Body):
+    id: IdText
+    type: Text
+    data: Data
+    sequence: Seq | None = None  # global per merchant: gap detection only
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id, type=self.type)
+
+
+class Head(msgspec.Struct):
+    """What a refused body may still tell: its ids, read without types."""
+
+    id: Any = None
+    type: Any = None
+    data: Any = None
+
+
+DECODER = msgspec.json.Decoder(Event)
+HEAD = msgspec.json.Decoder(Head)
+
+
 def route(raw: bytes) -> Route:
-    env = envelope(raw, "id", "type")
-    if isinstance(env, Route):
-        return env
-    kind = text_field(env.body, "data", "object", "object")
+    event = schema.decode(DECODER, raw)
+    if isinstance(event, Refusal):
+        return refused(raw, event)
+    return Route(f"{name}:{event.data.object.id}", event.id, event.type)
+
+
+def refused(raw: bytes, refusal: Refusal) -> Route:
+    head = schema.lenient(HEAD, raw)
+    if head is None:
+        return Route.quarantine(refusal.code, refusal.reason)
+    kind, resource_id = field(head.data, "object", "object"), valid_id(field(head.data, "object", "id"))
     if kind not in OBJECT_KINDS:
-        return env.quarantine("unknown_object", f"unknown object kind {kind!r}")
-    resource_id = text_field(env.body, "data", "object", "id")
-    if resource_id is None:
-        return env.quarantine("missing_fields", "data.object.id missing")
-    return Route(f"{name}:{resource_id}", env.event_id, env.event_type)
+        refusal = Refusal("unknown_object", f"data.object.object: unknown object kind {kind!r}")
+    return Route.quarantine(refusal.code, refusal.reason, valid_id(head.id), valid_id(head.type),
+                            f"{name}:{resource_id}" if resource_id is not None else None)

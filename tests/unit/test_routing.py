@@ -9,10 +9,18 @@ from hypothesis import strategies as st
 
 from app.gateways import card, paymos, pg
 
+# The fields each object kind must carry (the rest of the validation is in test_validation.py).
+PG_FIELDS = {
+    "deposit": {"version": 3, "status": "pending"},
+    "balance_transaction": {"type": "deposit", "direction": "credit", "amount_minor": 100,
+                            "created_at": "2026-11-29T10:33:15Z"},
+}
+
 
 def pg_body(kind: str, obj_id: str, type_: str = "deposit.settled") -> bytes:
+    obj = {"id": obj_id, "object": kind, **PG_FIELDS.get(kind, {})}
     return orjson.dumps({"id": "evt_1", "object": "event", "type": type_, "sequence": 1,
-                         "created": "2026-11-29T10:33:15Z", "data": {"object": {"id": obj_id, "object": kind}}})
+                         "created": "2026-11-29T10:33:15Z", "data": {"object": obj}})
 
 
 def test_pg_routes_by_object_kind_never_by_id_prefix() -> None:
@@ -38,9 +46,9 @@ def test_card_allow_list() -> None:
 
 @pytest.mark.parametrize("event_type", sorted(paymos.EVENT_TYPES))
 def test_every_paymos_event_type_routes_on_data_id(event_type: str) -> None:
-    body = {"event_id": "evt_9", "event_type": event_type, "created_at": 1,
+    body = {"event_id": "evt_9", "event_type": event_type, "created_at": 1_796_000_000_000,
             "data": {"id": "res_1", "object": paymos.OBJECT_OF[event_type], "status": "x", "is_final": False,
-                     "updated_at": 1}}
+                     "updated_at": 1_796_000_000_000}}
     assert paymos.route(orjson.dumps(body)).resource_key == "paymos:res_1"
 
 
