@@ -31,6 +31,11 @@ class _Metrics:
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
+    def set_aside_counter(self) -> Counter:
+        """Records a stage could not handle and set aside to orderly.quarantine (DESIGN.md §2.4)."""
+        return Counter("orderly_set_aside", "Records a stage set aside to orderly.quarantine instead of "
+                       "stopping on them", ["stage", "gateway"], registry=self.registry)
+
 
 class IngestMetrics(_Metrics):
     def __init__(self) -> None:
@@ -76,6 +81,7 @@ class WorkerMetrics(_Metrics):
                                  "The wait before the next commit, chosen from the records the last one "
                                  "covered (ORDERLY_COMMIT_INTERVAL_S or ORDERLY_BUSY_COMMIT_INTERVAL_S)",
                                  registry=self.registry)
+        self.set_aside = self.set_aside_counter()
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)
@@ -86,6 +92,7 @@ class ProjectorMetrics(_Metrics):
         super().__init__()
         self.projected = Counter("orderly_projector_decisions", "Decisions written to PostgreSQL",
                                  registry=self.registry)
+        self.set_aside = self.set_aside_counter()
         self.errors = Counter("orderly_projector_errors", "Errors surfaced to projection_errors",
                               registry=self.registry)
         self.batch_seconds = Histogram("orderly_projector_batch_seconds", "One batch transaction",
@@ -120,6 +127,7 @@ class EffectsMetrics(_Metrics):
         super().__init__()
         self.recorded = Counter("orderly_effects_recorded", "Effect records consumed (duplicates included)",
                                 registry=self.registry)
+        self.set_aside = self.set_aside_counter()
         self.delivered = Counter("orderly_effects_delivered", "Effects delivered (2xx)", ["type"],
                                  registry=self.registry)
         self.failures = Counter("orderly_effects_delivery_failures", "Failed delivery attempts", ["type"],
@@ -132,5 +140,6 @@ class FetcherMetrics(_Metrics):
         super().__init__()
         self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
                                "(synced, not_found, error, unusable)", ["gateway", "outcome"], registry=self.registry)
+        self.set_aside = self.set_aside_counter()
         self.reappended = Counter("orderly_sweeper_reappended", "Stored records with no decision after "
                                   "ORDERLY_SWEEP_AFTER_S, appended again", ["topic"], registry=self.registry)

@@ -8,7 +8,7 @@ cost is less than half of aiokafka's own partitioner path (measured in bench/ing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -17,6 +17,7 @@ from topics.catalog import MAX_RECORD_BYTES
 from topics.partitioning import partition_for
 
 Headers = list[tuple[str, bytes]]
+OutRecord = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, Headers]  # topic, key, value[, headers]
 
 
 class KeyedProducer:
@@ -64,11 +65,11 @@ class KeyedProducer:
     async def send_and_wait(self, topic: str, key: bytes, value: bytes, headers: Headers | None = None) -> Any:
         return await (await self.send(topic, key, value, headers))
 
-    async def send_all(self, records: list[tuple[str, bytes, bytes]] | list[tuple[str, bytes, bytes, Headers]]) -> None:
+    async def send_all(self, records: Sequence[OutRecord]) -> None:
         """Send every record (topic, key, value[, headers]) and wait until Kafka acknowledged all of them."""
         await (await self.enqueue_all(records))
 
-    async def enqueue_partitioned(self, by_partition: dict[int, list[tuple[str, bytes, bytes]]]) -> Awaitable[Any]:
+    async def enqueue_partitioned(self, by_partition: Mapping[int, Sequence[OutRecord]]) -> Awaitable[Any]:
         """Hand over each partition's records to that partition of their topics (the worker's rule:
         every output about a resource goes to the resource's partition, so a batch touches one
         partition per topic and source partition, not every partition of the effects and facts);
@@ -76,7 +77,7 @@ class KeyedProducer:
         acks = [await self.enqueue_all(records, partition=partition) for partition, records in by_partition.items()]
         return asyncio.gather(*acks)
 
-    async def enqueue_all(self, records: list[tuple[str, bytes, bytes]] | list[tuple[str, bytes, bytes, Headers]],
+    async def enqueue_all(self, records: Sequence[OutRecord],
                           via: AIOKafkaProducer | None = None, partition: int | None = None) -> Awaitable[Any]:
         """Hand every record (topic, key, value[, headers]) to the producer (or to ``via``, e.g. a
         transactional producer), to ``partition`` of its topic or else to its key's; the returned

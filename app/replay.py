@@ -21,21 +21,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.bootstrap import prepare
+from app.core.dispatch import Incoming, Record, plan_batch
 from app.producer import KeyedProducer
 from app.settings import Settings
-from app.worker import changelog_topic, decide_record, output_records, state_record, touches_state
+from app.worker import changelog_topic
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import header_map
 
 Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
@@ -212,7 +212,7 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
     await producer.start()
     decided = 0
     try:
-        out: list[tuple[str, bytes, bytes]] = []  # the current partition's outputs (the worker's rule)
+        out: list[Record] = []  # the current partition's outputs (the worker's rule)
         in_flight: Awaitable[Any] | None = None
 
         async def hand_over(partition: int) -> None:  # Kafka acknowledges one chunk while the next is decided
@@ -226,28 +226,29 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
 
         for partition in partitions:
             # a resource's records are all in one partition: its state is final at the partition's end
-            states: dict[bytes, dict[str, Any] | None] = {}
-            changed: set[bytes] = set()
-            for offset, (key, value, headers) in enumerate(merged[partition]):
-                state, decisions = decide_record(n.raw, n, states.get(key), key, value, header_map(headers),
-                                                 offset, partition)
-                states[key] = state
-                decided += len(decisions)
-                for decision in decisions:
-                    out += output_records(decision, n, None)
-                if touches_state(decisions):
-                    changed.add(key)
-                if len(out) >= CHUNK:
+            states: dict[bytes, bytes] = {}
+            log = merged[partition]
+            for start in range(0, len(log), CHUNK):  # the live worker's rules, a chunk at a time
+                chunk = [Incoming(key, value, headers, offset, partition, n.raw)
+                         for offset, (key, value, headers) in enumerate(log[start:start + CHUNK], start=start)]
+                plan = plan_batch(n, chunk, partial(_known, states))
+                states.update(plan.states)
+                decided += sum(plan.outcomes.values())
+                out += plan.records.get(partition, [])
+                if start + CHUNK < len(log):
                     await hand_over(partition)
-            # the partition's snapshots and changelog go out while the next partition is decided
-            out += [state_record(n, key, st) for key in changed if (st := states[key]) is not None]
-            out += [(changelog, key, orjson.dumps(state)) for key, state in states.items() if state is not None]
+            # the partition's changelog goes out while the next partition is decided
+            out += [(changelog, key, state) for key, state in states.items()]
             await hand_over(partition)
         if in_flight is not None:
             await in_flight
     finally:
         await producer.stop()
     return decided
+
+
+def _known(states: dict[bytes, bytes], _partition: int, key: bytes) -> bytes | None:
+    return states.get(key)
 
 
 async def ensure_changelog(target: Settings) -> str:

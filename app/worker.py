@@ -29,12 +29,10 @@ import signal
 import time
 import types
 import weakref
-from collections import Counter
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any
 
 import faust
-import orjson
 from aiohttp import web
 from aiokafka import TopicPartition
 from faust.streams import _current_event
@@ -43,15 +41,13 @@ from faust.types import TP
 from mode import Service
 from rocksdict import WriteBatch
 
-from app.core import card, paymos, pg
-from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
+from app.core.dispatch import STAGE, Incoming, Record, plan_batch
 from app.core.pacing import BUSY_BATCH, busy_pause
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
 from app.settings import Settings
-from topics.catalog import TopicNames, names
-from topics.records import CORRELATION, H_RECORD, header_map
+from topics.catalog import names
 
 log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
@@ -388,65 +384,12 @@ def exit_for_restart(code: int, message: str, *args: Any, exc_info: bool = False
     os._exit(code)
 
 
-Record = tuple[str, bytes, bytes]
-SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
 TABLE = "resources"
 
 
 def changelog_topic(namespace: str) -> str:
     """The Faust changelog of the worker's table (Faust names it ``{app id}-{table}-changelog``)."""
     return f"{namespace}-worker-{TABLE}-changelog"
-
-
-def touches_state(decisions: list[Decision]) -> bool:
-    """Whether these decisions change what orderly.state publishes for the resource."""
-    return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
-
-
-def state_record(n: TopicNames, key: bytes, state: dict[str, Any]) -> Record:
-    """The resource's orderly.state snapshot (compacted: the latest per resource is what stays)."""
-    return n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](state))
-
-
-def output_records(decision: Decision, n: TopicNames, state: dict[str, Any] | None) -> list[Record]:
-    key = f"{decision.gateway}:{decision.resource_id}".encode()
-    records = [(n.decisions, key, decision.to_bytes())]
-    for effect in decision.effects:
-        records.append((n.effects, effect.dedupe_key.encode(), effect.to_bytes()))
-    for fact in decision.facts:
-        records.append((n.facts, fact.key.encode(), orjson.dumps(
-            {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
-             "resource_id": decision.resource_id, "data": fact.data})))
-    if state is not None:
-        records.append((n.state, key, orjson.dumps(state)))
-    return records
-
-
-def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: bytes, value: bytes,
-                  headers: dict[str, str], offset: int, partition: int) -> tuple[dict[str, Any] | None, list[Decision]]:
-    resource_key = key.decode()
-    gateway = headers.get("gateway") or resource_key.partition(":")[0]
-    delivery = Delivery(
-        delivery_id=headers.get("delivery_id") or f"{topic}:{partition}:{offset}",
-        gateway=gateway, resource_key=resource_key,
-        received_at_ms=int(headers.get("received_at") or 0), seq=offset, source=headers.get("source", "webhook"))
-    again = redecided(state, delivery)
-    if again is not None:  # decided before, but its offsets were not committed: the same outcome again
-        return state, again
-    before = state.get(RECENT_KEY) if state is not None else None
-    if headers.get(H_RECORD) == CORRELATION:
-        after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
-    elif gateway == "pg":
-        after, decisions = pg.apply_event(state, value, delivery)
-    elif gateway == "card":
-        after, decisions = card.apply_event(state, value, delivery)
-    elif gateway == "paymos":
-        after, decisions = paymos.apply_event(state, value, delivery)
-    else:
-        return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
-    if after is not None:
-        remember({RECENT_KEY: before} if before else None, after, delivery, decisions)
-    return after, decisions
 
 
 @contextlib.contextmanager
@@ -569,57 +512,32 @@ def build_app(settings: Settings) -> faust.App:
 
     async def decide_batch(events: list[Any]) -> None:
         started = time.perf_counter()
-        overlay: dict[bytes, dict[str, Any] | None] = {}
-        last_event: dict[bytes, Any] = {}
-        outcomes: Counter[tuple[str, str]] = Counter()
-        effects: Counter[tuple[str, str]] = Counter()  # counted per batch: a labels() lookup per effect adds up
-        changed: set[bytes] = set()
-        records: dict[int, list[Record]] = {}  # source partition -> the outputs of its records
-        decided: dict[TopicPartition, int] = {}
-        for event in events:
-            key = event.key
-            if key in overlay:
-                state = overlay[key]
-            else:
-                stored = stage.get(event.message.partition, key)  # exactly-once: not committed yet
-                if stored is None:
-                    stored = local.get(event.message.partition, key)
-                state = orjson.loads(stored) if stored is not None else None
-            message = event.message
-            decided[TopicPartition(message.topic, message.partition)] = message.offset
-            state, decisions = decide_record(message.topic, n, state, key, event.value,
-                                             header_map(message.headers or []), message.offset,
-                                             message.partition)
-            overlay[key] = state
-            last_event[key] = event
-            if touches_state(decisions):
-                changed.add(key)
-            outputs = records.setdefault(message.partition, [])
-            for decision in decisions:
-                outputs += output_records(decision, n, None)
-                outcomes[(decision.gateway, decision.outcome)] += 1
-                for effect in decision.effects:
-                    effects[(decision.gateway, effect.type)] += 1
-                if decision.error:
-                    metrics.errors.labels(decision.gateway).inc()
-                    log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
-        # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
-        for key in changed:
-            if (st := overlay[key]) is not None:
-                records[last_event[key].message.partition].append(state_record(n, key, st))
+
+        def read(partition: int, key: bytes) -> bytes | None:
+            stored = stage.get(partition, key)  # exactly-once: not committed yet
+            return stored if stored is not None else local.get(partition, key)
+
+        plan = plan_batch(n, [Incoming(e.key, e.value, e.message.headers or [], e.message.offset,
+                                       e.message.partition, e.message.topic) for e in events], read)
+        for decision in plan.errors:
+            metrics.errors.labels(decision.gateway).inc()
+            log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
+        for gateway, reason in plan.set_aside:
+            metrics.set_aside.labels(STAGE, gateway).inc()
+            log.error("a record was set aside to quarantine (%s): %s", gateway, reason)
         if app.in_transaction:  # they go into the partition's transaction when it commits
-            for partition, outputs in records.items():
+            for partition, outputs in plan.records.items():
                 stage.stage_outputs(partition, outputs)
         else:  # durable before the state that implies them
-            await (await producer.enqueue_partitioned(records))
-        for (gateway, outcome), count in outcomes.items():
+            await (await producer.enqueue_partitioned(plan.records))
+        for (gateway, outcome), count in plan.outcomes.items():
             metrics.decisions.labels(gateway, outcome).inc(count)
-        for (gateway, kind), count in effects.items():
+        for (gateway, kind), count in plan.effects.items():
             metrics.effects.labels(gateway, kind).inc(count)
-        await write_state({key: orjson.dumps(state) for key, state in overlay.items() if state is not None},
-                          last_event)
+        await write_state(plan.states, {key: events[index] for key, index in plan.last.items()})
         # what the next commit may cover; exactly-once: in the same step as the staging above, so
         # that a commit takes a batch's writes and its offsets together or neither
+        decided = {TopicPartition(e.message.topic, e.message.partition): e.message.offset for e in events}
         for tp, offset in decided.items():
             positions[tp] = max(positions.get(tp, 0), offset + 1)
         metrics.batch_seconds.observe(time.perf_counter() - started)

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 FOREVER = "-1"
 DAY_MS = 24 * 3600 * 1000
-MAX_RECORD_BYTES = 2 * 1024 * 1024
+MAX_RECORD_BYTES = 2 * 1024 * 1024  # orderly.raw and orderly.quarantine: a 1 MiB body with its headers
+# What a worker derives from one raw record (a decision with the parsed body, a resource's state
+# with its parked events, the changelog) fits in this; the worker sets aside a record whose outputs
+# would pass half of it (app/core/dispatch.py), so no output is ever refused for its size.
+DERIVED_RECORD_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
     keep = {"cleanup.policy": "delete", "retention.ms": FOREVER, "retention.bytes": FOREVER}
     # The ingest accepts bodies up to 1 MiB; with headers and batch overhead a record is larger.
     big = {"max.message.bytes": str(MAX_RECORD_BYTES)}
+    derived = {"max.message.bytes": str(DERIVED_RECORD_BYTES)}
     # min.insync.replicas cannot exceed the replicas there are; with 3+ replicas, 2 must ack.
     durable = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"}
 
@@ -57,10 +62,10 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
         # The source of truth: every webhook as received, kept forever so replay can rebuild.
         spec(n.raw, {**keep, **big}),
         spec(n.quarantine, {**keep, **big}, co_partitioned=False),
-        spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000)}),
-        spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
+        spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000), **derived}),
+        spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS), **derived}),
         # facts and effects are keyed by their own ids but written to their resource's partition
-        spec(n.facts, keep),
-        spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS)}),
+        spec(n.facts, {**keep, **derived}),
+        spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS), **derived}),
         spec(n.fetch, {"cleanup.policy": "delete", "retention.ms": str(14 * DAY_MS)}),
     ]

@@ -13,6 +13,8 @@ H_RECEIVED_AT = "received_at"  # unix milliseconds, as ASCII digits
 H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced events)
 H_REASON = "reason"            # quarantine only
 H_RECORD = "record"            # "correlation" on a merchant's correlation in orderly.raw; absent on webhooks
+H_STAGE = "stage"              # quarantine only: ingest, worker, projector, effects, fetcher
+H_RESOURCE = "resource_key"    # quarantine only: gateway:resource_id, when the record has one
 CORRELATION = "correlation"
 
 
@@ -30,6 +32,16 @@ def raw_headers(
 def correlation_headers(delivery_id: str, received_at_ms: int) -> list[tuple[str, bytes]]:
     """Headers of a correlation appended to orderly.raw (key ``pg:{deposit_id}``)."""
     return [*raw_headers("pg", delivery_id, received_at_ms, source="merchant"), (H_RECORD, CORRELATION.encode())]
+
+
+def quarantine_headers(original: list[tuple[str, bytes]], stage: str, reason: str,
+                       resource_key: str | None) -> list[tuple[str, bytes]]:
+    """A set-aside record's headers: its own, with the stage that set it aside, why, and its resource."""
+    kept = [(k, v) for k, v in original if k not in (H_STAGE, H_REASON, H_RESOURCE)]
+    extra = [(H_STAGE, stage.encode()), (H_REASON, reason.encode(errors="replace"))]
+    if resource_key:
+        extra.append((H_RESOURCE, resource_key.encode(errors="replace")))
+    return kept + extra
 
 
 def header_map(headers: list[tuple[str, bytes]] | tuple[tuple[str, bytes], ...]) -> dict[str, str]:

@@ -320,7 +320,16 @@ def _apply_correlation(state: State, correlation: dict[str, Any], d: Delivery) -
     # superseded effects, e.g. a settled-then-reversed deposit would be neither credited nor
     # debited; but then the same webhooks gave other effects when the correlation came first.)
     for p in parked:
-        decisions.append(_guard_deposit(state, orjson.loads(p["raw"]), Delivery(**p["delivery"]), UNPARKED))
+        delivery = Delivery(**p["delivery"])
+        before = orjson.dumps(state)
+        try:
+            decisions.append(_guard_deposit(state, orjson.loads(p["raw"]), delivery, UNPARKED))
+        except Exception as exc:  # noqa: BLE001 - one parked event must not take its correlation down
+            # It was parked unchecked (the guard never saw it): set it aside with nothing of it applied.
+            state.clear()
+            state.update(orjson.loads(before))
+            decisions.append(decide(delivery, QUARANTINED, error=f"parked event could not be applied: "
+                                                                 f"{type(exc).__name__}: {exc}"[:500]))
     return state, decisions
 
 

@@ -7,8 +7,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.core.dispatch import decide_record
 from app.core.model import RECENT
-from app.worker import decide_record
 from tests.pg_events import deposit
 from topics.catalog import names
 

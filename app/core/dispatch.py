@@ -1,0 +1,226 @@
+"""From a record of orderly.raw to its decisions and output records, a batch at a time, with a
+fault barrier per record (pure layer: no I/O, clock or Faust; the worker and replay share it).
+
+A batch is decided in one pass over shared state objects, which is fast. If anything in that pass
+raises (a reducer's bug on an odd body, a value orjson cannot write) or an output would not fit its
+topic, the batch is decided again record by record, each record on a fresh copy of its resource's
+last good state: a record that fails there is set aside to orderly.quarantine with the error and
+leaves its resource's state exactly as it was (nothing half-applied), and the partition moves on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.core import card, paymos, pg
+from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
+from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
+from topics.records import CORRELATION, H_RECORD, quarantine_headers
+
+Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
+SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
+# A resource's state (with its parked events) and every output record stay well inside what their
+# topics accept (DERIVED_RECORD_BYTES): a record that would take them past it is set aside.
+STATE_MAX_BYTES = DERIVED_RECORD_BYTES // 2
+OUTPUT_MAX_BYTES = DERIVED_RECORD_BYTES // 2
+REASON_MAX = 500
+STAGE = "worker"
+
+
+class Oversize(ValueError):
+    """An output record or a resource's state would not fit its topic."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One consumed record of orderly.raw."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    offset: int
+    partition: int
+    topic: str
+
+
+@dataclass
+class BatchPlan:
+    """What deciding a batch produced: the records to send per source partition, each touched
+    resource's new state, and counts for the metrics."""
+
+    records: dict[int, list[Record]] = field(default_factory=dict)
+    states: dict[bytes, bytes] = field(default_factory=dict)  # resource key -> serialised state
+    last: dict[bytes, int] = field(default_factory=dict)  # resource key -> index of its last record
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    effects: Counter[tuple[str, str]] = field(default_factory=Counter)
+    errors: list[Decision] = field(default_factory=list)  # decisions carrying an error, for the log
+    set_aside: list[tuple[str, str]] = field(default_factory=list)  # (gateway, reason)
+
+
+def touches_state(decisions: list[Decision]) -> bool:
+    """Whether these decisions change what orderly.state publishes for the resource."""
+    return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
+
+
+def state_record(n: TopicNames, key: bytes, state: dict[str, Any]) -> Record:
+    """The resource's orderly.state snapshot (compacted: the latest per resource is what stays)."""
+    return n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](state))
+
+
+def output_records(decision: Decision, n: TopicNames) -> list[Record]:
+    key = f"{decision.gateway}:{decision.resource_id}".encode()
+    records: list[Record] = [(n.decisions, key, decision.to_bytes())]
+    for effect in decision.effects:
+        records.append((n.effects, effect.dedupe_key.encode(), effect.to_bytes()))
+    for fact in decision.facts:
+        records.append((n.facts, fact.key.encode(), orjson.dumps(
+            {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
+             "resource_id": decision.resource_id, "data": fact.data})))
+    return records
+
+
+def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int) -> Delivery:
+    return Delivery(
+        delivery_id=headers.get("delivery_id") or f"{topic}:{partition}:{offset}",
+        gateway=headers.get("gateway") or resource_key.partition(":")[0], resource_key=resource_key,
+        received_at_ms=int(headers.get("received_at") or 0), seq=offset, source=headers.get("source", "webhook"))
+
+
+def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: bytes, value: bytes,
+                  headers: dict[str, str], offset: int, partition: int) -> tuple[dict[str, Any] | None, list[Decision]]:
+    resource_key = key.decode()
+    delivery = delivery_of(resource_key, headers, topic, offset, partition)
+    gateway = delivery.gateway
+    again = redecided(state, delivery)
+    if again is not None:  # decided before, but its offsets were not committed: the same outcome again
+        return state, again
+    before = state.get(RECENT_KEY) if state is not None else None
+    if headers.get(H_RECORD) == CORRELATION:
+        after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
+    elif gateway == "pg":
+        after, decisions = pg.apply_event(state, value, delivery)
+    elif gateway == "card":
+        after, decisions = card.apply_event(state, value, delivery)
+    elif gateway == "paymos":
+        after, decisions = paymos.apply_event(state, value, delivery)
+    else:
+        return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
+    if after is not None:
+        remember({RECENT_KEY: before} if before else None, after, delivery, decisions)
+    return after, decisions
+
+
+def _count(plan: BatchPlan, decisions: list[Decision]) -> None:
+    for decision in decisions:
+        plan.outcomes[(decision.gateway, decision.outcome)] += 1
+        for effect in decision.effects:
+            plan.effects[(decision.gateway, effect.type)] += 1
+        if decision.error:
+            plan.errors.append(decision)
+
+
+def _check_size(records: list[Record], state: bytes | None) -> None:
+    for record in records:
+        if len(record[2]) > OUTPUT_MAX_BYTES:
+            raise Oversize(f"an output record for {record[0]} would be {len(record[2])} bytes "
+                           f"(at most {OUTPUT_MAX_BYTES})")
+    if state is not None and len(state) > STATE_MAX_BYTES:
+        raise Oversize(f"the resource's state would be {len(state)} bytes (at most {STATE_MAX_BYTES}): "
+                       "too many or too large parked or stored events")
+
+
+def plan_batch(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
+    """Decide ``batch`` (in log order); ``read(partition, key)`` gives a resource's stored state.
+    Never raises for what a record holds: see the module's docstring."""
+    try:
+        return _plan_fast(n, batch, read)
+    except Exception:
+        return _plan_careful(n, batch, read)
+
+
+def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
+    plan = BatchPlan()
+    overlay: dict[bytes, dict[str, Any] | None] = {}
+    changed: set[bytes] = set()
+    for index, record in enumerate(batch):
+        key = record.key
+        if key in overlay:
+            state = overlay[key]
+        else:
+            stored = read(record.partition, key)
+            state = orjson.loads(stored) if stored is not None else None
+        state, decisions = decide_record(record.topic, n, state, key, record.value,
+                                         {k: v.decode() for k, v in record.headers}, record.offset, record.partition)
+        overlay[key] = state
+        plan.last[key] = index
+        if touches_state(decisions):
+            changed.add(key)
+        outputs = plan.records.setdefault(record.partition, [])
+        for decision in decisions:
+            outputs += output_records(decision, n)
+        _count(plan, decisions)
+    for key, state in overlay.items():
+        if state is not None:
+            plan.states[key] = orjson.dumps(state)
+    # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
+    for key in changed:
+        if (state := overlay[key]) is not None:
+            plan.records[batch[plan.last[key]].partition].append(state_record(n, key, state))
+    for outputs in plan.records.values():
+        _check_size(outputs, None)
+    for state_bytes in plan.states.values():
+        _check_size([], state_bytes)
+    return plan
+
+
+def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
+    plan = BatchPlan()
+    current: dict[bytes, bytes | None] = {}  # resource key -> its last good state
+    for index, record in enumerate(batch):
+        key = record.key
+        if key not in current:
+            current[key] = read(record.partition, key)
+        before = current[key]
+        headers = {k: v.decode(errors="replace") for k, v in record.headers}
+        outputs = plan.records.setdefault(record.partition, [])
+        try:
+            state, decisions = decide_record(record.topic, n, orjson.loads(before) if before is not None else None,
+                                             key, record.value, headers, record.offset, record.partition)
+            made = [r for d in decisions for r in output_records(d, n)]
+            after = orjson.dumps(state) if state is not None else None
+            if after is not None and touches_state(decisions):
+                made.append(state_record(n, key, state))  # type: ignore[arg-type]  # state is not None here
+            _check_size(made, after)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:REASON_MAX]
+            outputs += set_aside(n, record, headers, before, reason)
+            plan.set_aside.append((headers.get("gateway") or key.decode(errors="replace").partition(":")[0], reason))
+            plan.outcomes[(plan.set_aside[-1][0], QUARANTINED)] += 1
+            continue
+        current[key] = after
+        plan.last[key] = index
+        outputs += made
+        _count(plan, decisions)
+    plan.states = {key: state for key, state in current.items() if state is not None and key in plan.last}
+    return plan
+
+
+def set_aside(n: TopicNames, record: Incoming, headers: dict[str, str], state: bytes | None,
+              reason: str) -> list[Record]:
+    """The record to orderly.quarantine (its body and headers, with the stage and the reason), and a
+    `quarantined` decision for the resource's timeline; the resource's state does not change."""
+    resource_key = record.key.decode(errors="replace")
+    delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition)
+    ordinal = (orjson.loads(state).get("n", 0) if state is not None else 0) + 1
+    decision = decide(delivery, QUARANTINED, error=f"set aside by the {STAGE}: {reason}")
+    object.__setattr__(decision, "seq", ordinal)  # not kept in the state: the state does not change
+    return [
+        (n.quarantine, delivery.delivery_id.encode(), record.value,
+         quarantine_headers(record.headers, STAGE, reason, resource_key)),
+        (n.decisions, record.key, decision.to_bytes()),
+    ]
