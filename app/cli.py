@@ -136,6 +136,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(dev_settings(), args)
 
 
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    from app.operator import main as run_quarantine
+
+    return run_quarantine(_production_settings(), args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import migrate_correlations, prepare
 
@@ -161,6 +167,8 @@ COMMANDS = {
                            "and report every difference from the live one"),
     "simulate": (cmd_simulate, "the gateway simulator against an ingest: signed deliveries with retries, "
                                "duplicates and reordering; optionally serves the gateways' GET APIs"),
+    "quarantine": (cmd_quarantine, "records set aside by any stage: list, show one, or redrive one (append "
+                                   "its body again where it was set aside from)"),
     "migrate": (cmd_migrate, "create the topics, apply the SQL migrations, move a pre-0.2 correlations topic "
                              "into orderly.raw, then exit"),
 }
@@ -177,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.simulator.cli import add_arguments
 
             add_arguments(command)
+        if name == "quarantine":
+            from app.operator import add_arguments as quarantine_arguments
+
+            quarantine_arguments(command)
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)

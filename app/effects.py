@@ -18,9 +18,11 @@ import orjson
 from aiokafka.structs import ConsumerRecord
 
 from app.metrics import EffectsMetrics, serve_metrics
+from app.producer import KeyedProducer
 from app.settings import Settings
+from projections import quarantine
 from projections.bulk import Conn, unnest_insert, write
-from projections.sink import PgSink
+from projections.sink import PgSink, printable
 from topics.catalog import names
 
 log = logging.getLogger("orderly.effects")
@@ -60,19 +62,28 @@ class EffectsWorker:
         self.settings = settings
         self.deliver = deliver and settings.effects_url is not None
         self.metrics = EffectsMetrics()
-        self.sink = PgSink(settings, "effects", names(settings.namespace).effects, self._record)
+        self.sink = PgSink(settings, "effects", names(settings.namespace).effects, self._record,
+                           set_aside=self._set_aside)
+        self.producer = KeyedProducer(settings.kafka_bootstrap)
         self.http: aiohttp.ClientSession | None = None
 
     async def _record(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
         await record(conn, messages)
         self.metrics.recorded.inc(len(messages))
 
+    async def _set_aside(self, message: ConsumerRecord, reason: str) -> None:
+        record = quarantine.set_aside_record(names(self.settings.namespace), "effects", message, reason)
+        await self.producer.send_and_wait(*record)
+        self.metrics.set_aside.labels("effects", dict(record[3]).get("gateway", b"").decode() or "unknown").inc()
+
     async def start(self) -> None:
+        await self.producer.start()
         await self.sink.start()
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
 
     async def stop(self) -> None:
         await self.sink.stop()
+        await self.producer.stop()
         if self.http is not None:
             await self.http.close()
 
@@ -86,23 +97,25 @@ class EffectsWorker:
         url = self.settings.effects_url
 
         async def one(row: Any) -> None:
-            body = {"dedupe_key": row["dedupe_key"], "type": row["type"], "gateway": row["gateway"],
-                    "resource_id": row["resource_id"], "payload": orjson.loads(row["payload"]),
-                    "caused_by": row["caused_by"]}
             error: str | None = None
             try:
+                body = {"dedupe_key": row["dedupe_key"], "type": row["type"], "gateway": row["gateway"],
+                        "resource_id": row["resource_id"], "payload": orjson.loads(row["payload"]),
+                        "caused_by": row["caused_by"]}
                 async with http.post(url, data=orjson.dumps(body), headers={
                         "Idempotency-Key": row["dedupe_key"], "Content-Type": "application/json"}) as resp:
                     if not 200 <= resp.status < 300:
                         error = f"HTTP {resp.status}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # a row no request can be made from: it backs off and ends dead, visibly
+                error = f"{type(exc).__name__}: {exc}"
             if error is None:
                 await pool.execute(MARK_DELIVERED, row["dedupe_key"])
                 self.metrics.delivered.labels(row["type"]).inc()
             else:
                 attempts = row["attempts"] + 1
-                await pool.execute(MARK_FAILED, row["dedupe_key"], error, backoff_s(attempts),
+                await pool.execute(MARK_FAILED, row["dedupe_key"], printable(error)[:500], backoff_s(attempts),
                                    self.settings.effects_max_attempts)
                 self.metrics.failures.labels(row["type"]).inc()
                 if attempts >= self.settings.effects_max_attempts:

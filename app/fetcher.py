@@ -14,17 +14,21 @@ import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from app.gateways import pg as pg_gateway
+from app.gateways.limits import int64_error
 from app.metrics import FetcherMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.sweeper import Sweeper
+from projections import quarantine
 from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import raw_headers
@@ -38,11 +42,16 @@ SELECT payment_ref FROM card_events WHERE applied_at IS NULL AND source = 'webho
 STATES = {"created", "authorised", "captured", "refunded", "voided"}
 
 
-def synced_event(ref: str, answer: dict[str, Any], now_ms: int) -> bytes:
+def synced_event(ref: str, answer: Any, now_ms: int) -> bytes:
     """The gateway's answer as a raw event; its id makes an unchanged repeat a duplicate."""
-    totals = {k: int(answer.get(k) or 0) for k in ("authorised_minor", "captured_minor", "refunded_minor")}
-    if answer.get("state") not in STATES or any(v < 0 for v in totals.values()):
-        raise ValueError(f"unusable gateway answer for {ref}: {answer!r}")
+    if not isinstance(answer, dict):
+        raise ValueError(f"the answer is not a JSON object: {type(answer).__name__}")
+    totals = {k: answer.get(k) or 0 for k in ("authorised_minor", "captured_minor", "refunded_minor")}
+    # money as the webhooks carry it: integers within signed 64 bits, never negative, never a float
+    if answer.get("state") not in STATES or any(int64_error(k, v) or v < 0 for k, v in totals.items()):
+        raise ValueError(f"unusable gateway answer for {ref}: {str(answer)[:300]}")
+    if not isinstance(answer.get("currency"), str) or not 1 <= len(answer["currency"]) <= 8:
+        raise ValueError(f"unusable currency in the gateway's answer for {ref}")
     event_id = "sync_{}_{}_{}_{}_{}".format(ref, answer["state"], *totals.values())
     return orjson.dumps({
         "id": event_id, "type": "synced", "payment_ref": ref, "sequence": None,
@@ -86,7 +95,7 @@ class Fetcher:
         for attempt in range(1, attempts + 1):
             await self._throttle()
             try:
-                async with self.http.get(f"{self.settings.card_api_url}/payments/{ref}") as resp:
+                async with self.http.get(f"{self.settings.card_api_url}/payments/{quote(ref, safe='')}") as resp:
                     if resp.status == 200:
                         body: dict[str, Any] = await resp.json()
                         return body
@@ -113,9 +122,10 @@ class Fetcher:
                 continue
             try:
                 body = synced_event(ref, answer, int(time.time() * 1000))
-            except ValueError as exc:
-                log.error("%s", exc)
+            except Exception as exc:  # whatever the gateway answered, nothing is appended and the loop goes on
+                log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc)
                 self.metrics.fetches.labels("card", "unusable").inc()
+                self.metrics.set_aside.labels("fetcher", "card").inc()
                 continue
             key = f"card:{ref}".encode()
             await self.producer.send_and_wait(names(self.settings.namespace).raw, key, body,
@@ -159,21 +169,37 @@ class Fetcher:
                     raw_headers("pg", f"fetch-{route.event_id}", int(time.time() * 1000), source="fetch"))
                 self.metrics.fetches.labels("pg", "synced").inc()
                 appended += 1
-            since = int(page[-1]["sequence"])
+            last = int(page[-1]["sequence"])
+            if last <= since:  # a page that does not move forward would be asked for again for ever
+                raise ValueError(f"the gateway's events page after sequence {since} ends at {last}")
+            since = last
         return appended
 
 
 async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
-    """orderly.fetch → backfills (pg sequence gaps older than the limit)."""
+    """orderly.fetch → backfills (pg sequence gaps older than the limit). A request that cannot be
+    carried out (a malformed one, an answer the fetcher cannot read) is set aside to quarantine
+    and the next one is taken."""
+    producer = fetcher.producer
     consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed")
     await consumer.start()
     try:
         async for message in consumer:
-            request = orjson.loads(message.value)
-            if request.get("gateway") == "pg" and request.get("kind") == "backfill" and settings.pg_api_url:
-                await fetcher.backfill_pg(request)
+            try:
+                request = orjson.loads(message.value)
+                if request.get("gateway") == "pg" and request.get("kind") == "backfill" and settings.pg_api_url:
+                    await fetcher.backfill_pg(request)
+            except KafkaError:
+                raise  # Kafka out of reach: the supervisor restarts the fetcher
+            except Exception as exc:  # the request's own fault: set aside, never retried for ever
+                reason = f"{type(exc).__name__}: {exc}"[:500]
+                log.error("fetch request %s[%d]@%d set aside: %s", message.topic, message.partition, message.offset,
+                          reason)
+                await producer.send_and_wait(*quarantine.set_aside_record(names(settings.namespace), "fetcher",
+                                                                          message, reason))
+                fetcher.metrics.set_aside.labels("fetcher", "pg").inc()
             await consumer.commit()
     finally:
         await consumer.stop()

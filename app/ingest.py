@@ -32,7 +32,7 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import H_REASON, Correlation, correlation_headers, raw_headers
+from topics.records import Correlation, correlation_headers, quarantine_headers, raw_headers
 
 log = logging.getLogger("orderly.ingest")
 
@@ -308,7 +308,8 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
         if route.resource_key is None:
             reason = route.quarantine_reason or "unroutable"
             await request.app[APPENDER].append(
-                topics.quarantine, delivery_id.encode(), raw, [*headers, (H_REASON, reason.encode())])
+                topics.quarantine, delivery_id.encode(), raw,
+                quarantine_headers(headers, "ingest", reason, route.resource_hint))
             metrics.requests.labels(gateway, "quarantined").inc()
             metrics.quarantined.labels(gateway, route.quarantine_code or "unroutable").inc()
             # 200: the gateway must not retry a body it will never make valid.

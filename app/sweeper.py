@@ -105,8 +105,10 @@ class Sweeper:
                     old[tp].append(m)
                     seen += 1
         ids = [dict(m.headers).get(H_DELIVERY_ID, b"").decode() for ms in old.values() for m in ms]
+        # a record set aside to quarantine is handled too: only an operator's redrive appends it again
         decided = {r["delivery_id"] for r in await self.pool.fetch(
-            "SELECT delivery_id FROM webhook_events WHERE delivery_id = ANY($1::text[])", ids)}
+            "SELECT delivery_id FROM webhook_events WHERE delivery_id = ANY($1::text[]) "
+            "UNION SELECT delivery_id FROM quarantine WHERE delivery_id = ANY($1::text[])", ids)}
         again: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
         positions: dict[TopicPartition, int] = {}
         now = time.monotonic()

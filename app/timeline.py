@@ -21,9 +21,17 @@ STATE_QUERIES: dict[str, list[tuple[str, str]]] = {
                ("withdrawal", "SELECT * FROM paymos_withdrawals WHERE id = $1"),
                ("payment_channel_deposit", "SELECT * FROM paymos_channel_deposits WHERE id = $1")],
 }
+# What the ingest set aside has no decision, only its quarantine row: it shows as quarantined too.
 TIMELINE = """
-SELECT delivery_id, event_id, event_type, received_at, outcome, error, payload FROM webhook_events
- WHERE gateway = $1 AND resource_id = $2 ORDER BY received_at, seq"""
+SELECT delivery_id, event_id, event_type, received_at, outcome, error, payload, seq FROM webhook_events
+ WHERE gateway = $1 AND resource_id = $2
+UNION ALL
+SELECT q.delivery_id, NULL, NULL, q.received_at, 'quarantined', 'set aside by the ' || q.stage || ': ' || q.reason,
+       NULL, NULL
+  FROM quarantine q
+ WHERE q.gateway = $1 AND q.resource_id = $2
+   AND NOT EXISTS (SELECT 1 FROM webhook_events w WHERE w.delivery_id = q.delivery_id)
+ ORDER BY received_at, seq NULLS LAST"""
 EFFECTS = """
 SELECT dedupe_key, type, payload, caused_by, created_at, delivered_at, attempts, last_error, dead_at FROM effects
  WHERE gateway = $1 AND resource_id = $2 ORDER BY created_at"""

@@ -19,7 +19,7 @@ from app.core.gaps import Gap, due_for_backfill, observe
 from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
-from projections import sql
+from projections import quarantine, sql
 from projections.bulk import Conn, write
 from projections.sink import PgSink
 from topics.catalog import names
@@ -142,8 +142,16 @@ class Projector:
         self.settings = settings
         self.n = names(settings.namespace)
         self.metrics = ProjectorMetrics()
-        self.sink = PgSink(settings, CONSUMER, self.n.decisions, self._apply)
+        self.sink = PgSink(settings, CONSUMER, self.n.decisions, self._apply, set_aside=self._set_aside)
+        # orderly.quarantine -> the quarantine table; what it cannot store stays in projection_errors
+        # only, never in orderly.quarantine again (that would loop)
+        self.quarantine = PgSink(settings, "quarantine", self.n.quarantine, quarantine.record)
         self.producer = KeyedProducer(settings.kafka_bootstrap)
+
+    async def _set_aside(self, message: Any, reason: str) -> None:
+        record = quarantine.set_aside_record(self.n, CONSUMER, message, reason)
+        await self.producer.send_and_wait(*record)
+        self.metrics.set_aside.labels(CONSUMER, dict(record[3]).get("gateway", b"").decode() or "unknown").inc()
 
     async def _apply(self, conn: Conn, messages: list[Any]) -> None:
         started = time.perf_counter()
@@ -160,12 +168,15 @@ class Projector:
     async def start(self) -> None:
         await self.producer.start()
         await self.sink.start()
+        await self.quarantine.start()
 
     async def stop(self) -> None:
+        await self.quarantine.stop()
         await self.sink.stop()
         await self.producer.stop()
 
     async def run_once(self, timeout_ms: int = 200) -> int:
+        await self.quarantine.run_once(timeout_ms=0)  # what has arrived; decisions are the ones worth a wait
         return await self.sink.run_once(timeout_ms)
 
     async def request_backfills(self) -> int:

@@ -25,6 +25,7 @@ from app.settings import Settings
 from projections import sql
 from projections.bulk import Conn
 from projections.migrate import quote_ident
+from topics.catalog import DERIVED_RECORD_BYTES
 
 log = logging.getLogger("orderly.sink")
 # Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch of
@@ -33,6 +34,17 @@ log = logging.getLogger("orderly.sink")
 # the sequence bookkeeping, a statement per table); at low load nothing waits.
 BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_SINK_BUSY_INTERVAL_MS", "100")) / 1000
 Apply = Callable[[Conn, list[ConsumerRecord]], Awaitable[None]]
+SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
+# What stops a sink, to be restarted: PostgreSQL out of reach. Anything else a record causes is the
+# record's, and the record is set aside (DESIGN.md §2.4).
+UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+               asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+REASON_MAX = 500
+
+
+def printable(text: str) -> str:
+    """``text`` as PostgreSQL stores it: text and jsonb refuse NUL, so it is written out as \\x00."""
+    return text.replace("\x00", "\\x00")
 
 
 class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -47,11 +59,13 @@ class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class PgSink:
-    def __init__(self, settings: Settings, name: str, topic: str, apply: Apply, max_records: int = 2000) -> None:
+    def __init__(self, settings: Settings, name: str, topic: str, apply: Apply, max_records: int = 2000,
+                 set_aside: SetAside | None = None) -> None:
         self.settings = settings
         self.name = name
         self.topic = topic
         self.apply = apply
+        self.set_aside = set_aside  # where a record the sink cannot write goes, besides projection_errors
         self.max_records = max_records
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
@@ -66,7 +80,8 @@ class PgSink:
             max_poll_records=self.max_records, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU
-            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40)
+            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,
+            max_partition_fetch_bytes=DERIVED_RECORD_BYTES + 64 * 1024)  # never a record too large to read
         self.consumer.subscribe([self.topic], listener=_Resume(self))
         await self.consumer.start()
 
@@ -122,26 +137,35 @@ class PgSink:
         return sum(len(messages) for messages in fresh.values())
 
     async def _apply_guarded(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
-        """Apply the batch; if the database refuses it, apply record by record and set aside the
-        ones it refuses (with the reason, in projection_errors), so one bad record cannot wedge the
-        sink and nothing it refuses is half-written."""
+        """Apply the batch; if that fails (PostgreSQL refuses a row, or a record is not what the
+        sink expects), apply record by record and set aside the ones that fail, with the reason,
+        in projection_errors and through ``set_aside`` (orderly.quarantine): one bad record cannot
+        wedge the sink, and nothing that failed is half-written. Only PostgreSQL out of reach
+        stops the sink (its supervisor restarts it and it resumes from the stored offsets)."""
         try:
             async with conn.transaction():  # a savepoint
                 await self.apply(conn, messages)
             return
-        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
-            log.error("%s: batch refused by PostgreSQL (%s); retrying record by record", self.name, exc)
+        except UNREACHABLE:
+            raise
+        except Exception as exc:  # found and set aside record by record below
+            log.error("%s: batch failed (%s: %s); retrying record by record", self.name, type(exc).__name__, exc)
         for message in messages:
             try:
                 async with conn.transaction():
                     await self.apply(conn, [message])
-            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            except UNREACHABLE:
+                raise
+            except Exception as exc:  # whatever the record does, it is set aside
+                reason = printable(f"{type(exc).__name__}: {exc}"[:REASON_MAX])
                 log.error("%s: %s[%d]@%d set aside: %s", self.name, message.topic, message.partition,
-                          message.offset, exc)
+                          message.offset, reason)
                 await conn.execute(sql.INSERT_ERROR, f"{self.name}_refused",
                                    f"{message.topic}:{message.partition}:{message.offset}",
-                                   orjson.dumps({"error": str(exc), "value": message.value.decode(errors="replace")}
-                                                ).decode())
+                                   orjson.dumps({"error": reason, "value": printable(message.value.decode(
+                                       errors="replace"))}).decode())
+                if self.set_aside is not None:
+                    await self.set_aside(message, reason)
 
     async def drain(self, idle_s: float = 1.0, limit_s: float = 60.0) -> int:
         """Run until nothing arrives for ``idle_s`` (replay and tests)."""

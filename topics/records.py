@@ -15,6 +15,8 @@ H_REASON = "reason"            # quarantine only
 H_RECORD = "record"            # "correlation" on a merchant's correlation in orderly.raw; absent on webhooks
 H_STAGE = "stage"              # quarantine only: ingest, worker, projector, effects, fetcher
 H_RESOURCE = "resource_key"    # quarantine only: gateway:resource_id, when the record has one
+H_TOPIC = "topic"              # quarantine only: the topic a projector's or effects' record came from
+H_SOURCE_KEY = "source_key"    # quarantine only: that record's key
 CORRELATION = "correlation"
 
 

@@ -324,7 +324,7 @@ def _apply_correlation(state: State, correlation: dict[str, Any], d: Delivery) -
         before = orjson.dumps(state)
         try:
             decisions.append(_guard_deposit(state, orjson.loads(p["raw"]), delivery, UNPARKED))
-        except Exception as exc:  # noqa: BLE001 - one parked event must not take its correlation down
+        except Exception as exc:  # one parked event must not take its correlation down
             # It was parked unchecked (the guard never saw it): set it aside with nothing of it applied.
             state.clear()
             state.update(orjson.loads(before))
