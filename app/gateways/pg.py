@@ -225,7 +225,7 @@ def refused(raw: bytes, refusal: Refusal) -> Route:
     if head is None:
         return Route.quarantine(refusal.code, refusal.reason)
     kind, resource_id = field(head.data, "object", "object"), valid_id(field(head.data, "object", "id"))
-    if kind not in OBJECT_KINDS:
-        refusal = Refusal("unknown_object", f"data.object.object: unknown object kind {kind!r}")
+    if not isinstance(kind, str) or kind not in OBJECT_KINDS:
+        refusal = Refusal("unknown_object", f"data.object.object: unknown object kind {str(kind)[:40]!r}")
     return Route.quarantine(refusal.code, refusal.reason, valid_id(head.id), valid_id(head.type),
                             f"{name}:{resource_id}" if resource_id is not None else None)
