@@ -1,0 +1,522 @@
+"""Hypothesis strategies of well-formed JSON webhook bodies, valid and hostile, for the three gateways.
+
+DESIGN.md §2.4: a gateway, a bug in one, or whoever holds a leaked secret can send a validly signed
+body of any shape. ``mutated()`` takes a valid event and breaks one field path the core or the
+projector reads (a wrong JSON type, an integer past 64 bits or below zero, a float for money, nesting
+past 32, a long / NUL / control-character id, a time outside 2000..2100, a missing required field),
+or adds one hostile unknown field; ``valid_events()`` are events of every type, some padded to just
+under 1 MiB; ``bodies()`` mixes both. Every item names its gateway, its bytes, the resource key
+it is about while its resource id is valid, and the mutated path. Event and resource ids are unique
+per generated body. ``signed_headers`` signs an item as its gateway would.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from hypothesis import strategies as st
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+
+GATEWAYS = ("pg", "card", "paymos")
+MAX_BODY = 1024 * 1024  # the ingest's limit (app/ingest.py): a padded body stays just under it
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Item:
+    gateway: str
+    body: bytes
+    resource_key: str | None  # "gateway:resource_id" while the body's resource id is valid
+    path: str | None = None  # the mutated field path, "data.object.review"; None: a valid event
+    mutation: str = "valid"  # what was done to it, for failure messages
+
+    @property
+    def is_valid(self) -> bool:
+        return self.path is None
+
+    def __repr__(self) -> str:  # a padded body is a megabyte: show its head
+        body = self.body if len(self.body) <= 600 else self.body[:600] + b"...(%d bytes)" % len(self.body)
+        return f"Item({self.gateway!r}, {body!r}, resource_key={self.resource_key!r}, mutation={self.mutation!r})"
+
+
+def signed_headers(item: Item, settings: Settings, now: float | None = None) -> dict[str, str]:
+    """The gateway's own signature headers for ``item.body`` (tests/support.signed_headers)."""
+    from tests.support import signed_headers as sign  # the ingest and Kafka client load only here
+
+    return sign(item.gateway, item.body, settings, now)
+
+
+# --- valid events ---------------------------------------------------------------------------------
+
+_SERIAL = itertools.count(1)
+serials = st.builds(lambda: next(_SERIAL))  # a fresh number per draw: ids never repeat in a run
+INT64_MAX = 2**63 - 1
+T_MIN, T_MAX = datetime(2000, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)
+UNIX_MS_MIN, UNIX_MS_MAX = 946_684_800_000, 4_102_444_800_000
+_printable = st.text(st.characters(categories=("L", "N", "P", "S")), max_size=12).filter(str.isprintable)
+
+
+@st.composite
+def ids(draw: st.DrawFn, prefix: str) -> str:
+    """A unique valid id: ASCII, or with printable Unicode, or exactly 200 characters long."""
+    base = f"{prefix}_h{draw(serials)}"
+    shape = draw(st.sampled_from(["plain", "plain", "unicode", "longest"]))
+    if shape == "unicode":
+        return base + draw(_printable)
+    return base.ljust(200, "x") if shape == "longest" else base
+
+
+@st.composite
+def iso_times(draw: st.DrawFn) -> str:
+    moment = draw(st.datetimes(T_MIN.replace(tzinfo=None), (T_MAX - timedelta(seconds=1)).replace(tzinfo=None)))
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if draw(st.booleans()):
+        text += f".{moment.microsecond // 1000:03d}"
+    if T_MIN + timedelta(days=1) < moment.replace(tzinfo=UTC) < T_MAX - timedelta(days=1) and draw(st.booleans()):
+        return text + draw(st.sampled_from(["+07:00", "-05:30", "+00:00"]))
+    return text + "Z"
+
+
+unix_ms = st.integers(UNIX_MS_MIN, UNIX_MS_MAX)
+money = st.integers(0, INT64_MAX)
+decimals = st.from_regex(r"-?[0-9]{1,20}(\.[0-9]{1,18})?", fullmatch=True)
+_no_nul = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=8)
+fee_breakdowns = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), INT64_MAX) | _no_nul,
+                              lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_no_nul, inner, max_size=3),
+                              max_leaves=8)
+DEPOSIT_STATUSES = ["pending", "slip_received", "settled", "reversed", "expired", "canceled", "under_review",
+                    "rejected", "on_hold"]  # on_hold: a status the catalogue may add (update_order_status)
+
+
+def _maybe(draw: st.DrawFn, obj: dict[str, Any], name: str, values: st.SearchStrategy[Any]) -> None:
+    if draw(st.booleans()):
+        obj[name] = draw(values)
+
+
+@st.composite
+def pg_deposits(draw: st.DrawFn) -> dict[str, Any]:
+    status = draw(st.sampled_from(DEPOSIT_STATUSES))
+    obj: dict[str, Any] = {"id": draw(ids("dep")), "object": "deposit", "version": draw(st.integers(0, INT64_MAX)),
+                           "status": status}
+    if status in ("settled", "reversed"):  # the money CHECK of the gateway document
+        ordered, transferred = draw(st.integers(1, INT64_MAX)), draw(st.integers(1, INT64_MAX))
+        received = min(ordered, transferred)
+        fee = draw(st.integers(0, received))
+        obj.update(ordered_amount_minor=ordered, transferred_amount_minor=transferred,
+                   amount_received_minor=received, fee_total_minor=fee, credited_amount_minor=received - fee)
+    else:
+        _maybe(draw, obj, "ordered_amount_minor", money | st.none())
+    _maybe(draw, obj, "is_terminal", st.booleans() | st.none())
+    _maybe(draw, obj, "late_slip_accepted_until", iso_times())
+    _maybe(draw, obj, "fee_breakdown", fee_breakdowns)
+    _maybe(draw, obj, "balance_transaction_id", ids("btxn"))
+    _maybe(draw, obj, "clearing_available_at", iso_times())
+    _maybe(draw, obj, "partial", st.booleans())
+    _maybe(draw, obj, "cancel_reason_code", st.sampled_from(["user_canceled", "timeout"]))
+    _maybe(draw, obj, "metadata", st.just({"user_id": "meta_user_never_used"}))
+    if draw(st.booleans()):
+        obj["overpayment"] = {"claim_id": draw(ids("clm")), "cause": "additional_transfer",
+                              "amount_minor": draw(st.integers(1, INT64_MAX)), "slip_received_at": draw(iso_times()),
+                              "status": "open", "action_required": "contact_support",
+                              "expected_response_at": draw(iso_times() | st.none())}
+    if status == "under_review" or draw(st.booleans()):
+        obj["review"] = {"reasons": [{"display_th": "กำลังตรวจสอบ", "display_en": "Under review"}]}
+    if status == "rejected" or draw(st.booleans()):
+        obj["rejection"] = {"display_th": "ถูกปฏิเสธ"}
+    return {"type": f"deposit.{status}", "data": {"object": obj}}
+
+
+@st.composite
+def pg_withdrawals(draw: st.DrawFn) -> dict[str, Any]:
+    total = draw(st.integers(1, INT64_MAX))
+    filled = draw(st.integers(0, total))
+    status = "settled" if filled == total else "filling"
+    obj: dict[str, Any] = {"id": draw(ids("wdr")), "object": "withdrawal", "version": draw(st.integers(0, INT64_MAX)),
+                           "status": status, "amount_total_minor": total, "filled_minor": filled,
+                           "remaining_minor": total - filled, "metadata": {"payout_id": draw(ids("po"))}}
+    for name in ("fee_total_minor", "fee_recognized_minor", "refunded_minor"):
+        _maybe(draw, obj, name, money)
+    _maybe(draw, obj, "settled_splits", st.integers(0, 2**15 - 1))
+    data: dict[str, Any] = {"object": obj}
+    if draw(st.booleans()):
+        fill: dict[str, Any] = {"leg_ref": draw(ids("leg")), "amount_minor": draw(money)}
+        _maybe(draw, fill, "sequence", st.integers(0, 2**15 - 1))
+        _maybe(draw, fill, "fee_recognized_minor", money)
+        _maybe(draw, fill, "settled_at", iso_times())
+        _maybe(draw, fill, "auto_confirm_at", iso_times())
+        _maybe(draw, fill, "balance_transaction_id", ids("btxn"))
+        data["fill"] = fill
+    _maybe(draw, data, "previous_attributes", st.just({"status": "pending"}))
+    return {"type": f"withdrawal.{'settled' if status == 'settled' else 'filled'}", "data": data}
+
+
+@st.composite
+def pg_balance_txns(draw: st.DrawFn) -> dict[str, Any]:
+    obj: dict[str, Any] = {"id": draw(ids("btxn")), "object": "balance_transaction", "type": "deposit",
+                           "direction": draw(st.sampled_from(["credit", "debit"])), "amount_minor": draw(money),
+                           "created_at": draw(iso_times()), "bucket_from": draw(st.none() | st.just("pending")),
+                           "bucket_to": "available"}
+    _maybe(draw, obj, "source", st.builds(lambda n: {"id": f"dep_h{n}"}, serials))
+    _maybe(draw, obj, "balance_after", st.integers(-(2**63), INT64_MAX))
+    return {"type": draw(st.sampled_from(["balance_transaction.created", "balance.cleared"])), "data": {"object": obj}}
+
+
+@st.composite
+def pg_events(draw: st.DrawFn) -> dict[str, Any]:
+    event = draw(st.one_of(pg_deposits(), pg_withdrawals(), pg_balance_txns()))
+    body = {"id": draw(ids("evt")), "object": "event", "type": event["type"], "created": draw(iso_times()),
+            "data": event["data"]}
+    _maybe(draw, body, "sequence", st.integers(0, INT64_MAX) | st.none())
+    return body
+
+
+CARD_TYPES = ["payment.authorised", "payment.captured", "payment.refunded", "payment.voided"]
+
+
+@st.composite
+def card_events(draw: st.DrawFn) -> dict[str, Any]:
+    body = {"id": draw(ids("evt")), "type": draw(st.sampled_from(CARD_TYPES)), "payment_ref": draw(ids("pay")),
+            "occurred_at": draw(iso_times()), "sequence": draw(st.none() | st.integers(0, INT64_MAX))}
+    _maybe(draw, body, "amount_minor", money)
+    _maybe(draw, body, "currency", st.sampled_from(["EUR", "THB", "USD"]))
+    return body
+
+
+PAYMOS_FAMILIES = {
+    "invoice": ("invoice", ["awaiting_payment", "confirming", "underpaid_waiting", "paid", "paid_over", "underpaid",
+                            "expired", "cancelled", "paid_late"]),
+    "withdrawal": ("withdrawal", ["created", "processing", "completed", "failed", "cancelled", "completion_rewound"]),
+    "payment_channel.deposit": ("payment_channel_deposit", ["confirming", "reorged", "confirmed"]),
+}
+PAYMOS_TYPES = [(f"{family}.{step}", kind) for family, (kind, steps) in PAYMOS_FAMILIES.items() for step in steps]
+FINAL = {"paid", "paid_over", "underpaid", "expired", "cancelled", "completed", "failed", "confirmed"}
+
+
+@st.composite
+def paymos_events(draw: st.DrawFn) -> dict[str, Any]:
+    event_type, kind = draw(st.sampled_from(PAYMOS_TYPES))
+    step = event_type.rsplit(".", 1)[1]
+    status = {"completion_rewound": "signed", "paid_late": "expired"}.get(step, step)
+    data: dict[str, Any] = {"id": draw(ids({"invoice": "inv", "withdrawal": "wdr"}.get(kind, "pcd"))),
+                            "object": kind, "status": status, "is_final": status in FINAL,
+                            "updated_at": draw(unix_ms), "amount": draw(decimals)}
+    _maybe(draw, data, "fee", decimals | st.none())
+    _maybe(draw, data, "currency", st.just("USDT"))
+    if step == "paid_late":
+        data["paid_late_at"] = draw(st.integers(UNIX_MS_MIN // 1000, UNIX_MS_MAX // 1000))
+    body = {"event_id": draw(ids("evt")), "event_type": event_type, "data": data}
+    _maybe(draw, body, "created_at", unix_ms)
+    return body
+
+
+BUILDERS = {"pg": pg_events, "card": card_events, "paymos": paymos_events}
+RESOURCE_PATH: dict[str, Path] = {"pg": ("data", "object", "id"), "card": ("payment_ref",), "paymos": ("data", "id")}
+
+
+def encode(body: Any) -> bytes:
+    # json, not orjson: orjson refuses to write integers past 64 bits and nesting past 254
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def nested(levels: int) -> Any:
+    value: Any = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def padded(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with an unknown field that brings it to just under the ingest's 1 MiB."""
+    room = MAX_BODY - len(encode(body)) - len(',"x_padding":""') - 16
+    return {**body, "x_padding": "p" * max(0, room)}
+
+
+def lookup(body: Any, path: Path) -> Any:
+    for step in path:
+        if isinstance(step, int):
+            if not isinstance(body, list) or len(body) <= step:
+                return None
+            body = body[step]
+        elif not isinstance(body, dict):
+            return None
+        else:
+            body = body.get(step)
+    return body
+
+
+def is_id(value: Any) -> bool:
+    """DESIGN §2.4's id, restated here so the tests do not lean on the code they check."""
+    return isinstance(value, str) and 1 <= len(value) <= 200 and value.isprintable()
+
+
+def resource_key(gateway: str, body: Any) -> str | None:
+    rid = lookup(body, RESOURCE_PATH[gateway])
+    return f"{gateway}:{rid}" if is_id(rid) else None
+
+
+def dotted(path: Path) -> str:
+    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+
+
+@st.composite
+def valid_events(draw: st.DrawFn, gateway: str | None = None) -> Item:
+    """A valid event of any type of ``gateway`` (any gateway when None)."""
+    gw = gateway or draw(st.sampled_from(GATEWAYS))
+    body = draw(BUILDERS[gw]())
+    shape = draw(st.sampled_from(["plain"] * 6 + ["nested_32", "big_int_19_digits", "padded"]))
+    if shape == "nested_32":  # the whole body nests exactly 32 deep: allowed
+        body["x_nested"] = nested(31)
+    elif shape == "big_int_19_digits":  # 19 digits and still inside 64 bits: allowed
+        body["x_big"] = draw(st.sampled_from([INT64_MAX, -(2**63), 1_000_000_000_000_000_000]))
+    elif shape == "padded":
+        body = padded(body)
+    return Item(gw, encode(body), resource_key(gw, body))
+
+
+# --- mutations ----------------------------------------------------------------------------------------
+# The field paths the core and the projector read, with what each must hold. Kinds: id (1-200
+# printable), ptext (an event type: printable, bounded), text (bounded), str (any string), iso, unix_ms,
+# unix_s, int64, minor (money: 0..2**63-1), seq (0..2**63-1), small (a smallint column), bool, object,
+# list, decimal (a crypto amount), any (stored raw), tag (pg's object kind), kind (paymos data.object).
+Field = tuple[Path, str, bool]  # path, kind, required
+
+PG_ENVELOPE: list[Field] = [(("id",), "id", True), (("type",), "ptext", True), (("sequence",), "seq", False),
+                            (("data",), "object", True), (("data", "object"), "object", True),
+                            (("data", "object", "object"), "tag", True), (("data", "fill"), "object", False),
+                            (("data", "previous_attributes"), "object", False)]
+_O = ("data", "object")
+_FLAG = (*_O, "overpayment")
+PG_OBJECT: dict[str, list[Field]] = {
+    "deposit": [
+        ((*_O, "id"), "id", True), ((*_O, "version"), "int64", True), ((*_O, "status"), "text", True),
+        ((*_O, "is_terminal"), "bool", False), ((*_O, "late_slip_accepted_until"), "iso", False),
+        *(((*_O, name), "minor", False) for name in ("ordered_amount_minor", "transferred_amount_minor",
+                                                      "amount_received_minor", "fee_total_minor",
+                                                      "credited_amount_minor")),
+        ((*_O, "fee_breakdown"), "any", False), (_FLAG, "object", False), ((*_FLAG, "claim_id"), "id", False),
+        ((*_FLAG, "cause"), "text", False), ((*_FLAG, "amount_minor"), "minor", False),
+        ((*_FLAG, "slip_received_at"), "iso", False), ((*_FLAG, "status"), "text", False),
+        ((*_FLAG, "action_required"), "text", False), ((*_FLAG, "expected_response_at"), "iso", False),
+        ((*_O, "balance_transaction_id"), "id", False), ((*_O, "clearing_available_at"), "iso", False),
+        ((*_O, "partial"), "bool", False), ((*_O, "cancel_reason_code"), "text", False),
+        ((*_O, "review"), "object", False), ((*_O, "review", "reasons"), "list", False),
+        ((*_O, "review", "reasons", 0), "object", True), ((*_O, "review", "reasons", 0, "display_th"), "str", False),
+        ((*_O, "rejection"), "object", False), ((*_O, "rejection", "display_th"), "str", False),
+    ],
+    "withdrawal": [
+        ((*_O, "id"), "id", True), ((*_O, "version"), "int64", True), ((*_O, "status"), "text", True),
+        ((*_O, "amount_total_minor"), "minor", True), ((*_O, "remaining_minor"), "minor", True),
+        *(((*_O, name), "minor", False) for name in ("filled_minor", "fee_total_minor", "fee_recognized_minor",
+                                                      "refunded_minor")),
+        ((*_O, "settled_splits"), "small", False), ((*_O, "metadata"), "object", True),
+        ((*_O, "metadata", "payout_id"), "id", True),
+        (("data", "fill", "leg_ref"), "id", True), (("data", "fill", "amount_minor"), "minor", True),
+        (("data", "fill", "sequence"), "small", False), (("data", "fill", "fee_recognized_minor"), "minor", False),
+        (("data", "fill", "settled_at"), "iso", False), (("data", "fill", "auto_confirm_at"), "iso", False),
+        (("data", "fill", "balance_transaction_id"), "id", False),
+    ],
+    "balance_transaction": [
+        ((*_O, "id"), "id", True), ((*_O, "type"), "text", True), ((*_O, "direction"), "text", True),
+        ((*_O, "amount_minor"), "minor", True), ((*_O, "created_at"), "iso", True),
+        ((*_O, "bucket_from"), "text", False), ((*_O, "bucket_to"), "text", False), ((*_O, "source"), "object", False),
+        ((*_O, "source", "id"), "id", False), ((*_O, "balance_after"), "int64", False),
+    ],
+}
+CARD_FIELDS: list[Field] = [
+    (("id",), "id", True), (("type",), "card_type", True), (("payment_ref",), "id", True),
+    (("occurred_at",), "iso", True), (("sequence",), "seq", False), (("amount_minor",), "minor", False),
+    (("currency",), "text", False),
+]
+PAYMOS_FIELDS: list[Field] = [
+    (("event_id",), "id", True), (("event_type",), "paymos_type", True), (("created_at",), "unix_ms", False),
+    (("data",), "object", True), (("data", "id"), "id", True), (("data", "object"), "kind", True),
+    (("data", "status"), "text", True), (("data", "is_final"), "bool", True), (("data", "updated_at"), "unix_ms", True),
+    (("data", "paid_late_at"), "unix_s", False), (("data", "amount"), "decimal", False),
+    (("data", "fee"), "decimal", False), (("data", "net_amount"), "decimal", False),
+]
+
+
+def fields(gateway: str, body: dict[str, Any]) -> list[Field]:
+    if gateway == "pg":
+        return PG_ENVELOPE + PG_OBJECT.get(str(lookup(body, (*_O, "object"))), [])
+    return CARD_FIELDS if gateway == "card" else PAYMOS_FIELDS
+
+
+_TYPE_OF = {"str": "x", "int": 7, "float": 1.5, "bool": True, "list": [1], "object": {"a": 1}, "null": None}
+_ACCEPTS = {"int64": "int", "minor": "int", "seq": "int", "small": "int", "unix_ms": "int", "unix_s": "int",
+            "bool": "bool", "object": "object", "list": "list", "any": None}  # every other kind: a string
+Maker = Callable[[int], Any]  # a serial (keeps ids unique) -> a hostile value
+_BAD_ID: list[tuple[str, Maker]] = [
+    ("empty id", lambda n: ""), ("201-character id", lambda n: f"h{n}_".ljust(201, "x")),
+    ("6000-character id", lambda n: f"h{n}_".ljust(6000, "x")), ("NUL in id", lambda n: f"h{n}\x00"),
+    ("control character in id", lambda n: f"h{n}\x07"), ("line break in id", lambda n: f"h{n}\n"),
+    ("unicode line separator in id", lambda n: f"h{n}\u2028"), ("zero-width space in id", lambda n: f"h{n}\u200b"),
+]
+_BAD_TEXT: list[tuple[str, Maker]] = [
+    ("empty", lambda n: ""), ("201 characters", lambda n: "t" * 201), ("6000 characters", lambda n: "t" * 6000),
+    ("NUL in text", lambda n: "a\x00b"),
+]
+_BAD_INT64: list[tuple[str, Maker]] = [("2**63", lambda n: 2**63), ("-2**63-1", lambda n: -(2**63) - 1),
+                                       ("2**64", lambda n: 2**64), ("10**30", lambda n: 10**30)]
+def _constant(value: Any) -> Maker:
+    return lambda n: value
+
+
+_BAD_TIME: list[tuple[str, Maker]] = [
+    (label, _constant(v)) for label, v in [
+        ("1970", "1970-01-01T00:00:00Z"), ("1999", "1999-12-31T23:59:59Z"), ("2200", "2200-01-01T00:00:00Z"),
+        ("just past 2100", "2100-01-01T00:00:01Z"), ("not a date", "not a date"), ("month 13", "2026-13-01T00:00:00Z"),
+        ("date only", "2026-11-29"), ("unix ms as text", "1796000000000"), ("empty time", ""),
+        ("full-width digits", "\uff12\uff10\uff12\uff16-11-29T10:33:15Z")]]
+_BAD: dict[str, list[tuple[str, Maker]]] = {
+    "id": _BAD_ID,
+    "ptext": _BAD_ID[:5],
+    "text": _BAD_TEXT,
+    "str": [("NUL in text", lambda n: "a\x00b")],
+    "int64": _BAD_INT64,
+    "minor": [("-1 money", lambda n: -1), ("float money", lambda n: 80.5), ("integral float money", lambda n: 100.0),
+              *_BAD_INT64],
+    "seq": [("-1", lambda n: -1), *_BAD_INT64],
+    "small": [("-1", lambda n: -1), ("32768", lambda n: 32768), *_BAD_INT64],
+    "iso": _BAD_TIME,
+    "unix_ms": [(label, _constant(v)) for label, v in [
+        ("0 ms", 0), ("-1 ms", -1), ("seconds for ms", 1_796_000_000), ("1999 ms", 946_684_799_999),
+        ("past 2100 ms", 4_102_444_800_001), ("2**62 ms", 2**62), ("float ms", 1.796e12)]] + _BAD_INT64,
+    "unix_s": [(label, _constant(v)) for label, v in [
+        ("0 s", 0), ("ms for seconds", 1_796_000_000_000), ("1999 s", 946_684_799), ("past 2100 s", 4_102_444_801)]],
+    "decimal": [(label, _constant(v)) for label, v in [
+        ("exponent", "1e5"), ("letters", "abc"), ("empty amount", ""), ("trailing dot", "1."), ("leading dot", ".5"),
+        ("plus sign", "+1"), ("arabic digits", "١٢"), ("81 digits", "1" * 81), ("comma", "1,5"), ("NaN", "NaN"),
+        ("float amount", 1.5), ("integer amount", 5)]],
+    "tag": [("unknown object kind", lambda n: "refund"), ("empty kind", lambda n: ""), ("capitalised kind",
+                                                                                          lambda n: "Deposit")],
+    "kind": [("foreign object kind", lambda n: "deposit"), ("empty kind", lambda n: "")],
+    "card_type": [("unknown type", lambda n: "payment.disputed"), *_BAD_ID[:5]],
+    "paymos_type": [("unknown type", lambda n: "invoice.refunded"), ("capitalised type", lambda n: "INVOICE.PAID"),
+                    *_BAD_ID[:5]],
+}
+
+
+def _hostile_values(kind: str, required: bool) -> list[tuple[str, Maker]]:
+    accepts = _ACCEPTS.get(kind, "str")
+    wrong = [(f"wrong type {name}", _constant(value)) for name, value in _TYPE_OF.items()
+             if accepts is not None and name != accepts and not (name == "null" and not required)]
+    deep: list[tuple[str, Maker]] = [("nesting 40 deep", lambda n: nested(40)), ("nesting 300 deep",
+                                                                                lambda n: nested(300))]
+    universal: list[tuple[str, Maker]] = [("2**64", lambda n: 2**64), ("NUL string", lambda n: "\x00")]
+    return wrong + _BAD.get(kind, []) + deep + universal
+
+
+def _set(body: Any, path: Path, value: Any) -> None:
+    parent = lookup(body, path[:-1])
+    parent[path[-1]] = value
+
+
+def _parent_exists(body: Any, path: Path) -> bool:
+    parent = lookup(body, path[:-1])
+    step = path[-1]
+    if isinstance(parent, list):
+        return isinstance(step, int) and step < len(parent)
+    return isinstance(parent, dict) and isinstance(step, str)
+
+
+Mutation = tuple[Path, str, Maker]  # path, label, value maker
+
+
+def mutations(gateway: str, body: dict[str, Any]) -> list[Mutation]:
+    """Every way ``mutated`` may break ``body``: each field path it reads (or may add) times each
+    hostile value for it, plus hostile unknown fields."""
+    found: list[Mutation] = []
+    extras: list[Field] = [(("x_extra",), "any", False)]
+    if isinstance(body.get("data"), dict):
+        extras.append((("data", "x_extra"), "any", False))
+    for path, kind, required in [f for f in fields(gateway, body) if _parent_exists(body, f[0])] + extras:
+        found += [(path, label, make) for label, make in _hostile_values(kind, required)]
+        if required and isinstance(path[-1], str):
+            found.append((path, "missing required field", lambda n: _MISSING))
+    return found
+
+
+def apply(gateway: str, body: dict[str, Any], mutation: Mutation, serial: int, pad: bool = False) -> Item:
+    path, label, make = mutation
+    body = copy.deepcopy(body)
+    value = make(serial)
+    if value is _MISSING:
+        lookup(body, path[:-1]).pop(path[-1])
+    else:
+        _set(body, path, value)
+    if pad:
+        body = padded(body)
+    raw = encode(body)
+    assert len(raw) <= MAX_BODY, "a hostile body must still be one the ingest takes"
+    return Item(gateway, raw, resource_key(gateway, body), dotted(path), f"{label} at {dotted(path)}")
+
+
+@st.composite
+def mutated(draw: st.DrawFn, gateway: str | None = None) -> Item:
+    """A valid event with one field path broken, or with one hostile unknown field added."""
+    gw = gateway or draw(st.sampled_from(GATEWAYS))
+    body = draw(BUILDERS[gw]())
+    return apply(gw, body, draw(st.sampled_from(mutations(gw, body))), draw(serials),
+                 pad=draw(st.integers(0, 9)) == 0)
+
+
+_MISSING = object()
+
+
+def bodies(gateway: str | None = None) -> st.SearchStrategy[Item]:
+    """Hostile bodies with valid events of every type mixed in (about one in four)."""
+    return st.one_of(mutated(gateway), mutated(gateway), mutated(gateway), valid_events(gateway))
+
+
+def full_bodies() -> list[tuple[str, dict[str, Any]]]:
+    """One valid event per object kind with every optional field the core reads present, so that
+    ``mutations`` reaches every path (tests walk them all)."""
+    t = "2026-11-29T10:33:15Z"
+    flag = {"claim_id": "clm_1", "cause": "same_transfer_excess", "amount_minor": 100, "slip_received_at": t,
+            "status": "open", "action_required": "contact_support", "expected_response_at": t}
+    deposit = {"id": "dep_full", "object": "deposit", "version": 9, "status": "settled", "is_terminal": True,
+               "late_slip_accepted_until": t, "ordered_amount_minor": 500_000, "transferred_amount_minor": 500_000,
+               "amount_received_minor": 500_000, "fee_total_minor": 2_500, "credited_amount_minor": 497_500,
+               "fee_breakdown": {"gateway": 2_000, "vat": 500}, "overpayment": flag, "balance_transaction_id": "btxn_1",
+               "clearing_available_at": t, "partial": False, "cancel_reason_code": "timeout",
+               "review": {"reasons": [{"display_th": "กำลังตรวจสอบ", "display_en": "Under review"}]},
+               "rejection": {"display_th": "ถูกปฏิเสธ"}}
+    withdrawal = {"id": "wdr_full", "object": "withdrawal", "version": 7, "status": "filling",
+                  "amount_total_minor": 1_000_000, "filled_minor": 400_000, "remaining_minor": 600_000,
+                  "fee_total_minor": 10, "fee_recognized_minor": 4, "refunded_minor": 0, "settled_splits": 1,
+                  "metadata": {"payout_id": "po_1"}}
+    fill = {"leg_ref": "leg_1", "amount_minor": 400_000, "sequence": 1, "fee_recognized_minor": 4, "settled_at": t,
+            "auto_confirm_at": t, "balance_transaction_id": "btxn_2"}
+    btxn = {"id": "btxn_full", "object": "balance_transaction", "type": "deposit", "direction": "credit",
+            "amount_minor": 500_000, "created_at": t, "bucket_from": "pending", "bucket_to": "available",
+            "source": {"id": "dep_full"}, "balance_after": 123}
+
+    def pg(obj: dict[str, Any], type_: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        return "pg", {"id": f"evt_{obj['id']}", "object": "event", "type": type_, "sequence": 1042, "created": t,
+                      "data": {"object": obj, "previous_attributes": {"status": "pending"}, **data}}
+
+    return [
+        pg(deposit, "deposit.settled"), pg(withdrawal, "withdrawal.filled", fill=fill),
+        pg(btxn, "balance_transaction.created"),
+        ("card", {"id": "evt_card_full", "type": "payment.captured", "payment_ref": "pay_8c21", "sequence": 17,
+                  "occurred_at": "2026-11-29T10:02:15.123Z", "amount_minor": 8_000, "currency": "EUR"}),
+        ("paymos", {"event_id": "evt_paymos_full", "event_type": "invoice.paid_late", "created_at": 1_796_000_000_000,
+                    "data": {"id": "inv_full", "object": "invoice", "status": "expired", "is_final": True,
+                             "updated_at": 1_796_000_000_000, "paid_late_at": 1_796_000_100, "amount": "125.5",
+                             "fee": "0.5", "net_amount": "125.0"}}),
+    ]
+
+
+def every_mutation() -> list[Item]:
+    """Each mutation of each full body: a deterministic sweep of every path and hostile value."""
+    serial = itertools.count(1)
+    return [apply(gw, body, m, next(serial)) for gw, body in full_bodies() for m in mutations(gw, body)]
