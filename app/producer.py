@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from topics.catalog import MAX_RECORD_BYTES
+from topics.catalog import REQUEST_BYTES
 from topics.partitioning import partition_for
 
 Headers = list[tuple[str, bytes]]
@@ -26,7 +26,7 @@ class KeyedProducer:
         self._config = dict(
             bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger_ms,
             request_timeout_ms=request_timeout_ms, max_batch_size=256 * 1024,
-            max_request_size=MAX_RECORD_BYTES, **extra)
+            max_request_size=REQUEST_BYTES, **extra)
         self._producer: AIOKafkaProducer | None = None
         self._partitions: dict[str, int] = {}
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 
 from app.bootstrap import prepare
 from app.core.dispatch import Incoming, Record, plan_batch
@@ -35,7 +35,7 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from app.worker import changelog_topic
 from projections.migrate import quote_ident
-from topics.catalog import names
+from topics.catalog import REQUEST_BYTES, names
 
 Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
@@ -72,7 +72,7 @@ COMPARED = {
 async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[Any]]:
     """Every record of ``topic`` up to its end at the start of the copy, per partition."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                isolation_level="read_committed")
+                                isolation_level="read_committed", max_partition_fetch_bytes=REQUEST_BYTES)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]  # co-partitioned: checked at start-up
@@ -123,7 +123,6 @@ async def prepare_target(target: Settings) -> None:
     """What a rebuild into ``target`` writes to must exist first: the namespace's topics and tables
     (as every process ensures them) and the worker table's changelog topic."""
     await prepare(target)
-    await ensure_changelog(target)
 
 
 def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> int:
@@ -252,17 +251,10 @@ def _known(states: dict[bytes, bytes], _partition: int, key: bytes) -> bytes | N
 
 
 async def ensure_changelog(target: Settings) -> str:
-    """Create the worker table's changelog topic as Faust would (compacted, co-partitioned)."""
-    topic = changelog_topic(target.namespace)
-    admin = AIOKafkaAdminClient(bootstrap_servers=target.kafka_bootstrap)
-    await admin.start()
-    try:
-        if topic not in await admin.list_topics():
-            await admin.create_topics([NewTopic(topic, target.partitions, target.replication_factor,
-                                                topic_configs={"cleanup.policy": "compact"})])
-    finally:
-        await admin.close()
-    return topic
+    """The worker table's changelog topic (compacted, co-partitioned): part of the catalog, so
+    prepare() creates it with every other topic."""
+    await prepare(target)
+    return changelog_topic(target.namespace)
 
 
 async def _commit_worker_offsets(target: Settings, ends: dict[int, int]) -> None:

@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 
 from app.producer import KeyedProducer
 from app.settings import Settings
-from topics.catalog import names
+from topics.catalog import REQUEST_BYTES, names
 from topics.records import H_DELIVERY_ID, H_RECEIVED_AT
 
 log = logging.getLogger("orderly.sweeper")
@@ -51,6 +51,7 @@ class Sweeper:
 
     async def start(self) -> None:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+                                         max_partition_fetch_bytes=REQUEST_BYTES,
                                          isolation_level="read_committed")  # end offsets: what the projector can read
         await self.consumer.start()
         self.consumer.assign(self.tps)

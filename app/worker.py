@@ -47,7 +47,8 @@ from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
 from app.settings import Settings
-from topics.catalog import names
+from topics.admin import topic_configs
+from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
 log = logging.getLogger("orderly.worker")
 BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
@@ -389,7 +390,16 @@ TABLE = "resources"
 
 def changelog_topic(namespace: str) -> str:
     """The Faust changelog of the worker's table (Faust names it ``{app id}-{table}-changelog``)."""
-    return f"{namespace}-worker-{TABLE}-changelog"
+    return names(namespace).changelog
+
+
+async def record_limit(settings: Settings) -> int:
+    """The largest record every topic the worker writes accepts (an installation's topics may have
+    been created with a smaller max.message.bytes than today's catalog)."""
+    n = names(settings.namespace)
+    written = [n.state, n.decisions, n.facts, n.effects, n.quarantine, n.changelog]
+    configs = await topic_configs(settings.kafka_bootstrap, written)
+    return min(int(configs.get(topic, {}).get("max.message.bytes") or DERIVED_RECORD_BYTES) for topic in written)
 
 
 @contextlib.contextmanager
@@ -419,7 +429,7 @@ def dump_tasks() -> None:
         log.warning("task %s:\n%s", task.get_name(), "\n".join(frames))
 
 
-def build_app(settings: Settings) -> faust.App:
+def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) -> faust.App:
     n = names(settings.namespace)
     datadir = settings.data_dir / f"{settings.namespace}-worker"
     datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
@@ -444,12 +454,17 @@ def build_app(settings: Settings) -> faust.App:
         producer_linger=0.005,
         broker_commit_interval=settings.worker_commit_interval_s,
         producer_max_batch_size=256 * 1024,
+        # every record a worker writes or reads fits (DESIGN.md §2.4): a changelog value holds a
+        # resource's state with its parked events, up to app/core/dispatch.py's limit
+        producer_max_request_size=REQUEST_BYTES,
+        consumer_max_fetch_size=REQUEST_BYTES,
     )
     app.transport = _Transport(app.conf.broker_consumer, app)
     app.busy_commit_interval = settings.worker_busy_commit_interval_s  # type: ignore[attr-defined]  # read by _Consumer
     source = app.topic(n.raw, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                      extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES)},
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     metrics = WorkerMetrics()
     app.orderly_metrics = metrics  # type: ignore[attr-defined]  # read by _Consumer
@@ -518,7 +533,8 @@ def build_app(settings: Settings) -> faust.App:
             return stored if stored is not None else local.get(partition, key)
 
         plan = plan_batch(n, [Incoming(e.key, e.value, e.message.headers or [], e.message.offset,
-                                       e.message.partition, e.message.topic) for e in events], read)
+                                       e.message.partition, e.message.topic) for e in events], read,
+                          max_record_bytes)
         for decision in plan.errors:
             metrics.errors.labels(decision.gateway).inc()
             log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
@@ -643,7 +659,12 @@ class QuietWorker(faust.Worker):
 
 
 def run(settings: Settings) -> None:
-    app = build_app(settings)
+    limit = asyncio.run(record_limit(settings))
+    if limit < DERIVED_RECORD_BYTES:
+        log.warning("a topic the worker writes takes records of at most %d bytes (the catalog sets %d): records "
+                    "whose outputs pass half of that are set aside; raise max.message.bytes to lift it",
+                    limit, DERIVED_RECORD_BYTES)
+    app = build_app(settings, max_record_bytes=limit)
     worker = QuietWorker(app, loglevel=os.environ.get("ORDERLY_FAUST_LOGLEVEL", "warn"), quiet=True)
     worker.execute_from_commandline()
 

@@ -25,7 +25,7 @@ from app.settings import Settings
 from projections import sql
 from projections.bulk import Conn
 from projections.migrate import quote_ident
-from topics.catalog import DERIVED_RECORD_BYTES
+from topics.catalog import REQUEST_BYTES
 
 log = logging.getLogger("orderly.sink")
 # Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch of
@@ -81,7 +81,7 @@ class PgSink:
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU
             fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,
-            max_partition_fetch_bytes=DERIVED_RECORD_BYTES + 64 * 1024)  # never a record too large to read
+            max_partition_fetch_bytes=REQUEST_BYTES)  # never a record too large to read
         self.consumer.subscribe([self.topic], listener=_Resume(self))
         await self.consumer.start()
 

@@ -17,6 +17,7 @@ from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
 from app.stack.process import free_port
+from topics.catalog import REQUEST_BYTES
 
 CARD_SECRET = "whsec_dGVzdC1jYXJkLWtleS1mb3Itb3JkZXJseS10ZXN0cw=="
 
@@ -98,6 +99,7 @@ async def assigned_consumer(bootstrap: str, topic: str, isolation: str = "read_u
                             ) -> AsyncIterator[AIOKafkaConsumer]:
     """A group-less consumer of every partition of ``topic``, once it has them."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                max_partition_fetch_bytes=REQUEST_BYTES,
                                 isolation_level=isolation, auto_offset_reset="earliest")
     await consumer.start()
     try:

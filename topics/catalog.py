@@ -16,6 +16,8 @@ MAX_RECORD_BYTES = 2 * 1024 * 1024  # orderly.raw and orderly.quarantine: a 1 Mi
 # with its parked events, the changelog) fits in this; the worker sets aside a record whose outputs
 # would pass half of it (app/core/dispatch.py), so no output is ever refused for its size.
 DERIVED_RECORD_BYTES = 16 * 1024 * 1024
+# What producers may send and consumers must be able to fetch from one partition: any record above.
+REQUEST_BYTES = DERIVED_RECORD_BYTES + 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,15 @@ class TopicNames:
     facts: str
     effects: str
     fetch: str
+    changelog: str  # the worker table's changelog (Faust's name: "{app id}-{table}-changelog")
 
 
 @functools.lru_cache(maxsize=64)  # called per request by the ingest
 def names(namespace: str = "orderly") -> TopicNames:
-    return TopicNames(*(f"{namespace}.{s}" for s in (
-        "raw", "correlations", "quarantine", "state", "decisions", "facts", "effects", "fetch")))
+    raw, correlations, quarantine, state, decisions, facts, effects, fetch = (f"{namespace}.{s}" for s in (
+        "raw", "correlations", "quarantine", "state", "decisions", "facts", "effects", "fetch"))
+    return TopicNames(raw, correlations, quarantine, state, decisions, facts, effects, fetch,
+                      changelog=f"{namespace}-worker-resources-changelog")
 
 
 def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1) -> list[TopicSpec]:
@@ -68,4 +73,6 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
         spec(n.facts, {**keep, **derived}),
         spec(n.effects, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS), **derived}),
         spec(n.fetch, {"cleanup.policy": "delete", "retention.ms": str(14 * DAY_MS)}),
+        # created here rather than by Faust, so that a resource's state with its parked events fits
+        spec(n.changelog, {"cleanup.policy": "compact", **derived}),
     ]

@@ -24,10 +24,10 @@ from topics.records import CORRELATION, H_RECORD, quarantine_headers
 
 Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
-# A resource's state (with its parked events) and every output record stay well inside what their
-# topics accept (DERIVED_RECORD_BYTES): a record that would take them past it is set aside.
-STATE_MAX_BYTES = DERIVED_RECORD_BYTES // 2
-OUTPUT_MAX_BYTES = DERIVED_RECORD_BYTES // 2
+# A resource's state (with its parked events) and every output record stay within half of what
+# their topics accept (DERIVED_RECORD_BYTES by default; the worker passes its topics' real limit):
+# a record that would take them past it is set aside. Half: headroom for a batch's framing, and a
+# record's JSON may grow when written inside another (a parked body as a string escapes its quotes).
 REASON_MAX = 500
 STAGE = "worker"
 
@@ -124,26 +124,29 @@ def _count(plan: BatchPlan, decisions: list[Decision]) -> None:
             plan.errors.append(decision)
 
 
-def _check_size(records: list[Record], state: bytes | None) -> None:
+def _check_size(records: list[Record], state: bytes | None, max_bytes: int) -> None:
     for record in records:
-        if len(record[2]) > OUTPUT_MAX_BYTES:
-            raise Oversize(f"an output record for {record[0]} would be {len(record[2])} bytes "
-                           f"(at most {OUTPUT_MAX_BYTES})")
-    if state is not None and len(state) > STATE_MAX_BYTES:
-        raise Oversize(f"the resource's state would be {len(state)} bytes (at most {STATE_MAX_BYTES}): "
+        if len(record[2]) > max_bytes:
+            raise Oversize(f"an output record for {record[0]} would be {len(record[2])} bytes (at most {max_bytes})")
+    if state is not None and len(state) > max_bytes:
+        raise Oversize(f"the resource's state would be {len(state)} bytes (at most {max_bytes}): "
                        "too many or too large parked or stored events")
 
 
-def plan_batch(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
-    """Decide ``batch`` (in log order); ``read(partition, key)`` gives a resource's stored state.
-    Never raises for what a record holds: see the module's docstring."""
+def plan_batch(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
+               topic_max_bytes: int = DERIVED_RECORD_BYTES) -> BatchPlan:
+    """Decide ``batch`` (in log order); ``read(partition, key)`` gives a resource's stored state;
+    ``topic_max_bytes`` is the largest record the output topics take. Never raises for what a
+    record holds: see the module's docstring."""
+    max_bytes = topic_max_bytes // 2
     try:
-        return _plan_fast(n, batch, read)
-    except Exception:
-        return _plan_careful(n, batch, read)
+        return _plan_fast(n, batch, read, max_bytes)
+    except Exception:  # whatever it was, the careful pass finds the record and sets it aside with the reason
+        return _plan_careful(n, batch, read, max_bytes)
 
 
-def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
+def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
+               max_bytes: int) -> BatchPlan:
     plan = BatchPlan()
     overlay: dict[bytes, dict[str, Any] | None] = {}
     changed: set[bytes] = set()
@@ -172,13 +175,14 @@ def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes]
         if (state := overlay[key]) is not None:
             plan.records[batch[plan.last[key]].partition].append(state_record(n, key, state))
     for outputs in plan.records.values():
-        _check_size(outputs, None)
+        _check_size(outputs, None, max_bytes)
     for state_bytes in plan.states.values():
-        _check_size([], state_bytes)
+        _check_size([], state_bytes, max_bytes)
     return plan
 
 
-def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None]) -> BatchPlan:
+def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
+                  max_bytes: int) -> BatchPlan:
     plan = BatchPlan()
     current: dict[bytes, bytes | None] = {}  # resource key -> its last good state
     for index, record in enumerate(batch):
@@ -195,7 +199,7 @@ def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, byt
             after = orjson.dumps(state) if state is not None else None
             if after is not None and touches_state(decisions):
                 made.append(state_record(n, key, state))  # type: ignore[arg-type]  # state is not None here
-            _check_size(made, after)
+            _check_size(made, after, max_bytes)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:REASON_MAX]
             outputs += set_aside(n, record, headers, before, reason)

@@ -80,9 +80,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "metrics_url": f"http://127.0.0.1:{ingest_port}/metrics"}
         assert sorted(process_metrics) == ["effects", "fetcher", "projector", "worker"]
-        body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.settled", "sequence": 1,
+        body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.pending", "sequence": 1,
                              "created": "2026-11-29T10:33:15Z",
-                             "data": {"object": {"id": "dep_dev", "object": "deposit", "version": 1}}})
+                             "data": {"object": {"id": "dep_dev", "object": "deposit", "version": 1,
+                                                 "status": "pending", "ordered_amount_minor": 500_000}}})
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{stack['ingest_url']}/webhooks/pg", data=body,
                                  headers=signed_headers("pg", body, settings)) as resp:
@@ -103,8 +104,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
 
         proc = start_dev(env, log)  # same data dir: the log and the tables come back
         await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
-        [record] = await read_topic(settings.kafka_bootstrap, names("orderly").raw)
-        assert record.value == body
+        records = await read_topic(settings.kafka_bootstrap, names("orderly").raw)
+        assert [r.value for r in records if r.headers.get("record") != "correlation"] == [body]
+        assert [orjson.loads(r.value)["pg_deposit_id"] for r in records if r.headers.get("record") == "correlation"] \
+            == ["dep_dev"]  # the deposit's correlation is a record of its log too
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
             row = await conn.fetchrow("SELECT * FROM orderly.pg_deposit_correlations")

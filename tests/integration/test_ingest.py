@@ -40,9 +40,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def pg_event(dep: str = "dep_1", version: int = 1, event_id: str = "evt_1") -> bytes:
-    return orjson.dumps({"id": event_id, "object": "event", "type": "deposit.settled", "sequence": version,
+    return orjson.dumps({"id": event_id, "object": "event", "type": "deposit.pending", "sequence": version,
                          "created": "2026-11-29T10:33:15Z",
-                         "data": {"object": {"id": dep, "object": "deposit", "version": version}}})
+                         "data": {"object": {"id": dep, "object": "deposit", "version": version,
+                                             "status": "pending", "ordered_amount_minor": 500_000}}})
 
 
 def card_event(ref: str = "pay_1", type_: str = "payment.captured", event_id: str = "evt_c1") -> bytes:
@@ -51,9 +52,9 @@ def card_event(ref: str = "pay_1", type_: str = "payment.captured", event_id: st
 
 
 def paymos_event(res: str = "inv_1", type_: str = "invoice.paid", event_id: str = "evt_p1") -> bytes:
-    return orjson.dumps({"event_id": event_id, "event_type": type_, "created_at": 1,
+    return orjson.dumps({"event_id": event_id, "event_type": type_, "created_at": 1_764_412_395_000,
                          "data": {"id": res, "object": "invoice", "status": "paid", "is_final": True,
-                                  "updated_at": 1, "amount": "0.5"}})
+                                  "updated_at": 1_764_412_395_000, "amount": "0.5"}})
 
 
 async def post(http: aiohttp.ClientSession, ingest: ServedIngest, gateway: str, body: bytes,
@@ -132,11 +133,11 @@ async def test_oversized_body_is_413_before_any_hmac(settings: Settings, ingest:
 async def test_signed_but_unusable_bodies_go_to_quarantine_with_200(
         settings: Settings, ingest: ServedIngest, http: aiohttp.ClientSession) -> None:
     cases = [
-        ("pg", b"not json at all", "not a JSON object"),
+        ("pg", b"not json at all", "body is not JSON"),
         ("pg", orjson.dumps({"id": "evt_9", "type": "refund.created",
                              "data": {"object": {"id": "re_1", "object": "refund"}}}), "unknown object kind"),
         ("card", card_event(type_="payment.disputed"), "unknown event type"),
-        ("card", orjson.dumps({"id": "evt_2", "type": "payment.captured"}), "payment_ref missing"),
+        ("card", orjson.dumps({"id": "evt_2", "type": "payment.captured"}), "payment_ref: required field missing"),
         ("paymos", paymos_event(type_="invoice.refunded"), "unknown event type"),
     ]
     for gateway, body, reason in cases:

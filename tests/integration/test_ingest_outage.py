@@ -33,7 +33,8 @@ async def test_broker_outage_mid_burst(postgres: PostgresServer, namespace: str,
                 body = orjson.dumps({"id": f"evt_{i}", "object": "event", "type": "deposit.updated",
                                      "sequence": i, "created": "2026-11-29T10:00:00Z",
                                      "data": {"object": {"id": f"dep_{i % 25}", "object": "deposit",
-                                                         "version": i}}})
+                                                         "version": i, "status": "pending",
+                                                         "ordered_amount_minor": 500_000}}})
                 sent_in = phase
                 async with http.post(f"{url}/webhooks/pg", data=body, headers=signed_headers("pg", body, s)) as r:
                     answer = await r.json()

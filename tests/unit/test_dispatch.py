@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core import dispatch
 from app.core.dispatch import BatchPlan, Incoming, plan_batch
 from tests.pg_events import deposit
 from topics.catalog import names
@@ -81,12 +79,11 @@ def test_a_set_aside_record_leaves_the_stored_state_as_it_was() -> None:
     assert plan.states == {} and len(plan.set_aside) == 1  # no new state: the stored one stands
 
 
-def test_state_over_the_limit_is_set_aside(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "STATE_MAX_BYTES", 20_000)
+def test_state_over_the_limit_is_set_aside() -> None:
     padding = "x" * 6_000
     batch = numbered([webhook("pg", "dep_p", deposit("dep_p", v, "pending", padding=padding), f"d{v}")
                       for v in range(1, 6)])  # parked: no correlation yet, so the state grows
-    plan = plan_batch(N, batch, lambda partition, key: None)
+    plan = plan_batch(N, batch, lambda partition, key: None, topic_max_bytes=40_000)  # states of 20,000 at most
     assert len(plan.set_aside) == 2 and all("state would be" in reason for _, reason in plan.set_aside)
     assert len(orjson.loads(plan.states[b"pg:dep_p"])["parked"]) == 3
 
