@@ -66,9 +66,18 @@ def _validate(data: Any) -> None:
         # crypto amounts are decimal strings end to end; a float has already lost precision
         if isinstance(value, float):
             raise Invalid(f"data.{name} is a float; amounts must be decimal strings")
-        if any(w in name for w in ("amount", "net", "fee")) and value is not None and not (
+        if is_amount(name) and value is not None and not (
                 isinstance(value, str) and DECIMAL.match(value)):
             raise Invalid(f"data.{name} must be a decimal string, got {value!r}")
+
+
+# A field of ``data`` is an amount when a word of its name (between underscores) is amount, net or
+# fee: "amount", "net", "amount_paid", "network_fee"; not "network" or "feedback".
+AMOUNT_FIELD = re.compile(r"(?:^|_)(?:amount|net|fee)(?:_|$)")
+
+
+def is_amount(name: str) -> bool:
+    return AMOUNT_FIELD.search(name) is not None
 
 
 def _key(data: dict[str, Any]) -> tuple[int, int]:
@@ -90,7 +99,7 @@ def _effects(state: State, event_type: str, data: dict[str, Any], d: Delivery) -
         state["emitted"].append(key)
         return Effect(key, name, "paymos", rid, payload, d.delivery_id)
 
-    amounts = {k: v for k, v in data.items() if any(w in k for w in ("amount", "net", "fee"))}
+    amounts = {k: v for k, v in data.items() if is_amount(k)}
     found: list[Effect | None] = []
     if kind == "invoice" and status in INVOICE_EFFECTS:
         name = INVOICE_EFFECTS[status]

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from app.core.paymos import AMOUNT_FIELD
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, hmac_sha256
 from app.gateways.limits import DECIMAL_MAX, IdText, Text, UnixMs, UnixS
@@ -66,7 +67,7 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 # Crypto amounts are decimal strings end to end. app/core/paymos.py treats every field of ``data``
 # whose name holds one of these words as an amount (and refuses a float anywhere in ``data``): the
 # adapter applies the same rule, so what it accepts the core can apply.
-AMOUNT_NAME = re.compile("amount|net|fee")
+AMOUNT_NAME = AMOUNT_FIELD
 DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
 

@@ -114,3 +114,18 @@ def test_any_order_with_reorg_detours_ends_in_the_final_state(length: int, data:
     assert len(credits) <= 1  # never credited twice, whatever the detour
     if final[1] in ("paid", "paid_over"):
         assert len(credits) == 1
+
+
+def test_a_field_is_an_amount_by_a_word_of_its_name_not_a_substring() -> None:
+    """The document's `net` is an amount; a `network` name is not (it was refused as one before)."""
+    from app.gateways import paymos as adapter
+
+    at = 1_764_412_395_000
+    body = event("invoice.paid", "inv_1", "paid", at, amount="0.5", network="tron", network_fee="0.01")
+    assert adapter.route(body).resource_key == "paymos:inv_1"
+    _, out = run([body])
+    assert out[0].outcome == "applied"
+    assert out[0].effects[0].payload == {"invoice_id": "inv_1", "status": "paid", "amount": "0.5",
+                                         "network_fee": "0.01"}
+    refused = adapter.route(event("invoice.paid", "inv_2", "paid", at, net_amount=5))
+    assert refused.resource_key is None and "data.net_amount" in (refused.quarantine_reason or "")
