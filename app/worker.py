@@ -397,7 +397,7 @@ async def record_limit(settings: Settings) -> int:
     """The largest record every topic the worker writes accepts (an installation's topics may have
     been created with a smaller max.message.bytes than today's catalog)."""
     n = names(settings.namespace)
-    written = [n.state, n.decisions, n.facts, n.effects, n.quarantine, n.changelog]
+    written = [n.state, n.decisions, n.facts, n.effects, n.changelog]  # quarantine: raw bodies, as raw takes them
     configs = await topic_configs(settings.kafka_bootstrap, written)
     return min(int(configs.get(topic, {}).get("max.message.bytes") or DERIVED_RECORD_BYTES) for topic in written)
 
