@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from app import timeline
-from app.gateways import ADAPTERS, card
+from app.gateways import card, registry
 from app.gateways.base import Route, SignatureError
 from app.gateways.limits import id_error
 from app.metrics import IngestMetrics
@@ -282,11 +282,11 @@ def _json(code: int, **body: Any) -> web.Response:
 async def receive_webhook(request: web.Request) -> web.StreamResponse:
     gateway = request.match_info["gateway"]
     metrics = request.app[METRICS]
-    adapter = ADAPTERS.get(gateway)
-    if adapter is None:
+    found = registry.find(gateway)
+    settings = request.app[SETTINGS]
+    if found is None or not settings.secrets.get(gateway):  # no secret, no way to prove a body is the gateway's
         metrics.requests.labels("unknown", "not_found").inc()
         return _json(404, error=f"unknown gateway {gateway!r}")
-    settings = request.app[SETTINGS]
     try:
         raw = await read_body(request, MAX_BODY, settings.read_timeout_s)
     except BodyRefused as refused:
@@ -294,13 +294,13 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
         return await refuse_body(request, refused)
 
     try:
-        adapter.verify(raw, request.headers, settings.secrets[gateway], time.time())
+        found.adapter.verify(raw, request.headers, settings.secrets[gateway], time.time())
     except SignatureError as exc:
         metrics.requests.labels(gateway, "unauthorized").inc()
         metrics.signature_failures.labels(gateway).inc()
         return _json(401, error=exc.reason)
 
-    route: Route = adapter.route(raw)
+    route: Route = found.adapter.route(raw)
     delivery_id = next_delivery_id()
     headers = raw_headers(gateway, delivery_id, int(time.time() * 1000))
     topics = names(settings.namespace)
@@ -376,7 +376,7 @@ async def put_correlation(request: web.Request) -> web.StreamResponse:
 
 async def get_resource(request: web.Request) -> web.Response:
     gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
-    if gateway not in ADAPTERS:
+    if registry.find(gateway) is None:
         return _json(404, error=f"unknown gateway {gateway!r}")
     error = id_error("resource_id", resource_id)
     if error:

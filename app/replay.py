@@ -31,6 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.bootstrap import prepare
 from app.core.dispatch import Incoming, Record, plan_batch
+from app.gateways import registry
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.worker import changelog_topic
@@ -46,27 +47,16 @@ REBUILD_PROCESSES = int(os.environ.get("ORDERLY_REPLAY_PROCESSES", "0") or 0) or
 FORK_FROM = 20_000
 _forked: Merged = {}  # the log a forked rebuild process inherits
 
-# table -> columns compared (everything but the wall-clock bookkeeping columns)
-COMPARED = {
-    "pg_deposit_correlations": "pg_deposit_id, merchant_reference, our_order_id, our_user_id",
-    "pg_deposits": "pg_deposit_id, pg_version, status, is_terminal, late_slip_accepted_until, ordered_amount_minor, "
-                   "transferred_amount_minor, amount_received_minor, fee_total_minor, credited_amount_minor, "
-                   "fee_breakdown, overpayment, our_order_id, our_user_id, credited_user_at, reversed_at",
-    "pg_deposit_overpayment_flags": "claim_id, pg_deposit_id, observed_deposit_version, cause, amount_minor, raw_flag",
-    "pg_withdrawals": "pg_withdrawal_id, pg_version, status, amount_total_minor, filled_minor, remaining_minor, "
-                      "our_payout_id, closed_at",
-    "pg_withdrawal_fills": "leg_ref, pg_withdrawal_id, sequence, amount_minor",
-    "pg_balance_txns": "btxn_id, type, direction, amount_minor, bucket_from, bucket_to, source_id, created_at",
-    "card_payments": "payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency",
-    "card_events": "gateway_event_id, payment_ref, event_type, sequence, payload, applied_at IS NOT NULL, source",
-    "paymos_invoices": "id, status, is_final, updated_at_ms, snapshot",
-    "paymos_withdrawals": "id, status, is_final, updated_at_ms, snapshot",
-    "paymos_channel_deposits": "id, status, is_final, updated_at_ms, snapshot",
-    "order_notes": "note_key, resource_id, kind, body",
+# table -> columns compared: each gateway's tables (app/gateways/registry.py), then the shared ones
+SHARED_COMPARED = {
     "ledger_entries": "entry_key, user_id, amount_minor, source_id",
     "effects": "dedupe_key, type, gateway, resource_id, payload, caused_by",
     "webhook_events": "delivery_id, gateway, event_id, resource_id, event_type, outcome, error",
 }
+
+
+def compared() -> dict[str, str]:
+    return {**{t.name: t.compared for g in registry.GATEWAYS.values() for t in g.tables}, **SHARED_COMPARED}
 
 
 async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[Any]]:
@@ -277,7 +267,7 @@ async def diff(live: Settings, target: Settings) -> dict[str, tuple[int, int]]:
     a, b = quote_ident(live.namespace), quote_ident(target.namespace)
     try:
         out = {}
-        for table, cols in COMPARED.items():
+        for table, cols in compared().items():
             only_live = await conn.fetchval(f"SELECT count(*) FROM (SELECT {cols} FROM {a}.{table} "
                                             f"EXCEPT SELECT {cols} FROM {b}.{table}) x")
             only_new = await conn.fetchval(f"SELECT count(*) FROM (SELECT {cols} FROM {b}.{table} "

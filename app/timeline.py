@@ -12,15 +12,8 @@ from typing import Any
 import asyncpg
 import orjson
 
-STATE_QUERIES: dict[str, list[tuple[str, str]]] = {
-    "pg": [("deposit", "SELECT * FROM pg_deposits WHERE pg_deposit_id = $1"),
-           ("withdrawal", "SELECT * FROM pg_withdrawals WHERE pg_withdrawal_id = $1"),
-           ("balance_transaction", "SELECT * FROM pg_balance_txns WHERE btxn_id = $1")],
-    "card": [("payment", "SELECT * FROM card_payments WHERE payment_ref = $1")],
-    "paymos": [("invoice", "SELECT * FROM paymos_invoices WHERE id = $1"),
-               ("withdrawal", "SELECT * FROM paymos_withdrawals WHERE id = $1"),
-               ("payment_channel_deposit", "SELECT * FROM paymos_channel_deposits WHERE id = $1")],
-}
+from app.gateways import registry
+
 # What the ingest set aside has no decision, only its quarantine row: it shows as quarantined too.
 TIMELINE = """
 SELECT delivery_id, event_id, event_type, received_at, outcome, error, payload, seq FROM webhook_events
@@ -45,7 +38,8 @@ def _plain(record: asyncpg.Record) -> dict[str, Any]:
 async def resource(pool: asyncpg.Pool, gateway: str, resource_id: str) -> dict[str, Any] | None:
     async with pool.acquire() as conn:
         state = None
-        for kind, query in STATE_QUERIES.get(gateway, []):
+        found = registry.find(gateway)
+        for kind, query in found.state_queries() if found is not None else []:
             row = await conn.fetchrow(query, resource_id)
             if row is not None:
                 state = {"kind": kind, **_plain(row)}

@@ -129,7 +129,7 @@ class Redriven:
 async def redrive(conn: asyncpg.Connection, producer: KeyedProducer, n: TopicNames, delivery_id: str,
                   now_ms: int) -> Redriven:
     """Append a quarantined record's body again where it was set aside from, and mark it."""
-    from app.gateways import ADAPTERS  # the ingest's routing decides anew where a raw body goes
+    from app.gateways import registry  # the ingest's routing decides anew where a raw body goes
 
     stored = await one(conn, delivery_id)
     if stored is None:
@@ -140,7 +140,8 @@ async def redrive(conn: asyncpg.Connection, producer: KeyedProducer, n: TopicNam
     topic = stored["topic"] or n.raw
     if stored["stage"] in ("ingest", "worker") or topic == n.raw:
         gateway = stored["gateway"]
-        adapter = ADAPTERS.get(gateway or "")
+        found = registry.find(gateway or "")
+        adapter = found.adapter if found is not None else None
         if original.get("record") == "correlation":
             key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
         elif adapter is None:

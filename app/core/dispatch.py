@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
-from app.core import card, paymos, pg
+from app.core import pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
+from app.gateways import registry
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
 from topics.records import CORRELATION, H_RECORD, quarantine_headers
 
 Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
-SNAPSHOTS = {b"pg": pg.snapshot, b"card": card.snapshot, b"paymos": paymos.snapshot}
 # A resource's state (with its parked events) and every output record stay within half of what
 # their topics accept (DERIVED_RECORD_BYTES by default; the worker passes its topics' real limit):
 # a record that would take them past it is set aside. Half: headroom for a batch's framing, and a
@@ -69,7 +69,10 @@ def touches_state(decisions: list[Decision]) -> bool:
 
 def state_record(n: TopicNames, key: bytes, state: dict[str, Any]) -> Record:
     """The resource's orderly.state snapshot (compacted: the latest per resource is what stays)."""
-    return n.state, key, orjson.dumps(SNAPSHOTS[key.split(b":", 1)[0]](state))
+    gateway = registry.find(key.split(b":", 1)[0].decode())
+    if gateway is None:
+        raise ValueError(f"no gateway for {key!r}")
+    return n.state, key, orjson.dumps(gateway.reducer.snapshot(state))
 
 
 def output_records(decision: Decision, n: TopicNames) -> list[Record]:
@@ -100,14 +103,11 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
     if again is not None:  # decided before, but its offsets were not committed: the same outcome again
         return state, again
     before = state.get(RECENT_KEY) if state is not None else None
-    if headers.get(H_RECORD) == CORRELATION:
+    found = registry.find(gateway)
+    if headers.get(H_RECORD) == CORRELATION:  # the merchant's mapping of a pg deposit
         after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
-    elif gateway == "pg":
-        after, decisions = pg.apply_event(state, value, delivery)
-    elif gateway == "card":
-        after, decisions = card.apply_event(state, value, delivery)
-    elif gateway == "paymos":
-        after, decisions = paymos.apply_event(state, value, delivery)
+    elif found is not None:
+        after, decisions = found.reducer.apply_event(state, value, delivery)
     else:
         return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
     if after is not None:

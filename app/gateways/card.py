@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,13 @@ def secret_key(secret: str) -> bytes:
     if not key:
         raise ValueError("card secret decodes to an empty key")
     return key
+
+
+def signed_headers(raw: bytes, secret: str, now: float) -> dict[str, str]:
+    """The headers the gateway sends with ``raw`` (the simulator's and the tests'): a fresh message id."""
+    msg_id = "msg_" + hashlib.sha256(raw + str(now).encode()).hexdigest()[:16]
+    return {"webhook-id": msg_id, "webhook-timestamp": str(int(now)),
+            "webhook-signature": sign(raw, secret, msg_id, int(now))}
 
 
 def sign(raw: bytes, secret: str, msg_id: str, timestamp: int) -> str:

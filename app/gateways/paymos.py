@@ -41,6 +41,11 @@ OBJECT_OF = {
 }
 
 
+def signed_headers(raw: bytes, secret: str, now: float) -> dict[str, str]:
+    """The headers the gateway sends with ``raw`` (no timestamp in this scheme)."""
+    return {SIGNATURE_HEADER: sign(raw, secret)}
+
+
 def sign(raw: bytes, secret: str) -> str:
     return "sha256=" + hmac_sha256(secret.encode(), raw).hex()
 

@@ -46,6 +46,11 @@ def parse_signature_header(value: str) -> tuple[str, list[bytes]]:
     return timestamp, signatures
 
 
+def signed_headers(raw: bytes, secret: str, now: float) -> dict[str, str]:
+    """The headers the gateway sends with ``raw`` (the simulator's and the tests')."""
+    return {SIGNATURE_HEADER: sign(raw, secret, int(now))}
+
+
 def sign(raw: bytes, secret: str, timestamp: int) -> str:
     """The header value the gateway sends (used by the simulator and the tests)."""
     digest = hmac_sha256(secret.encode(), f"{timestamp}.".encode() + raw).hex()

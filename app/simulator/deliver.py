@@ -8,15 +8,12 @@ import heapq
 import itertools
 import random
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from app.gateways import card as card_gateway
-from app.gateways import paymos as paymos_gateway
-from app.gateways import pg as pg_gateway
+from app.gateways import registry
 from app.simulator.lifecycles import T0_MS, Emitted
 
 # pg retries for ~92 hours (1 min 10 s, 6 min 10 s, …); compressed so a demo run takes seconds
@@ -24,14 +21,11 @@ RETRY_S = (0.3, 0.8, 1.5, 3.0, 5.0, 8.0)
 
 
 def signed_headers(gateway: str, body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
-    ts = int(time.time() if now is None else now)
-    if gateway == "pg":
-        return {"PG-Signature": pg_gateway.sign(body, secret, ts)}
-    if gateway == "card":
-        msg_id = f"msg_{uuid.uuid4().hex[:12]}"
-        return {"webhook-id": msg_id, "webhook-timestamp": str(ts),
-                "webhook-signature": card_gateway.sign(body, secret, msg_id, ts)}
-    return {"X-Paymos-Signature": paymos_gateway.sign(body, secret)}
+    """What the gateway sends with ``body``: its own signature headers (app/gateways/registry.py)."""
+    found = registry.find(gateway)
+    if found is None:
+        raise ValueError(f"no gateway {gateway!r}")
+    return found.adapter.signed_headers(body, secret, time.time() if now is None else now)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
 from app.core.model import QUARANTINED, Decision, Delivery
-from app.gateways import ADAPTERS, card, paymos, pg
+from app.gateways import card, paymos, pg, registry
 from app.gateways.base import REASON_MAX, SignatureError, hmac_sha256
 from app.simulator import lifecycles
 from tests import hostile, paymos_events, pg_events
@@ -34,7 +34,7 @@ def names_path(reason: str | None, path: str) -> bool:
 
 
 def check_quarantined(item: Item) -> None:
-    route = ADAPTERS[item.gateway].route(item.body)
+    route = registry.GATEWAYS[item.gateway].adapter.route(item.body)
     assert route.resource_key is None, f"{item.mutation} was routed"
     assert route.quarantine_code in CODES
     assert names_path(route.quarantine_reason, item.path or ""), (item.mutation, route.quarantine_reason)
@@ -47,7 +47,7 @@ def check_quarantined(item: Item) -> None:
 @MANY
 @given(hostile.bodies())
 def test_route_never_raises_and_always_decides(item: Item) -> None:
-    route = ADAPTERS[item.gateway].route(item.body)
+    route = registry.GATEWAYS[item.gateway].adapter.route(item.body)
     assert (route.resource_key is None) != (route.quarantine_reason is None)
     assert route.resource_key is None or route.resource_hint is None
 
@@ -55,7 +55,7 @@ def test_route_never_raises_and_always_decides(item: Item) -> None:
 @MANY
 @given(hostile.valid_events())
 def test_valid_events_of_every_type_route_to_their_resource(item: Item) -> None:
-    route = ADAPTERS[item.gateway].route(item.body)
+    route = registry.GATEWAYS[item.gateway].adapter.route(item.body)
     assert route.resource_key == item.resource_key, route.quarantine_reason
 
 
@@ -97,7 +97,7 @@ def test_the_events_of_the_tests_and_the_simulator_route_to_their_resource() -> 
     bodies = known_valid_bodies()
     assert {gw for gw, _, _ in bodies} == set(hostile.GATEWAYS)
     for gateway, key, body in bodies:
-        route = ADAPTERS[gateway].route(body)
+        route = registry.GATEWAYS[gateway].adapter.route(body)
         assert route.resource_key == key, (body, route.quarantine_reason)
 
 
@@ -162,7 +162,7 @@ def decide(item: Item, resource_key: str) -> tuple[dict[str, Any], list[Decision
 @MANY
 @given(hostile.bodies())
 def test_what_route_accepts_the_core_decides_and_everything_serialises(item: Item) -> None:
-    route = ADAPTERS[item.gateway].route(item.body)
+    route = registry.GATEWAYS[item.gateway].adapter.route(item.body)
     if route.resource_key is None:
         return
     state, decisions = decide(item, route.resource_key)
