@@ -151,7 +151,8 @@ def test_hostile_mutations_of_a_valid_body_are_quarantined_or_routed_never_raise
     body: dict[str, Any] = orjson.loads(EXAMPLES[name]())
     paths = list(_paths(body))
     path = data.draw(st.sampled_from(paths))
-    value: object = data.draw(st.sampled_from(["x" * 6000, "a\x00b", 2**64, -(2**63) - 1, 1.5, [], {}, None, True, "REMOVE"]))
+    value: object = data.draw(st.sampled_from(
+        ["x" * 6000, "a\x00b", 2**64, -(2**63) - 1, 1.5, [], {}, None, True, "REMOVE"]))
     parent: Any = body
     for step in path[:-1]:
         parent = parent[step]
