@@ -24,6 +24,7 @@ from projections import quarantine
 from projections.bulk import Conn, unnest_insert, write
 from projections.sink import PgSink, printable
 from topics.catalog import names
+from topics.records import EFFECTS as EFFECT_RECORDS
 
 log = logging.getLogger("orderly.effects")
 CLAIM_BATCH = 200
@@ -51,10 +52,10 @@ def backoff_s(attempts: int) -> float:
 
 
 async def record(conn: Conn, messages: list[ConsumerRecord]) -> None:
-    effects = [orjson.loads(m.value) for m in messages]
+    effects = [EFFECT_RECORDS.decode(m.value) for m in messages]
     await write(conn, EFFECTS, [
-        (e["dedupe_key"], e["type"], e["gateway"], e["resource_id"], orjson.dumps(e["payload"]).decode(),
-         e["caused_by"]) for e in effects])
+        (e.dedupe_key, e.type, e.gateway, e.resource_id, orjson.dumps(e.payload).decode(), e.caused_by)
+        for e in effects])
 
 
 class EffectsWorker:

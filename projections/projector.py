@@ -23,6 +23,7 @@ from projections import quarantine, sql
 from projections.bulk import Conn, write
 from projections.sink import PgSink
 from topics.catalog import names
+from topics.records import DECISIONS, Decision
 
 log = logging.getLogger("orderly.projector")
 CONSUMER = "projector"
@@ -34,7 +35,7 @@ def _ms_to_ts(ms: int) -> Any:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
-async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: ProjectorMetrics) -> None:
+async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorMetrics) -> None:
     """Write one batch of decisions (already in log order) inside the caller's transaction.
 
     One statement per table, in an order that satisfies the foreign keys (rows before the fills
@@ -42,45 +43,44 @@ async def project(conn: Conn, decisions: Sequence[dict[str, Any]], metrics: Proj
     a resource's snapshots in the order the worker decided them.
     """
     await write(conn, sql.WEBHOOK_EVENTS, [
-        (d["delivery_id"], d["gateway"], d["event_id"], d["resource_id"], d["event_type"],
-         _ms_to_ts(d["received_at_ms"]), d["outcome"], orjson.dumps(d["payload"]).decode(), d["seq"], d["error"])
+        (d.delivery_id, d.gateway, d.event_id, d.resource_id, d.event_type,
+         _ms_to_ts(d.received_at_ms), d.outcome, orjson.dumps(d.payload).decode(), d.seq, d.error)
         for d in decisions])
-    facts = [(d, f) for d in decisions for f in d["facts"]]
+    facts = [f for d in decisions for f in d.facts]
     await write(conn, sql.CORRELATIONS, [
         (c["pg_deposit_id"], c["merchant_reference"], c["our_order_id"], c["our_user_id"])
-        for c in (f["data"] for _, f in facts if f["kind"] == "correlation")])
+        for c in (f.data for f in facts if f.kind == "correlation")])
     rows: dict[str, list[list[Any]]] = {}
     for d in decisions:
-        if d["row"] is not None:
-            rows.setdefault(d["table"], []).append(sql.row_args(d["table"], d["row"]))
+        if d.row is not None and d.table is not None:
+            rows.setdefault(d.table, []).append(sql.row_args(d.table, d.row))
     for table, args in rows.items():
         await write(conn, sql.UPSERT_ROW[table], args)
     await write(conn, sql.FILLS, [
         (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
          f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id"))
-        for f in (f["data"] for _, f in facts if f["kind"] == "withdrawal_fill")])
+        for f in (f.data for f in facts if f.kind == "withdrawal_fill")])
     await write(conn, sql.CARD_EVENTS, [
         (e["gateway_event_id"], e["payment_ref"], e["event_type"], e["sequence"], e["occurred_at"],
          e["received_at"], e["payload"].encode(), e["source"])
-        for e in (f["data"] for _, f in facts if f["kind"] == "card_event")])
-    applied = [(f["data"]["gateway_event_id"], f["data"]["applied_at"]) for _, f in facts
-               if f["kind"] == "card_event_applied"]
+        for e in (f.data for f in facts if f.kind == "card_event")])
+    applied = [(f.data["gateway_event_id"], f.data["applied_at"]) for f in facts if f.kind == "card_event_applied"]
     if applied:
         await conn.executemany(sql.MARK_CARD_EVENT_APPLIED, applied)
     await write(conn, sql.NOTES, [(n["note_key"], n["resource_id"], n["kind"], n["body"])
-                                  for n in (f["data"] for _, f in facts if f["kind"] == "order_note")])
-    for _, fact in facts:
-        if fact["kind"] == "overpayment_flag":
-            await _flag(conn, fact["data"], metrics)
+                                  for n in (f.data for f in facts if f.kind == "order_note")])
+    for fact in facts:
+        if fact.kind == "overpayment_flag":
+            await _flag(conn, fact.data, metrics)
     await write(conn, sql.LEDGER, [
-        (e["dedupe_key"], e["payload"]["user_id"],
-         (1 if e["type"] == "credit_user" else -1) * e["payload"]["amount_minor"], e["resource_id"])
-        for d in decisions for e in d["effects"] if e["type"] in ("credit_user", "debit_user")])
+        (e.dedupe_key, e.payload["user_id"],
+         (1 if e.type == "credit_user" else -1) * e.payload["amount_minor"], e.resource_id)
+        for d in decisions for e in d.effects if e.type in ("credit_user", "debit_user")])
     for d in decisions:
-        if d["error"]:
+        if d.error:
             metrics.errors.inc()
-            await conn.execute(sql.INSERT_ERROR, "decision", d["delivery_id"],
-                               orjson.dumps({"error": d["error"], "resource": d["resource_id"]}).decode())
+            await conn.execute(sql.INSERT_ERROR, "decision", d.delivery_id,
+                               orjson.dumps({"error": d.error, "resource": d.resource_id}).decode())
 
 
 async def _flag(conn: Conn, data: dict[str, Any], metrics: ProjectorMetrics) -> None:
@@ -103,10 +103,10 @@ def _gaps(rows: list[asyncpg.Record]) -> list[Gap]:
                 r["backfill_requested_at"] is not None) for r in rows]
 
 
-async def observe_sequences(conn: Conn, decisions: Sequence[dict[str, Any]],
+async def observe_sequences(conn: Conn, decisions: Sequence[Decision],
                             metrics: ProjectorMetrics) -> None:
-    seen = [(d["sequence"], d["received_at_ms"]) for d in decisions
-            if d["gateway"] == "pg" and d["sequence"] is not None and d["outcome"] != "quarantined"]
+    seen = [(d.sequence, d.received_at_ms) for d in decisions
+            if d.gateway == "pg" and d.sequence is not None and d.outcome != "quarantined"]
     if not seen:
         return
     await conn.execute(sql.LOCK_SEQUENCES)
@@ -155,14 +155,14 @@ class Projector:
 
     async def _apply(self, conn: Conn, messages: list[Any]) -> None:
         started = time.perf_counter()
-        decisions = [orjson.loads(m.value) for m in messages]
+        decisions = [DECISIONS.decode(m.value) for m in messages]
         await project(conn, decisions, self.metrics)
         await observe_sequences(conn, decisions, self.metrics)
         self.metrics.projected.inc(len(decisions))
         now_ms = time.time() * 1000
         for d in decisions:
-            if d["received_at_ms"]:
-                self.metrics.lag_seconds.observe(max(0.0, now_ms - d["received_at_ms"]) / 1000)
+            if d.received_at_ms:
+                self.metrics.lag_seconds.observe(max(0.0, now_ms - d.received_at_ms) / 1000)
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     async def start(self) -> None:

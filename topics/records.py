@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import msgspec
 import orjson
 
 # Headers of every orderly.raw record. The value is the body bytes exactly as received.
@@ -65,3 +67,60 @@ class Correlation:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Correlation:
         return cls(**orjson.loads(raw))
+
+
+# What the worker writes to orderly.effects, orderly.facts and orderly.decisions, and the projector,
+# the effects recorder and replay read back: one definition for both sides.
+@dataclass(frozen=True)
+class Effect:
+    dedupe_key: str
+    type: str
+    gateway: str
+    resource_id: str
+    payload: dict[str, Any]
+    caused_by: str  # the delivery id whose applied transition emitted it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """An append-only fact, keyed by its own id (leg_ref, btxn_id, claim_id, note key)."""
+
+    kind: str
+    key: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Decision:
+    delivery_id: str
+    gateway: str
+    resource_id: str
+    outcome: str
+    received_at_ms: int
+    seq: int
+    event_id: str | None = None
+    event_type: str | None = None
+    sequence: int | None = None  # the gateway's global sequence (pg), for gap tracking
+    row: dict[str, Any] | None = None  # the read-model row after an applied transition
+    table: str | None = None  # the read-model table ``row`` belongs to
+    effects: list[Effect] = field(default_factory=list)
+    facts: list[Fact] = field(default_factory=list)
+    payload: Any = None  # the parsed event, for the timeline
+    error: str | None = None
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self)  # orjson serialises dataclasses natively, without asdict's deep copy
+
+    @staticmethod
+    def from_bytes(raw: bytes) -> Decision:
+        return DECISIONS.decode(raw)
+
+
+DECISIONS = msgspec.json.Decoder(Decision)
+EFFECTS = msgspec.json.Decoder(Effect)

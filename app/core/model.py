@@ -6,10 +6,12 @@ topic as-is; money is integer minor units (or decimal strings for crypto).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import orjson
+from topics.records import Decision as Decision  # the core's outputs, defined with the topics they travel on
+from topics.records import Effect as Effect
+from topics.records import Fact as Fact
 
 # Outcomes of one delivery (DESIGN.md §3, the timeline).
 APPLIED, STALE, DUPLICATE, PARKED, UNPARKED, QUARANTINED, SYNCED = (
@@ -26,58 +28,6 @@ class Delivery:
     received_at_ms: int
     seq: int  # position in the source partition: orders decisions about one resource
     source: str = "webhook"
-
-
-@dataclass(frozen=True)
-class Effect:
-    dedupe_key: str
-    type: str
-    gateway: str
-    resource_id: str
-    payload: dict[str, Any]
-    caused_by: str  # the delivery id whose applied transition emitted it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(self)
-
-
-@dataclass(frozen=True)
-class Fact:
-    """An append-only fact, keyed by its own id (leg_ref, btxn_id, claim_id, note key)."""
-
-    kind: str
-    key: str
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Decision:
-    delivery_id: str
-    gateway: str
-    resource_id: str
-    outcome: str
-    received_at_ms: int
-    seq: int
-    event_id: str | None = None
-    event_type: str | None = None
-    sequence: int | None = None  # the gateway's global sequence (pg), for gap tracking
-    row: dict[str, Any] | None = None  # the read-model row after an applied transition
-    table: str | None = None  # the read-model table ``row`` belongs to
-    effects: list[Effect] = field(default_factory=list)
-    facts: list[Fact] = field(default_factory=list)
-    payload: Any = None  # the parsed event, for the timeline
-    error: str | None = None
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(self)  # orjson serialises dataclasses natively, without asdict's deep copy
-
-    @staticmethod
-    def from_bytes(raw: bytes) -> dict[str, Any]:
-        decoded: dict[str, Any] = orjson.loads(raw)
-        return decoded
 
 
 def decide(delivery: Delivery, outcome: str, **extra: Any) -> Decision:

@@ -22,6 +22,7 @@ from app.gateways.base import REASON_MAX, SignatureError, hmac_sha256
 from app.simulator import lifecycles
 from tests import hostile, paymos_events, pg_events
 from tests.hostile import Item
+from topics.records import DECISIONS
 
 CODES = {"not_json", "invalid", "unknown_type", "unknown_object"}
 MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -137,7 +138,7 @@ def project(decisions: list[Decision]) -> None:
     from app.metrics import ProjectorMetrics
     from projections.projector import project as write
 
-    rows = [orjson.loads(d.to_bytes()) for d in decisions]
+    rows = [DECISIONS.decode(d.to_bytes()) for d in decisions]  # as the projector reads them
     asyncio.run(write(RecordingConn(), rows, ProjectorMetrics()))  # type: ignore[arg-type]
 
 
