@@ -60,6 +60,10 @@ def synced_event(ref: str, answer: Any, now_ms: int) -> bytes:
         "synced": {"state": answer["state"], **totals}})
 
 
+class BackfillUnavailable(Exception):
+    """The gateway's events API did not answer usefully: the gap is requested again later."""
+
+
 class Fetcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -148,12 +152,10 @@ class Fetcher:
                 async with self.http.get(f"{self.settings.pg_api_url}/v1/pay/events",
                                          params={"since_sequence": str(since), "limit": "100"}) as resp:
                     if resp.status != 200:
-                        self.metrics.fetches.labels("pg", "error").inc()
-                        return appended  # the request is taken again on the next start
+                        raise BackfillUnavailable(f"GET /v1/pay/events answered {resp.status}")
                     page = (await resp.json())["data"]
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
-                self.metrics.fetches.labels("pg", "error").inc()
-                return appended
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise BackfillUnavailable(f"GET /v1/pay/events failed: {type(exc).__name__}") from exc
             if not page:
                 break
             for event in page:
@@ -189,8 +191,17 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
         async for message in consumer:
             try:
                 request = orjson.loads(message.value)
-                if request.get("gateway") == "pg" and request.get("kind") == "backfill" and settings.pg_api_url:
+                if request.get("gateway") == "pg" and request.get("kind") == "backfill":
                     await fetcher.backfill_pg(request)
+            except BackfillUnavailable as exc:
+                # not lost: the gap is marked not requested, so the projector asks again at its next
+                # check (every 30 s at most), until the API answers
+                fetcher.metrics.fetches.labels("pg", "error").inc()
+                start = int(request["since_sequence"]) + 1
+                log.warning("backfill of the pg gap from %d not done (%s); requested again later", start, exc)
+                assert fetcher.pool is not None
+                await fetcher.pool.execute("UPDATE pg_sequence_gaps SET backfill_requested_at = NULL "
+                                           "WHERE merchant = 'pg' AND start_seq = $1", start)
             except KafkaError:
                 raise  # Kafka out of reach: the supervisor restarts the fetcher
             except Exception as exc:  # the request's own fault: set aside, never retried for ever
@@ -213,7 +224,9 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_PG_API_URL is not set: pg sequence gaps are not backfilled")
     await fetcher.start()
     runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
-    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings))
+    # without the pg API nothing can carry a backfill out: the requests wait in orderly.fetch, unread
+    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings) if settings.pg_api_url
+                                   else asyncio.Event().wait())
     assert fetcher.pool is not None
     sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                       lambda topic: fetcher.metrics.reappended.labels(topic).inc())

@@ -15,10 +15,17 @@ from hypothesis import strategies as st
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.paymos_events import event
+from tests.paymos_events import event as paymos_event
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings, read_topic
 from topics.catalog import names
+
+BASE_MS = 1_764_412_395_000  # 2025-11-29: the gateway's times are unix ms between 2000 and 2100 (validated)
+
+
+def event(event_type: str, rid: str, status: str, at: int, **extra: Any) -> bytes:
+    """A paymos event whose data.updated_at (and created_at) is ``at`` ms after BASE_MS."""
+    return paymos_event(event_type, rid, status, BASE_MS + at, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ async def test_older_snapshot_after_newer_and_terminal_redelivery(pipe: Running)
     await post(pipe, paid, event("invoice.confirming", "inv_a", "confirming", 1000), paid)
     assert await settled(pipe, "inv_a", 3) == ["applied", "stale", "duplicate"]
     row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM paymos_invoices WHERE id = 'inv_a'"))
-    assert (row["status"], row["is_final"], row["updated_at_ms"]) == ("paid", True, 2000)
+    assert (row["status"], row["is_final"], row["updated_at_ms"]) == ("paid", True, BASE_MS + 2000)
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM effects WHERE resource_id = 'inv_a'"))
     assert await effects(pipe, "inv_a") == [("paymos:inv_a:credit", "invoice_paid")]
     # decimal strings stay exact in PostgreSQL
@@ -74,7 +81,7 @@ async def test_paid_late_is_one_note_and_no_decision(pipe: Running) -> None:
     notes = await pipe.wait_for(lambda c: c.fetch("SELECT * FROM order_notes WHERE resource_id = 'inv_b'"))
     assert [n["kind"] for n in notes] == ["paid_late"]
     row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM paymos_invoices WHERE id = 'inv_b'"))
-    assert row["status"] == "expired" and row["updated_at_ms"] == 1000
+    assert row["status"] == "expired" and row["updated_at_ms"] == BASE_MS + 1000
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 2 FROM effects WHERE resource_id = 'inv_b'"))
     kinds = [t for _, t in await effects(pipe, "inv_b")]
     assert sorted(kinds) == ["add_order_note", "invoice_expired"]  # never paid, failed or cancelled by it
@@ -86,7 +93,7 @@ async def test_withdrawal_completion_rewound_reopens_the_payout(pipe: Running) -
                event("withdrawal.completion_rewound", "wdr_a", "signed", 2000),
                event("withdrawal.completed", "wdr_a", "completed", 3000))
     await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT 1 FROM paymos_withdrawals WHERE id = 'wdr_a' AND updated_at_ms = 3000"))
+        f"SELECT 1 FROM paymos_withdrawals WHERE id = 'wdr_a' AND updated_at_ms = {BASE_MS + 3000}"))
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 3 FROM effects WHERE resource_id = 'wdr_a'"))
     assert sorted(k for k, _ in await effects(pipe, "wdr_a")) == [
         "paymos:wdr_a:payout_completed:0", "paymos:wdr_a:payout_completed:1", "paymos:wdr_a:payout_reopened:0"]
@@ -105,7 +112,7 @@ async def test_channel_deposit_is_credited_once_across_a_reorg(pipe: Running) ->
                event("payment_channel.deposit.confirming", "pcd_a", "confirming", 3000),
                event("payment_channel.deposit.confirmed", "pcd_a", "confirmed", 4000, net_amount="2.5"))
     await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT 1 FROM paymos_channel_deposits WHERE id = 'pcd_a' AND updated_at_ms = 4000"))
+        f"SELECT 1 FROM paymos_channel_deposits WHERE id = 'pcd_a' AND updated_at_ms = {BASE_MS + 4000}"))
     assert await effects(pipe, "pcd_a") == [("paymos:pcd_a:credit_channel_deposit", "credit_channel_deposit")]
 
 
@@ -138,7 +145,7 @@ def test_any_order_with_a_reorg_detour_over_http(pipe: Running, data: st.DataObj
     async def scenario() -> None:
         await post(pipe, *order)
         row = await pipe.wait_for(lambda c: c.fetchrow(
-            "SELECT * FROM paymos_invoices WHERE id = $1 AND updated_at_ms = 400", rid))
+            "SELECT * FROM paymos_invoices WHERE id = $1 AND updated_at_ms = $2", rid, BASE_MS + 400))
         assert row["status"] == "paid_over"
         await settled(pipe, rid, len(order))
         credits = [k for k, t in await effects(pipe, rid) if t in ("invoice_paid", "invoice_paid_over")]
