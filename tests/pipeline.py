@@ -106,9 +106,9 @@ class Pipeline:
 
     def restart_stalled(self) -> list[str]:
         """Start again every process that exited because it found itself stalled (exit code 3, see
-        app/liveness.py) or found records skipped (exit code 5, app.worker.OffsetGuard), as its
+        app/liveness.py) or found records skipped (exit code 5, app.worker.exits.OffsetGuard), as its
         supervisor would; returns their names."""
-        from app.worker import SKIPPED_EXIT_CODE, STALLED_EXIT_CODE
+        from app.worker.exits import SKIPPED_EXIT_CODE, STALLED_EXIT_CODE
 
         restarted = [name for name, proc in self.procs.items()
                      if proc.poll() in (STALLED_EXIT_CODE, SKIPPED_EXIT_CODE)]

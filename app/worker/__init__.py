@@ -1,25 +1,11 @@
-"""`orderly worker`: the Faust stream processor around the pure core (I/O shell)."""
+"""`orderly worker`: the Faust stream processor around the pure core (I/O shell).
 
-from app.core.pacing import BUSY_BATCH
-from app.worker.app import (
-    BATCH_MAX,
-    BUSY_COMMIT_RECORDS,
-    BUSY_FETCH_MIN_BYTES,
-    BUSY_INTERVAL_S,
-    QUIET_S,
-    SKIPPED_EXIT_CODE,
-    STALLED_EXIT_CODE,
-    TABLE,
-    OffsetGuard,
-    _ConsumerThread,
-    build_app,
-    changelog_topic,
-    commit_due,
-    fetch_min_bytes,
-    next_commit_wait,
-    run,
-)
+app.py wires the Faust app and runs it; batch.py decides a batch; store.py is the table's local
+store; transactions.py stages exactly-once writes; consumer.py paces commits and fetches; shared.py
+is what batches tell the consumer; exits.py is when and how the worker ends itself for a restart.
+"""
 
-__all__ = ["BATCH_MAX", "BUSY_BATCH", "BUSY_COMMIT_RECORDS", "BUSY_FETCH_MIN_BYTES", "BUSY_INTERVAL_S", "QUIET_S",
-           "SKIPPED_EXIT_CODE", "STALLED_EXIT_CODE", "TABLE", "OffsetGuard", "_ConsumerThread", "build_app",
-           "changelog_topic", "commit_due", "fetch_min_bytes", "next_commit_wait", "run"]
+from app.worker.app import build_app, run
+from app.worker.store import TABLE, changelog_topic
+
+__all__ = ["TABLE", "build_app", "changelog_topic", "run"]

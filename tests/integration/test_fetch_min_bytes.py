@@ -1,4 +1,4 @@
-"""The worker's busy fetches (app.worker.fetch_min_bytes): set on a started consumer, the minimum
+"""The worker's busy fetches (app.worker.consumer.fetch_min_bytes): set on a started consumer, the minimum
 really reaches the broker, which then holds a fetch that has less until the fetch wait ends."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from app.core.pacing import BUSY_BATCH
 from app.stack.kafka import KafkaBroker
-from app.worker import BUSY_BATCH, BUSY_FETCH_MIN_BYTES, _ConsumerThread, fetch_min_bytes
+from app.worker.consumer import BUSY_FETCH_MIN_BYTES, _ConsumerThread, fetch_min_bytes
 
 WAIT_MS = 1500
 

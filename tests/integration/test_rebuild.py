@@ -16,7 +16,7 @@ import app.replay
 from app.replay import Merged, prepare_target, rebuild
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.worker import changelog_topic
+from app.worker.store import changelog_topic
 from tests.pg_events import deposit
 from tests.support import make_settings, read_topic
 from topics.partitioning import partition_for

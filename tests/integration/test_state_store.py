@@ -3,7 +3,7 @@ after kill -9 with the local folder deleted it is rebuilt from the changelog alo
 recovered state decides exactly as the original would: redeliveries are duplicates, and a reversal
 debits only the deposits that were credited before the restart. Both with at-least-once and with
 exactly-once, where the changelog goes into the partitions' transactions when they commit (its
-restarts are where Faust was seen to skip records: app.worker.OffsetGuard)."""
+restarts are where Faust was seen to skip records: app.worker.exits.OffsetGuard)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.worker import TABLE, changelog_topic
+from app.worker.store import TABLE, changelog_topic
 from tests.pg_events import deposit
 from tests.pipeline import Pipeline
 from tests.support import make_settings, read_topic

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.core.pacing import BUSY_BATCH, busy_pause
-from app.worker import BATCH_MAX
+from app.worker.app import BATCH_MAX
 
 sizes = st.integers(min_value=1, max_value=BATCH_MAX)
 waiting = st.integers(min_value=0, max_value=5000)

@@ -1,4 +1,4 @@
-"""The wait between the worker's commits (app.worker.next_commit_wait, commit_due) and its settings: the commit
+"""The wait between the worker's commits (app.worker.consumer.next_commit_wait, commit_due) and its settings: the commit
 interval after a commit that covered few records, the busy interval after a busy one, and the busy
 interval never shorter than the commit interval."""
 
@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.settings import BUSY_COMMIT_INTERVAL_S, COMMIT_INTERVAL_S, Settings, dev_settings
-from app.worker import BUSY_COMMIT_RECORDS, BUSY_INTERVAL_S, QUIET_S, commit_due, next_commit_wait
+from app.worker.app import BUSY_INTERVAL_S, QUIET_S
+from app.worker.consumer import BUSY_COMMIT_RECORDS, commit_due, next_commit_wait
 
 intervals = st.floats(min_value=0.001, max_value=10, allow_nan=False)
 
@@ -46,10 +47,10 @@ def test_the_busy_interval_is_never_shorter_than_the_interval(interval: float, b
 @given(st.floats(min_value=0, max_value=10), intervals, st.floats(min_value=0, max_value=10))
 def test_a_commit_is_due_after_the_wait_or_once_the_flow_stopped(since_commit: float, wait: float,
                                                                   since_batch: float) -> None:
-    assert commit_due(since_commit, wait, since_batch) == (since_commit >= wait or since_batch >= QUIET_S)
+    assert commit_due(since_commit, wait, since_batch, QUIET_S) == (since_commit >= wait or since_batch >= QUIET_S)
 
 
 def test_a_busy_worker_between_batches_is_not_quiet() -> None:
     assert QUIET_S > BUSY_INTERVAL_S  # its pause between batches does not count as the end of the flow
-    assert not commit_due(0.1, 0.3, BUSY_INTERVAL_S)
-    assert commit_due(0.1, 0.3, QUIET_S)  # the flow stopped: its tail is committed now
+    assert not commit_due(0.1, 0.3, BUSY_INTERVAL_S, QUIET_S)
+    assert commit_due(0.1, 0.3, QUIET_S, QUIET_S)  # the flow stopped: its tail is committed now

@@ -1,4 +1,4 @@
-"""app.worker.OffsetGuard: a record beyond the highest offset handed over so far (the committed
+"""app.worker.exits.OffsetGuard: a record beyond the highest offset handed over so far (the committed
 offset before the first) is a skip; a record at or below it was handed over before (or committed)
 and is not decided again."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.worker import OffsetGuard
+from app.worker.exits import OffsetGuard
 
 offsets = st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=40)
 

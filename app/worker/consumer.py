@@ -1,0 +1,153 @@
+"""The worker's Kafka consumer: commits paced by load, the offsets it decided, fetches sized by load (I/O shell)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, AppT
+from mode import Service
+
+from app.core.pacing import BUSY_BATCH
+from app.worker.shared import worker_state
+
+# Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
+# and leaves out the partitions whose records are still buffered or paused (Faust pauses them for
+# flow control), so a fetch sent at such a moment asks only for quiet partitions and the broker
+# holds it the whole wait: orderly.raw is not read meanwhile, and no batch is taken while the
+# ingest appends.
+FETCH_MAX_WAIT_MS = 100
+# Under load the fetches grow as well: after a busy batch the worker's fetches ask the broker for at
+# least this much (or FETCH_MAX_WAIT_MS), after a small one for any record at all. Asking for any
+# record while the ingest appends thousands a second returns a fetch per few records, each costing
+# the worker's consumer thread and the broker a request for every partition.
+BUSY_FETCH_MIN_BYTES = 256 * 1024
+
+# Commits adapt to load the way batches do (app/core/pacing.py): after a commit that covered
+# BUSY_COMMIT_RECORDS records or more, the next one comes after the busy commit interval
+# (ORDERLY_BUSY_COMMIT_INTERVAL_S) instead of the commit interval, or as soon as the worker has been
+# idle for the quiet time (no batch taken or finished: the flow stopped, and its tail is not held
+# back). With exactly-once every commit is a transaction per partition with new records, and the
+# projector sees a decision only once its transaction commits: at low load short commit intervals
+# keep the latency down; under load, commits that each cover hundreds of records spare the broker
+# most of the transactions.
+BUSY_COMMIT_RECORDS = 250
+QUIET_MARGIN_S = 0.05  # the quiet time is longer than a busy worker's pause between batches by this
+
+
+def quiet_after(busy_interval: float) -> float:
+    """How long without a batch means the flow stopped, for a worker pausing ``busy_interval`` between busy batches."""
+    return busy_interval + QUIET_MARGIN_S
+
+
+def next_commit_wait(covered: int, interval: float, busy_interval: float) -> float:
+    """Seconds from the end of a commit that covered ``covered`` records to the next commit."""
+    return busy_interval if covered >= BUSY_COMMIT_RECORDS else interval
+
+
+def commit_due(since_commit: float, wait: float, since_batch: float, quiet: float) -> bool:
+    """Whether to commit now, ``since_commit`` seconds after the last commit with ``wait`` chosen
+    for the next, and ``since_batch`` seconds after a batch was last taken or finished."""
+    return since_commit >= wait or since_batch >= quiet
+
+
+def fetch_min_bytes(batch_size: int) -> int:
+    """What the worker's next fetches wait for, given the size of the batch it just decided."""
+    return BUSY_FETCH_MIN_BYTES if batch_size >= BUSY_BATCH else 1
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts
+        return consumer
+
+    def set_fetch_min_bytes(self, value: int) -> None:
+        """Applies from the next fetch request: aiokafka's fetcher reads it for each one (a plain
+        attribute, so setting it from the agent's thread is safe)."""
+        fetcher = getattr(self._consumer, "_fetcher", None)  # there once the consumer started
+        if fetcher is not None:
+            fetcher._fetch_min_bytes = value
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    last_commit_covered = 0  # records the last commit covered (set by _commit_offsets)
+
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def set_fetch_min_bytes(self, value: int) -> None:
+        if isinstance(self._thread, _ConsumerThread):
+            self._thread.set_fetch_min_bytes(value)
+
+    def committed_offset(self, tp: TP) -> int | None:
+        """Where ``tp`` was last committed or sought to by Faust (None: not known yet)."""
+        return self._committed_offset.get(tp)
+
+    @Service.task
+    async def _commit_handler(self) -> None:
+        """Faust's commit timer (a fixed interval), with the wait chosen after each commit."""
+        interval = self.commit_interval
+        state = worker_state(self.app)
+        busy_interval = state.busy_commit_interval if state is not None else interval
+        await self.sleep(interval)
+        while not self.should_stop:
+            await self.commit()
+            committed_at = time.monotonic()
+            covered, self.last_commit_covered = self.last_commit_covered, 0
+            wait = next_commit_wait(covered, interval, busy_interval)
+            if state is not None:
+                state.metrics.commit_wait.set(wait)
+            await self.sleep(interval)
+            while not self.should_stop:
+                now = time.monotonic()
+                if state is None or commit_due(now - committed_at, wait, now - state.last_batch_at, state.quiet_s):
+                    break
+                await self.sleep(min(interval, committed_at + wait - now))
+
+    def _new_offset(self, tp: TP) -> int | None:
+        """The offset to commit: the one after the last record the worker decided (at-least-once:
+        its outputs acknowledged and the table written; exactly-once: staged for the partition's
+        transaction). Faust's own answer, from its list of acks, fell behind what was decided when
+        records were handed over during recovery and again after its seek: a commit then carried
+        the outputs of records it did not cover."""
+        state = worker_state(self.app)
+        if state is None:
+            return super()._new_offset(tp)
+        self._acked[tp].clear()  # Faust's ack lists only say which partitions have news
+        self._acked_index[tp].clear()
+        return state.decided.get(tp)
+
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """With exactly-once, the batches' staged outputs and changelog go into the partitions' open
+        transactions first, and each committed partition's values reach the local store once they
+        commit. The offsets are taken again in the same step as the staged writes: a batch decided
+        since Faust chose them is in both or in neither."""
+        started = time.perf_counter()
+        state = worker_state(self.app)
+        stage = state.stage if state is not None else None
+        before = dict(self._committed_offset)
+        if state is None or stage is None or not self.in_transaction:
+            did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
+        else:
+            offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
+            await stage.flush()  # takes the staged writes before it first waits
+            did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
+            if did_commit:
+                assigned = self.assignment()
+                stage.committed({tp.partition for tp in offsets if tp in assigned})
+        if did_commit:  # how busy the worker is: the wait before the next commit depends on it
+            self.last_commit_covered = sum(offset - previous for tp, offset in offsets.items()
+                                           if (previous := before.get(tp)) is not None)
+        if state is not None:
+            state.metrics.commit_seconds.observe(time.perf_counter() - started)
+        return did_commit
+
+
+def consumer_of(app: AppT) -> _Consumer:
+    """The worker's consumer, as the transport that app.py gives its app creates it."""
+    consumer = app.consumer
+    if not isinstance(consumer, _Consumer):
+        raise TypeError(f"the worker's app has {type(consumer).__name__} for a consumer, not _Consumer")
+    return consumer

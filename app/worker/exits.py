@@ -1,0 +1,68 @@
+"""When and how the worker ends itself for its supervisor to restart it (I/O shell)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+log = logging.getLogger("orderly.worker")
+
+# The codes a worker exits with, so that its supervisor and the operator know why (docs/operations.md).
+STALLED_EXIT_CODE, FAILED_EXIT_CODE, SKIPPED_EXIT_CODE = 3, 4, 5
+
+
+class OffsetGuard:
+    """Notices records Faust never handed to the agent, and records it hands over again.
+
+    Skipped records were seen after restarts, most with exactly-once (whose recovery waits while
+    the fetcher runs), so the state missed updates whose decisions were out. Faust's code suggests
+    how: its fetch loop sets a partition's read offset after each record it hands over, so a seek to
+    the committed offsets (at the end of every recovery) that lands meanwhile is undone, and the
+    records in between are dropped as already read. orderly.raw is never compacted nor written in
+    transactions, so its offsets have no holes: a record beyond the offset after the highest handed
+    over so far (the committed one, before the first) means records were skipped.
+
+    Records handed over again (after such a seek) were decided already in this assignment, and
+    their outputs are durable (at-least-once) or in the partition's open transaction
+    (exactly-once), or they are below the committed offset: they are acked, not decided again
+    (exactly-once would otherwise commit their decisions twice)."""
+
+    def __init__(self) -> None:
+        self.high: dict[Any, int] = {}  # partition -> one past the highest offset handed over
+
+    def forget(self, tps: Any) -> None:
+        for tp in tps:
+            self.high.pop(tp, None)
+
+    def check(self, tp: Any, offset: int, committed: int | None) -> tuple[bool, int | None]:
+        """Whether ``offset`` of ``tp`` was handed over before (or is below ``committed``), and the
+        first offset skipped before it, or None; ``committed`` is where the partition's first
+        record is expected (None: unknown)."""
+        high = self.high.get(tp, committed)
+        self.high[tp] = offset + 1 if high is None else max(high, offset + 1)
+        if high is None:
+            return False, None
+        return offset < high, (high if offset > high else None)
+
+
+def exit_for_restart(code: int, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log why and end the process at once, nothing acked: its supervisor starts it again, and it
+    resumes from the committed offsets with the state recovered from Kafka."""
+    log.critical(message, *args, exc_info=exc_info)
+    logging.shutdown()
+    os._exit(code)
+
+
+def dump_tasks() -> None:
+    """kill -USR1 <worker pid>: log where every asyncio task is waiting (for a worker that looks stuck)."""
+    for task in asyncio.all_tasks():
+        frames: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+            if frame is not None:
+                frames.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+        log.warning("task %s:\n%s", task.get_name(), "\n".join(frames))
