@@ -94,7 +94,7 @@ async def test_kill_9_worker_while_events_flow(pipe: Running) -> None:
     assert {k: pipe.stub.deliveries[k] for k in keys} == dict.fromkeys(keys, 1)
 
     if pipe.settings.processing_guarantee == "exactly_once":
-        decided = Counter((d["delivery_id"], d["outcome"]) for d in
+        decided = Counter((d.delivery_id, d.outcome) for d in
                           (Decision.from_bytes(r.value) for r in await read_topic(bootstrap, n.decisions)))
         assert {k: c for k, c in decided.items() if c > 1} == {}, "a decision committed twice"
         assert sum(1 for _, outcome in decided if outcome != "parked") >= deliveries

@@ -69,8 +69,15 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     # The worker's usual /metrics port (ingest + 1) is taken, as the local end of an outgoing
     # connection can take it: the supervisor must serve it elsewhere, not restart the worker forever.
     squatter = socket.socket()
-    squatter.bind(("127.0.0.1", ingest_port + 1))
+    for _ in range(100):  # an ingest port whose next port is free too, so that the test can take it
+        try:
+            squatter.bind(("127.0.0.1", ingest_port + 1))
+            break
+        except OSError:
+            ingest_port = free_port()
     squatter.listen()
+    env["ORDERLY_INGEST_PORT"] = str(ingest_port)
+    settings = dev_settings(env)
     proc = start_dev(env, log)
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
