@@ -7,7 +7,6 @@ import asyncio
 import gc
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +46,9 @@ def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | 
     from app.bootstrap import prepare
 
     settings = _production_settings()
-    use_event_loop(os.environ.get("ORDERLY_LOOP", "uvloop"))
+    use_event_loop(settings.event_loop)
+    if settings.debug_sinks:
+        logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
     asyncio.run(prepare(settings))
     if first is not None:
         asyncio.run(first(settings))
@@ -194,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    if os.environ.get("ORDERLY_DEBUG_SINKS"):
-        logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
     try:
         return COMMANDS[args.command][0](args)
     except SettingsError as exc:

@@ -41,9 +41,8 @@ from topics.catalog import REQUEST_BYTES, names
 Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
 CHUNK = 20_000
-# A rebuild splits the partitions across this many processes (ORDERLY_REPLAY_PROCESSES, default:
-# one per core), once the log has FORK_FROM records: below that a fork and a producer cost more.
-REBUILD_PROCESSES = int(os.environ.get("ORDERLY_REPLAY_PROCESSES", "0") or 0) or (os.cpu_count() or 1)
+# A rebuild splits the partitions across Settings.replay_processes processes (0: one per core), once
+# the log has FORK_FROM records: below that a fork and a producer cost more.
 FORK_FROM = 20_000
 _forked: Merged = {}  # the log a forked rebuild process inherits
 
@@ -123,10 +122,11 @@ def rebuild(target: Settings, merged: Merged, processes: int | None = None) -> i
     worker started on ``NS`` later carries on from here. Returns the number of decisions.
 
     Partitions share nothing, so a log of at least FORK_FROM records is split by size across
-    ``processes`` (default REBUILD_PROCESSES) forked processes, each inheriting the log.
+    ``processes`` (default: the target's replay_processes, 0 meaning one per core) forked
+    processes, each inheriting the log.
     The target's topics must exist (prepare_target)."""
     global _forked
-    processes = processes or REBUILD_PROCESSES
+    processes = processes or target.replay_processes or os.cpu_count() or 1
     groups = _groups(merged, processes if sum(map(len, merged.values())) >= FORK_FROM else 1)
     if len(groups) <= 1:
         decided = asyncio.run(_rebuild_partitions(target, merged, groups[0] if groups else []))

@@ -64,6 +64,30 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -
     return value
 
 
+def _ms(env: Mapping[str, str], name: str, default_ms: int) -> float:
+    """A whole number of milliseconds (0 or more), as seconds."""
+    return _int(env, name, default_ms, minimum=0) / 1000
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise SettingsError(f"{name}={raw!r}: use 1/true/yes/on or 0/false/no/off")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name) or default
+    if raw.lower() not in choices:
+        raise SettingsError(f"{name}={raw!r}: use one of {', '.join(choices)}")
+    return raw.lower()
+
+
+FAUST_LOGLEVELS = ("critical", "fatal", "error", "warn", "warning", "info", "debug")
+
+
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -108,6 +132,13 @@ class Settings:
     fetch_rate_per_s: float = 10.0
     commit_interval_s: float | None = None  # the worker's commits; None: COMMIT_INTERVAL_S for the guarantee
     busy_commit_interval_s: float | None = None  # ... after a busy commit; None: BUSY_COMMIT_INTERVAL_S
+    worker_batch_max: int = 1000  # records the worker takes per batch
+    worker_busy_interval_s: float = 0.1  # after a large batch the worker takes the next no sooner than this
+    sink_busy_interval_s: float = 0.1  # ... and so do the sinks (projector, effects)
+    replay_processes: int = 0  # processes a replay's rebuild forks (0: one per core)
+    faust_loglevel: str = "warn"
+    debug_sinks: bool = False  # the sinks log at DEBUG
+    event_loop: str = "uvloop"  # uvloop or asyncio
 
     @property
     def worker_commit_interval_s(self) -> float:
@@ -171,6 +202,13 @@ class Settings:
             fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
             commit_interval_s=_float(env, "ORDERLY_COMMIT_INTERVAL_S", 0.0) or None,
             busy_commit_interval_s=_float(env, "ORDERLY_BUSY_COMMIT_INTERVAL_S", 0.0) or None,
+            worker_batch_max=_int(env, "ORDERLY_WORKER_BATCH", 1000),
+            worker_busy_interval_s=_ms(env, "ORDERLY_WORKER_BUSY_INTERVAL_MS", 100),
+            sink_busy_interval_s=_ms(env, "ORDERLY_SINK_BUSY_INTERVAL_MS", 100),
+            replay_processes=_int(env, "ORDERLY_REPLAY_PROCESSES", 0, minimum=0),
+            faust_loglevel=_choice(env, "ORDERLY_FAUST_LOGLEVEL", "warn", FAUST_LOGLEVELS),
+            debug_sinks=_flag(env, "ORDERLY_DEBUG_SINKS"),
+            event_loop=_choice(env, "ORDERLY_LOOP", "uvloop", ("uvloop", "asyncio")),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -214,6 +252,13 @@ class Settings:
             env["ORDERLY_COMMIT_INTERVAL_S"] = str(self.commit_interval_s)
         if self.busy_commit_interval_s:
             env["ORDERLY_BUSY_COMMIT_INTERVAL_S"] = str(self.busy_commit_interval_s)
+        env["ORDERLY_WORKER_BATCH"] = str(self.worker_batch_max)
+        env["ORDERLY_WORKER_BUSY_INTERVAL_MS"] = str(round(self.worker_busy_interval_s * 1000))
+        env["ORDERLY_SINK_BUSY_INTERVAL_MS"] = str(round(self.sink_busy_interval_s * 1000))
+        env["ORDERLY_REPLAY_PROCESSES"] = str(self.replay_processes)
+        env["ORDERLY_FAUST_LOGLEVEL"] = self.faust_loglevel
+        env["ORDERLY_DEBUG_SINKS"] = "1" if self.debug_sinks else "0"
+        env["ORDERLY_LOOP"] = self.event_loop
         return env
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,11 +27,6 @@ from projections.migrate import quote_ident
 from topics.catalog import REQUEST_BYTES
 
 log = logging.getLogger("orderly.sink")
-# Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch of
-# 100+ records it takes the next one no sooner than this after it, unless a full batch was taken (a
-# backlog). Every batch is a PostgreSQL transaction with a fixed cost (the offsets' lock and upsert,
-# the sequence bookkeeping, a statement per table); at low load nothing waits.
-BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_SINK_BUSY_INTERVAL_MS", "100")) / 1000
 Apply = Callable[[Conn, list[ConsumerRecord]], Awaitable[None]]
 SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 # What stops a sink, to be restarted: PostgreSQL out of reach. Anything else a record causes is the
@@ -113,8 +107,13 @@ class PgSink:
         taken = time.monotonic()
         written = await self._write(batch)
         size = sum(len(messages) for messages in batch.values())
-        # what waits is not known here: a full batch stands for a backlog, so it counts as waiting
-        pause = busy_pause(size, size, taken, time.monotonic(), BUSY_INTERVAL_S, self.max_records)
+        # Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch
+        # of 100+ records it takes the next one no sooner than sink_busy_interval_s after it, unless a
+        # full batch was taken (a backlog). Every batch is a PostgreSQL transaction with a fixed cost
+        # (the offsets' lock and upsert, the sequence bookkeeping, a statement per table); at low load
+        # nothing waits. What waits is not known here: a full batch stands for a backlog.
+        pause = busy_pause(size, size, taken, time.monotonic(), self.settings.sink_busy_interval_s,
+                            self.max_records)
         if pause:
             await asyncio.sleep(pause)
         return written
