@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars dev demo test test-unit lint typecheck bench clean
+.PHONY: setup kafka-jars dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# The README's configuration table, between its settings markers, from app/settings.py's table
+# (tests/unit/test_settings.py fails when the two differ).
+docs: $(STAMP)
+	$(PY) -m app.settings --readme README.md
 
 bench: setup
 	$(PY) -m bench

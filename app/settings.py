@@ -1,144 +1,197 @@
-"""Typed settings built once from the environment (configuration layer).
+"""Typed settings built once from the environment, from one table of settings (configuration layer).
 
 Nothing else in Orderly reads ``os.environ``: processes call :func:`Settings.from_env` at start-up
-and pass the object down.
+and pass the object down. Each setting is declared once, as a row of :data:`TABLE`; parsing, the
+error messages, :meth:`Settings.to_env` (a child process's environment), :data:`DEV_DEFAULTS` and
+the README's configuration table (``python -m app.settings --markdown``, ``make docs``) come from it.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
 import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from app.setting_kinds import (
+    REQUIRED,
+    Choice,
+    Directory,
+    Flag,
+    Integer,
+    Maybe,
+    Millis,
+    Number,
+    Secrets,
+    Setting,
+    SettingsError,
+    Text,
+)
+
+__all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
+           "TABLE", "Settings", "SettingsError", "dev_settings", "markdown_table", "with_markdown_table"]
 GATEWAYS = ("pg", "card", "paymos")
 # How often the worker commits its offsets. With exactly-once its outputs are visible to the
 # projector and the effects worker only once committed, so the interval is part of their latency;
 # and every commit is a transaction per partition, so under load it is let grow to the busy
-# interval (app/worker.py, next_commit_wait).
+# interval (app/worker/consumer.py, next_commit_wait).
 COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.05}
 BUSY_COMMIT_INTERVAL_S = {"at_least_once": 2.8, "exactly_once": 0.3}
-
-# Development defaults (documented in the README). `orderly dev` and `orderly demo` use them;
-# production processes must be given real values.
-DEV_DEFAULTS: dict[str, str] = {
-    "ORDERLY_KAFKA": "127.0.0.1:19092",
-    "ORDERLY_POSTGRES_DSN": "postgresql://postgres@127.0.0.1:15432/postgres",
-    "ORDERLY_SECRET_PG": "dev-pg-secret",
-    "ORDERLY_SECRET_CARD": "whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5",
-    "ORDERLY_SECRET_PAYMOS": "dev-paymos-secret",
-    "ORDERLY_API_TOKEN": "dev-api-token",
-}
-
-
-class SettingsError(ValueError):
-    """A setting is missing or unusable; the message names the variable and the fix."""
-
-
-def _secrets(env: Mapping[str, str], gateway: str) -> tuple[str, ...]:
-    name = f"ORDERLY_SECRET_{gateway.upper()}"
-    raw = env.get(name)
-    if raw is None:
-        raise SettingsError(f"{name} is not set: every gateway needs its signing secret")
-    # An empty HMAC key is forgeable by anyone, so an empty entry is an error, not "no check".
-    parts = tuple(p.strip() for p in raw.split(","))
-    if not parts or any(not p for p in parts):
-        raise SettingsError(
-            f"{name} holds an empty secret: an empty HMAC key is forgeable, set a real secret "
-            "(comma-separated to rotate)"
-        )
-    return parts
-
-
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from exc
-    if value < minimum:
-        raise SettingsError(f"{name}={value} is below the minimum {minimum}")
-    return value
-
-
-def _ms(env: Mapping[str, str], name: str, default_ms: int) -> float:
-    """A whole number of milliseconds (0 or more), as seconds."""
-    return _int(env, name, default_ms, minimum=0) / 1000
-
-
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    raise SettingsError(f"{name}={raw!r}: use 1/true/yes/on or 0/false/no/off")
-
-
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    raw = env.get(name) or default
-    if raw.lower() not in choices:
-        raise SettingsError(f"{name}={raw!r}: use one of {', '.join(choices)}")
-    return raw.lower()
-
-
+# logging's level names, which Faust's worker takes in any case
 FAUST_LOGLEVELS = ("critical", "fatal", "error", "warn", "warning", "info", "debug")
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise SettingsError(f"{name}={raw!r} is not a number") from exc
-    if not value > 0 or value == math.inf:  # NaN compares false to everything
-        raise SettingsError(f"{name}={raw!r} must be a finite positive number")
-    return value
+
+def _per_guarantee(seconds: Mapping[str, float]) -> str:
+    return f"`{seconds['exactly_once']}` exactly-once, `{seconds['at_least_once']}` at-least-once"
+
+
+# The settings, in the order the README lists them. A default is the typed value; `dev` is text.
+# Left unannotated so that mypy infers each row's type and refuses a default its kind does not take.
+_ROWS = (
+    Setting("kafka_bootstrap", "ORDERLY_KAFKA", Text(what="host:port, comma-separated"), REQUIRED,
+            "Kafka bootstrap servers", dev="127.0.0.1:19092"),
+    Setting("postgres_dsn", "ORDERLY_POSTGRES_DSN", Text(what="a postgresql:// DSN"), REQUIRED,
+            "PostgreSQL DSN", dev="postgresql://postgres@127.0.0.1:15432/postgres", is_secret=True),
+    Setting("secrets", "ORDERLY_SECRET_PG", Secrets(), REQUIRED,
+            "pg signing secret(s), comma-separated for rotation", dev="dev-pg-secret", key="pg", is_secret=True),
+    Setting("secrets", "ORDERLY_SECRET_CARD", Secrets(), REQUIRED,
+            "card Standard Webhooks secret(s), `whsec_<base64>`",
+            dev="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", key="card", is_secret=True),
+    Setting("secrets", "ORDERLY_SECRET_PAYMOS", Secrets(), REQUIRED,
+            "paymos signing secret(s)", dev="dev-paymos-secret", key="paymos", is_secret=True),
+    Setting("api_token", "ORDERLY_API_TOKEN", Text(), REQUIRED,
+            "bearer token of the correlation API", dev="dev-api-token", is_secret=True),
+    Setting("effects_url", "ORDERLY_EFFECTS_URL", Maybe(Text(what="a URL")), None,
+            "where the effects worker delivers effects (unset: recorded, not delivered)"),
+    Setting("partitions", "ORDERLY_PARTITIONS", Integer(minimum=1), 12,
+            "partitions of every co-partitioned topic"),
+    Setting("replication_factor", "ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1,
+            "topic replication factor"),
+    # It prefixes topic names (Kafka takes [A-Za-z0-9._-]) and is a PostgreSQL schema name.
+    Setting("namespace", "ORDERLY_NAMESPACE",
+            Text(r"[A-Za-z][A-Za-z0-9_]*", "ASCII letters, digits and '_', starting with a letter"),
+            "orderly", "topic prefix and PostgreSQL schema"),
+    Setting("ingest_host", "ORDERLY_INGEST_HOST", Text(what="a host name or address"), "127.0.0.1",
+            "ingest bind address"),
+    Setting("ingest_port", "ORDERLY_INGEST_PORT", Integer(minimum=0), 8080, "ingest port"),
+    Setting("append_timeout_s", "ORDERLY_APPEND_TIMEOUT_S", Number(), 5.0,
+            "deadline in seconds for a Kafka append before answering 503"),
+    Setting("read_timeout_s", "ORDERLY_READ_TIMEOUT_S", Number(), 10.0,
+            "a request whose headers and body have not arrived within this many seconds is answered "
+            "408 and its connection closed"),
+    Setting("processing_guarantee", "ORDERLY_PROCESSING_GUARANTEE", Choice(("at_least_once", "exactly_once")),
+            "at_least_once", 'the worker\'s Kafka guarantee (see "Exactly-once" below)'),
+    Setting("store", "ORDERLY_STORE", Choice(("rocksdb", "memory")), "rocksdb",
+            "where the worker keeps resource state: `rocksdb` (on disk, per partition) or `memory` (small "
+            "state only: it rebuilds everything from the changelog at each start, see docs/benchmarks.md)"),
+    Setting("worker_stall_s", "ORDERLY_WORKER_STALL_S", Number(), 60.0,
+            "a worker that decides nothing this many seconds while records wait exits (code 3) for its "
+            "supervisor to restart it"),
+    Setting("worker_batch_max", "ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
+            "records the worker takes and decides per batch, at most"),
+    Setting("worker_busy_interval_s", "ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
+            "under load (a batch of 100+ records), the worker takes its next batch no sooner than this "
+            "after the last one, so batches grow and cost fewer produce requests; it never waits after a "
+            "small batch, nor when a full batch is already waiting"),
+    Setting("sink_busy_interval_s", "ORDERLY_SINK_BUSY_INTERVAL_MS", Millis(), 0.1,
+            "the same for the projector and the effects recorder: after a batch of 100+ records the next "
+            "is taken no sooner than this after it, unless a full batch was taken"),
+    Setting("gc_threshold", "ORDERLY_GC_THRESHOLD", Integer(minimum=0), 50_000,
+            "allocations between Python's young-generation garbage collections in every Orderly process "
+            "(after `gc.freeze()` of what start-up built); `0` keeps Python's default of 700 (see "
+            "docs/benchmarks.md)"),
+    Setting("event_loop", "ORDERLY_LOOP", Choice(("uvloop", "asyncio")), "uvloop",
+            "event loop of every process"),
+    Setting("faust_loglevel", "ORDERLY_FAUST_LOGLEVEL", Choice(FAUST_LOGLEVELS), "warn",
+            "log level of the worker's Faust runtime"),
+    Setting("debug_sinks", "ORDERLY_DEBUG_SINKS", Flag(), False,
+            "the projector's and effects recorder's sinks log each batch (logger `orderly.sink` at DEBUG)"),
+    Setting("replay_processes", "ORDERLY_REPLAY_PROCESSES", Integer(minimum=0), 0,
+            "processes `orderly replay` splits the partitions across (logs of 20,000+ records); `0`: one "
+            "per core"),
+    Setting("data_dir", "ORDERLY_DATA_DIR", Directory(), Path(".orderly"),
+            "where `orderly dev` keeps Kafka and PostgreSQL data"),
+    Setting("metrics_port", "ORDERLY_METRICS_PORT", Integer(minimum=0), 0,
+            "`/metrics` port of worker, projector, effects (`0`: off); `orderly dev` gives them the ingest "
+            "port + 1, +2, … (a free port if that one is taken)"),
+    Setting("gap_backfill_after_s", "ORDERLY_GAP_BACKFILL_AFTER_S", Number(), 4 * 24 * 3600.0,
+            "age in seconds at which an open pg sequence gap is sent to `orderly.fetch` (the pg "
+            "document: a gap open 4 days is lost)"),
+    Setting("effects_max_attempts", "ORDERLY_EFFECTS_MAX_ATTEMPTS", Integer(minimum=1), 10,
+            "delivery attempts before an effect is marked dead"),
+    Setting("effects_lease_s", "ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
+            "a claimed effect is not claimed again for this many seconds (a killed effects worker's "
+            "in-flight effects are retried after it)"),
+    Setting("card_api_url", "ORDERLY_CARD_API_URL", Maybe(Text(what="a URL")), None,
+            "the card gateway's API base (`GET /payments/{ref}`); unset: no fetching"),
+    Setting("pg_api_url", "ORDERLY_PG_API_URL", Maybe(Text(what="a URL")), None,
+            "the pg gateway's API base (`GET /v1/pay/events?since_sequence=N`); unset: no backfill"),
+    Setting("fetch_parked_after_s", "ORDERLY_FETCH_PARKED_AFTER_S", Number(), 60.0,
+            "a card payment whose events stay parked longer than this many seconds is fetched from the card "
+            "API"),
+    Setting("fetch_interval_s", "ORDERLY_FETCH_INTERVAL_S", Number(), 30.0,
+            "seconds between the fetcher's looks for parked card payments"),
+    Setting("fetch_rate_per_s", "ORDERLY_FETCH_RATE_PER_S", Number(), 10.0,
+            "the fetcher's requests per second to the gateways' APIs, at most"),
+    Setting("sweep_after_s", "ORDERLY_SWEEP_AFTER_S", Number(), 120.0,
+            "a stored record with no decision this many seconds after arrival is appended again (sweeper)"),
+    Setting("commit_interval_s", "ORDERLY_COMMIT_INTERVAL_S", Maybe(Number()), None,
+            "seconds between the worker's offset commits (exactly-once: its transactions; the projector "
+            f"sees outputs only once committed); unset: {_per_guarantee(COMMIT_INTERVAL_S)}"),
+    Setting("busy_commit_interval_s", "ORDERLY_BUSY_COMMIT_INTERVAL_S", Maybe(Number()), None,
+            "the wait after a commit that covered 250 records or more (under load), unless the flow stops; "
+            f"never shorter than the above; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}"),
+)
+TABLE: tuple[Setting[Any], ...] = _ROWS
+# Development defaults (the README's `orderly dev` column). `orderly dev` and `orderly demo` use
+# them; production processes must be given real values.
+DEV_DEFAULTS: dict[str, str] = {row.env: row.dev for row in TABLE if row.dev is not None}
 
 
 @dataclass(frozen=True)
 class Settings:
+    """The typed view of TABLE: one attribute per row (the secrets' rows share ``secrets``)."""
+
     kafka_bootstrap: str
     postgres_dsn: str
-    secrets: Mapping[str, tuple[str, ...]]
+    secrets: Mapping[str, tuple[str, ...]]  # gateway -> its secrets, newest first
     api_token: str
-    effects_url: str | None = None
-    partitions: int = 12
-    replication_factor: int = 1
-    namespace: str = "orderly"
-    ingest_host: str = "127.0.0.1"
-    ingest_port: int = 8080
-    append_timeout_s: float = 5.0
-    read_timeout_s: float = 10.0  # a request body (or headers) not arrived by then: 408 and the socket closed
-    processing_guarantee: str = "at_least_once"  # see README, "Exactly-once": Faust's is not safe here
-    store: str = "rocksdb"  # where the worker keeps resource state: rocksdb (on disk) or memory
-    worker_stall_s: float = 60.0  # a worker deciding nothing this long while records wait exits
-    gc_threshold: int = 50_000  # allocations between young-generation collections (0: Python's 700)
-    data_dir: Path = field(default_factory=lambda: Path(".orderly"))
-    metrics_port: int = 0  # worker, projector, effects: serve /metrics here (0 = off)
-    gap_backfill_after_s: float = 4 * 24 * 3600.0  # the pg document: a gap open 4 days is lost
-    effects_max_attempts: int = 10
-    effects_lease_s: float = 30.0  # a claimed effect is not claimed again for this long
-    card_api_url: str | None = None  # the card gateway's API (GET /payments/{ref})
-    pg_api_url: str | None = None  # the pg gateway's API (GET /v1/pay/events?since_sequence=N)
-    fetch_parked_after_s: float = 60.0  # the playbook: a parked event older than this is fetched
-    fetch_interval_s: float = 30.0
-    sweep_after_s: float = 120.0  # a stored record with no decision this long after arrival is appended again
-    fetch_rate_per_s: float = 10.0
-    commit_interval_s: float | None = None  # the worker's commits; None: COMMIT_INTERVAL_S for the guarantee
-    busy_commit_interval_s: float | None = None  # ... after a busy commit; None: BUSY_COMMIT_INTERVAL_S
-    worker_batch_max: int = 1000  # records the worker takes per batch
-    worker_busy_interval_s: float = 0.1  # after a large batch the worker takes the next no sooner than this
-    sink_busy_interval_s: float = 0.1  # ... and so do the sinks (projector, effects)
-    replay_processes: int = 0  # processes a replay's rebuild forks (0: one per core)
-    faust_loglevel: str = "warn"
-    debug_sinks: bool = False  # the sinks log at DEBUG
-    event_loop: str = "uvloop"  # uvloop or asyncio
+    effects_url: str | None
+    partitions: int
+    replication_factor: int
+    namespace: str
+    ingest_host: str
+    ingest_port: int
+    append_timeout_s: float
+    read_timeout_s: float
+    processing_guarantee: str
+    store: str
+    worker_stall_s: float
+    worker_batch_max: int
+    worker_busy_interval_s: float
+    sink_busy_interval_s: float
+    gc_threshold: int
+    event_loop: str
+    faust_loglevel: str
+    debug_sinks: bool
+    replay_processes: int
+    data_dir: Path
+    metrics_port: int
+    gap_backfill_after_s: float
+    effects_max_attempts: int
+    effects_lease_s: float
+    card_api_url: str | None
+    pg_api_url: str | None
+    fetch_parked_after_s: float
+    fetch_interval_s: float
+    fetch_rate_per_s: float
+    sweep_after_s: float
+    commit_interval_s: float | None
+    busy_commit_interval_s: float | None
 
     @property
     def worker_commit_interval_s(self) -> float:
@@ -152,117 +205,78 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Every row read; every refusal reported at once, so one start says all that is wrong."""
         env = os.environ if env is None else env
-        missing = [n for n in ("ORDERLY_KAFKA", "ORDERLY_POSTGRES_DSN") if not env.get(n)]
-        if missing:
-            raise SettingsError(f"{', '.join(missing)} not set (see README, Configuration)")
-        token = env.get("ORDERLY_API_TOKEN", "")
-        if not token.strip():
-            raise SettingsError("ORDERLY_API_TOKEN is empty: the correlation API needs a bearer token")
-        store = env.get("ORDERLY_STORE", "rocksdb")
-        if store not in ("rocksdb", "memory"):
-            raise SettingsError(f"ORDERLY_STORE={store!r}: use rocksdb or memory")
-        guarantee = env.get("ORDERLY_PROCESSING_GUARANTEE", "at_least_once")
-        if guarantee not in ("exactly_once", "at_least_once"):
-            raise SettingsError(
-                f"ORDERLY_PROCESSING_GUARANTEE={guarantee!r}: use exactly_once or at_least_once"
-            )
-        namespace = env.get("ORDERLY_NAMESPACE", "orderly")
-        if not namespace.replace("_", "").isalnum() or not namespace[:1].isalpha():
-            raise SettingsError(
-                f"ORDERLY_NAMESPACE={namespace!r}: letters, digits and '_' only, starting with a letter"
-            )
-        return cls(
-            kafka_bootstrap=env["ORDERLY_KAFKA"],
-            postgres_dsn=env["ORDERLY_POSTGRES_DSN"],
-            secrets={g: _secrets(env, g) for g in GATEWAYS},
-            api_token=token,
-            effects_url=env.get("ORDERLY_EFFECTS_URL") or None,
-            partitions=_int(env, "ORDERLY_PARTITIONS", 12),
-            replication_factor=_int(env, "ORDERLY_REPLICATION_FACTOR", 1),
-            namespace=namespace,
-            ingest_host=env.get("ORDERLY_INGEST_HOST", "127.0.0.1"),
-            ingest_port=_int(env, "ORDERLY_INGEST_PORT", 8080, minimum=0),
-            append_timeout_s=_float(env, "ORDERLY_APPEND_TIMEOUT_S", 5.0),
-            read_timeout_s=_float(env, "ORDERLY_READ_TIMEOUT_S", 10.0),
-            processing_guarantee=guarantee,
-            store=store,
-            worker_stall_s=_float(env, "ORDERLY_WORKER_STALL_S", 60.0),
-            gc_threshold=_int(env, "ORDERLY_GC_THRESHOLD", 50_000, minimum=0),
-            data_dir=Path(env.get("ORDERLY_DATA_DIR", ".orderly")),
-            metrics_port=_int(env, "ORDERLY_METRICS_PORT", 0, minimum=0),
-            gap_backfill_after_s=_float(env, "ORDERLY_GAP_BACKFILL_AFTER_S", 4 * 24 * 3600.0),
-            effects_max_attempts=_int(env, "ORDERLY_EFFECTS_MAX_ATTEMPTS", 10),
-            effects_lease_s=_float(env, "ORDERLY_EFFECTS_LEASE_S", 30.0),
-            card_api_url=env.get("ORDERLY_CARD_API_URL") or None,
-            pg_api_url=env.get("ORDERLY_PG_API_URL") or None,
-            fetch_parked_after_s=_float(env, "ORDERLY_FETCH_PARKED_AFTER_S", 60.0),
-            fetch_interval_s=_float(env, "ORDERLY_FETCH_INTERVAL_S", 30.0),
-            sweep_after_s=_float(env, "ORDERLY_SWEEP_AFTER_S", 120.0),
-            fetch_rate_per_s=_float(env, "ORDERLY_FETCH_RATE_PER_S", 10.0),
-            commit_interval_s=_float(env, "ORDERLY_COMMIT_INTERVAL_S", 0.0) or None,
-            busy_commit_interval_s=_float(env, "ORDERLY_BUSY_COMMIT_INTERVAL_S", 0.0) or None,
-            worker_batch_max=_int(env, "ORDERLY_WORKER_BATCH", 1000),
-            worker_busy_interval_s=_ms(env, "ORDERLY_WORKER_BUSY_INTERVAL_MS", 100),
-            sink_busy_interval_s=_ms(env, "ORDERLY_SINK_BUSY_INTERVAL_MS", 100),
-            replay_processes=_int(env, "ORDERLY_REPLAY_PROCESSES", 0, minimum=0),
-            faust_loglevel=_choice(env, "ORDERLY_FAUST_LOGLEVEL", "warn", FAUST_LOGLEVELS),
-            debug_sinks=_flag(env, "ORDERLY_DEBUG_SINKS"),
-            event_loop=_choice(env, "ORDERLY_LOOP", "uvloop", ("uvloop", "asyncio")),
-        )
+        values: dict[str, Any] = {}
+        errors: list[str] = []
+        for row in TABLE:
+            try:
+                value = row.read(env)
+            except SettingsError as exc:
+                errors.append(str(exc))
+                continue
+            if row.key is None:
+                values[row.field] = value
+            else:
+                values.setdefault(row.field, {})[row.key] = value
+        if errors:
+            raise SettingsError("\n".join(errors))
+        return cls(**values)
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def to_env(self) -> dict[str, str]:
-        """The environment that makes a child process build these same settings."""
-        env = {
-            "ORDERLY_KAFKA": self.kafka_bootstrap,
-            "ORDERLY_POSTGRES_DSN": self.postgres_dsn,
-            "ORDERLY_API_TOKEN": self.api_token,
-            "ORDERLY_PARTITIONS": str(self.partitions),
-            "ORDERLY_REPLICATION_FACTOR": str(self.replication_factor),
-            "ORDERLY_NAMESPACE": self.namespace,
-            "ORDERLY_INGEST_HOST": self.ingest_host,
-            "ORDERLY_INGEST_PORT": str(self.ingest_port),
-            "ORDERLY_APPEND_TIMEOUT_S": str(self.append_timeout_s),
-            "ORDERLY_READ_TIMEOUT_S": str(self.read_timeout_s),
-            "ORDERLY_PROCESSING_GUARANTEE": self.processing_guarantee,
-            "ORDERLY_STORE": self.store,
-            "ORDERLY_WORKER_STALL_S": str(self.worker_stall_s),
-            "ORDERLY_GC_THRESHOLD": str(self.gc_threshold),
-            "ORDERLY_DATA_DIR": str(self.data_dir),
-            "ORDERLY_METRICS_PORT": str(self.metrics_port),
-            "ORDERLY_GAP_BACKFILL_AFTER_S": str(self.gap_backfill_after_s),
-            "ORDERLY_EFFECTS_MAX_ATTEMPTS": str(self.effects_max_attempts),
-            "ORDERLY_EFFECTS_LEASE_S": str(self.effects_lease_s),
-        }
-        env.update({f"ORDERLY_SECRET_{g.upper()}": ",".join(s) for g, s in self.secrets.items()})
-        if self.effects_url:
-            env["ORDERLY_EFFECTS_URL"] = self.effects_url
-        if self.card_api_url:
-            env["ORDERLY_CARD_API_URL"] = self.card_api_url
-        if self.pg_api_url:
-            env["ORDERLY_PG_API_URL"] = self.pg_api_url
-        env["ORDERLY_FETCH_PARKED_AFTER_S"] = str(self.fetch_parked_after_s)
-        env["ORDERLY_FETCH_INTERVAL_S"] = str(self.fetch_interval_s)
-        env["ORDERLY_SWEEP_AFTER_S"] = str(self.sweep_after_s)
-        env["ORDERLY_FETCH_RATE_PER_S"] = str(self.fetch_rate_per_s)
-        if self.commit_interval_s:
-            env["ORDERLY_COMMIT_INTERVAL_S"] = str(self.commit_interval_s)
-        if self.busy_commit_interval_s:
-            env["ORDERLY_BUSY_COMMIT_INTERVAL_S"] = str(self.busy_commit_interval_s)
-        env["ORDERLY_WORKER_BATCH"] = str(self.worker_batch_max)
-        env["ORDERLY_WORKER_BUSY_INTERVAL_MS"] = str(round(self.worker_busy_interval_s * 1000))
-        env["ORDERLY_SINK_BUSY_INTERVAL_MS"] = str(round(self.sink_busy_interval_s * 1000))
-        env["ORDERLY_REPLAY_PROCESSES"] = str(self.replay_processes)
-        env["ORDERLY_FAUST_LOGLEVEL"] = self.faust_loglevel
-        env["ORDERLY_DEBUG_SINKS"] = "1" if self.debug_sinks else "0"
-        env["ORDERLY_LOOP"] = self.event_loop
-        return env
+        """The environment that makes a child process build these same settings. Every variable is
+        set, an unset one as empty, so that it also overrides what the parent's environment holds."""
+        return {row.env: row.kind.render(row.value(self)) for row in TABLE}
 
 
 def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Settings for the embedded stack: the development defaults, overridden by the environment."""
     env = os.environ if env is None else env
     return Settings.from_env({**DEV_DEFAULTS, **env})
+
+
+def markdown_table() -> str:
+    """The README's configuration table, rendered from TABLE."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    def code(text: str) -> str:
+        return f"`{text}`" if text not in ("required", "unset") else text
+
+    lines = ["| variable | accepts | default | `orderly dev` default (if other) | meaning |", "|---|---|---|---|---|"]
+    for row in TABLE:
+        dev = code(row.dev) if row.dev is not None else ""
+        lines.append(f"| `{row.env}` | {cell(row.kind.accepts)} | {code(row.text_default())} | {dev} "
+                     f"| {cell(row.description)} |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- settings:begin -->\n", "<!-- settings:end -->"
+
+
+def with_markdown_table(readme: str) -> str:
+    """``readme`` with the text between its settings markers replaced by :func:`markdown_table`."""
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no {BEGIN.strip()} … {END} section")
+    return readme[: start + len(BEGIN)] + markdown_table() + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.settings", description=__doc__)
+    parser.add_argument("--markdown", action="store_true", help="print the README's configuration table")
+    parser.add_argument("--readme", type=Path, help="rewrite this README's section between the settings markers")
+    args = parser.parse_args(argv)
+    if args.readme:
+        text = args.readme.read_text(encoding="utf-8")
+        args.readme.write_text(with_markdown_table(text), encoding="utf-8")
+    if args.markdown or not args.readme:
+        sys.stdout.write(markdown_table())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

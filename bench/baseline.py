@@ -17,7 +17,7 @@ from aiohttp import web
 from app.cli import tune_gc
 from app.gateways import pg
 from app.gateways.base import SignatureError
-from app.settings import Settings
+from app.settings import dev_settings
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pg_webhook_inbox (event_id text PRIMARY KEY, event_type text NOT NULL,
@@ -134,6 +134,6 @@ if __name__ == "__main__":
     import uvloop
 
     uvloop.install()  # Orderly's processes run on uvloop (ORDERLY_LOOP): the baseline gets the same loop
-    tune_gc(Settings.gc_threshold)  # and the same garbage-collector setting
+    tune_gc(dev_settings().gc_threshold)  # and the same garbage-collector setting
     dsn, schema, secret, port = sys.argv[1:5]
     web.run_app(build(dsn, schema, secret), host="127.0.0.1", port=int(port), access_log=None, print=None)

@@ -110,9 +110,9 @@ if __name__ == "__main__":
     import uvloop
 
     from app.cli import tune_gc
-    from app.settings import Settings
+    from app.settings import dev_settings
 
-    tune_gc(Settings.gc_threshold)  # the generator's CPU comes out of what the servers measured get
+    tune_gc(dev_settings().gc_threshold)  # the generator's CPU comes out of what the servers measured get
 
     result = uvloop.run(run(url, requests, int(concurrency), float(duration), float(warmup), max_requests))
     print(orjson.dumps(result).decode())

@@ -1,16 +1,135 @@
-"""Settings from the environment: defaults, and refusals with a clear message."""
+"""Settings from the environment, all from one table (app.settings.TABLE): defaults, round trips
+through a child's environment, refusals that name the variable, and the README's table."""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import re
+import typing
+from pathlib import Path
+from typing import Any
 
-from app.settings import DEV_DEFAULTS, Settings, SettingsError, dev_settings
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.setting_kinds import (
+    REQUIRED,
+    Choice,
+    Directory,
+    Flag,
+    Integer,
+    Kind,
+    Maybe,
+    Millis,
+    Number,
+    Secrets,
+    Setting,
+    Text,
+)
+from app.settings import (
+    DEV_DEFAULTS,
+    GATEWAYS,
+    TABLE,
+    Settings,
+    SettingsError,
+    dev_settings,
+    markdown_table,
+    with_markdown_table,
+)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+ROWS = {row.env: row for row in TABLE}
+
+
+def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
+    """Environment text that ``kind`` accepts."""
+    match kind:
+        case Text(pattern=pattern):
+            return st.from_regex(re.compile(pattern, re.DOTALL), fullmatch=True)
+        case Integer(minimum=minimum):
+            return st.integers(min_value=minimum, max_value=10**12).map(str)
+        case Number():
+            return st.floats(min_value=0, exclude_min=True, allow_infinity=False).map(repr)
+        case Millis():
+            return st.integers(min_value=0, max_value=10**9).map(str)
+        case Choice(choices=choices):
+            return st.sampled_from(choices).flatmap(lambda c: st.sampled_from([c, c.upper()]))
+        case Flag():
+            return st.sampled_from(["1", "true", "YES", "on", "0", "false", "no", "Off"])
+        case Secrets():
+            part = st.text(min_size=1).filter(lambda p: "," not in p and p.strip() != "")
+            return st.lists(part, min_size=1, max_size=3).map(",".join)
+        case Directory():
+            return st.text(min_size=1)
+        case Maybe(kind=inner):
+            return texts(inner)
+    raise AssertionError(f"no strategy for {kind!r}: add one for the new kind")
+
+
+def environments() -> st.SearchStrategy[dict[str, str]]:
+    """A whole environment: every variable accepted text, empty, or unset (the required ones set)."""
+    def variable(row: Setting[Any]) -> st.SearchStrategy[str | None]:
+        if row.default is REQUIRED:
+            return texts(row.kind)
+        return st.one_of(st.none(), st.just(""), texts(row.kind))
+
+    drawn = st.fixed_dictionaries({row.env: variable(row) for row in TABLE})
+    return drawn.map(lambda env: {name: text for name, text in env.items() if text is not None})
+
+
+def test_the_table_and_the_dataclass_have_the_same_settings() -> None:
+    fields = [f.name for f in dataclasses.fields(Settings)]
+    assert fields == list(dict.fromkeys(row.field for row in TABLE))  # same order as the README's table
+    assert len(ROWS) == len(TABLE), "a variable is declared twice"
+    assert tuple(row.key for row in TABLE if row.field == "secrets") == GATEWAYS
+    assert all(row.env.startswith("ORDERLY_") for row in TABLE)
+
+
+@pytest.mark.parametrize("row", TABLE, ids=lambda row: row.env)
+def test_every_default_is_accepted_and_has_the_attributes_type(row: Setting[Any]) -> None:
+    hint = typing.get_type_hints(Settings)[row.field]
+    kind_of_value = tuple if row.key is not None else hint
+    for value in ([] if row.default is REQUIRED else [row.default]):
+        assert row.read({row.env: row.kind.render(value)}) == value
+        assert isinstance(value, kind_of_value)
+    if row.dev is not None:
+        assert isinstance(row.read({row.env: row.dev}), kind_of_value)
 
 
 def test_dev_defaults_build() -> None:
     s = dev_settings({})
     assert s.partitions == 12 and s.namespace == "orderly"
     assert s.secrets["pg"] == ("dev-pg-secret",)
+    assert (s.worker_batch_max, s.worker_busy_interval_s, s.sink_busy_interval_s) == (1000, 0.1, 0.1)
+    assert (s.replay_processes, s.faust_loglevel, s.debug_sinks, s.event_loop) == (0, "warn", False, "uvloop")
+    assert DEV_DEFAULTS["ORDERLY_KAFKA"] == "127.0.0.1:19092"
+
+
+@given(environments())
+def test_every_setting_round_trips_through_a_childs_environment(env: dict[str, str]) -> None:
+    settings = Settings.from_env(env)
+    child = settings.to_env()
+    assert set(child) == set(ROWS)  # every variable set, so none is inherited from the parent's environment
+    assert Settings.from_env(child) == settings
+    assert Settings.from_env(child).to_env() == child
+    hints = typing.get_type_hints(Settings)
+    for row in TABLE:
+        if row.key is None:
+            assert isinstance(getattr(settings, row.field), hints[row.field]), row.env
+
+
+def test_milliseconds_are_seconds_in_settings() -> None:
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_WORKER_BUSY_INTERVAL_MS": "250",
+                           "ORDERLY_SINK_BUSY_INTERVAL_MS": "0"})
+    assert (s.worker_busy_interval_s, s.sink_busy_interval_s) == (0.25, 0.0)
+    assert s.to_env()["ORDERLY_WORKER_BUSY_INTERVAL_MS"] == "250"
+
+
+def test_an_empty_variable_counts_as_unset() -> None:
+    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_PARTITIONS": "", "ORDERLY_EFFECTS_URL": ""})
+    assert s.partitions == 12 and s.effects_url is None
+    assert s.to_env()["ORDERLY_EFFECTS_URL"] == ""  # overrides a URL the parent's environment holds
 
 
 def test_rotation_lists() -> None:
@@ -30,30 +149,83 @@ def test_missing_secret_is_refused() -> None:
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize("name", [row.env for row in TABLE if isinstance(row.kind, Secrets)])
+def test_a_refused_secret_is_not_written_into_the_message(name: str) -> None:
+    with pytest.raises(SettingsError, match=name) as refused:
+        Settings.from_env({**DEV_DEFAULTS, name: "hunter2,,"})
+    assert "hunter2" not in str(refused.value)
+    assert ROWS[name].is_secret and ROWS["ORDERLY_API_TOKEN"].is_secret and ROWS["ORDERLY_POSTGRES_DSN"].is_secret
+
+
+def test_a_secret_settings_refused_value_is_withheld() -> None:
+    row = Setting("partitions", "ORDERLY_X", Integer(minimum=1), 1, "a test row", is_secret=True)
+    with pytest.raises(SettingsError, match=r"ORDERLY_X \(value withheld\): not an integer") as refused:
+        row.read({"ORDERLY_X": "hunter2"})
+    assert "hunter2" not in str(refused.value)
+
+
 @pytest.mark.parametrize(("name", "value"), [
-    ("ORDERLY_PARTITIONS", "zero"), ("ORDERLY_PARTITIONS", "0"), ("ORDERLY_API_TOKEN", ""),
-    ("ORDERLY_NAMESPACE", "1bad"), ("ORDERLY_PROCESSING_GUARANTEE", "maybe"), ("ORDERLY_GC_THRESHOLD", "-1"),
+    ("ORDERLY_PARTITIONS", "zero"), ("ORDERLY_PARTITIONS", "0"), ("ORDERLY_API_TOKEN", " "),
+    ("ORDERLY_NAMESPACE", "1bad"), ("ORDERLY_NAMESPACE", "bad-name"), ("ORDERLY_PROCESSING_GUARANTEE", "maybe"),
+    ("ORDERLY_GC_THRESHOLD", "-1"), ("ORDERLY_LOOP", "trio"), ("ORDERLY_FAUST_LOGLEVEL", "loud"),
+    ("ORDERLY_DEBUG_SINKS", "perhaps"), ("ORDERLY_STORE", "disk"),
 ])
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(SettingsError, match=name):
         Settings.from_env({**DEV_DEFAULTS, name: value})
 
 
-def test_to_env_round_trips() -> None:
-    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PG": "a,b", "ORDERLY_PARTITIONS": "5",
-                           "ORDERLY_GC_THRESHOLD": "0"})
-    assert s.gc_threshold == 0
-    assert Settings.from_env(s.to_env()) == s
+NUMERIC = [row for row in TABLE if isinstance(row.kind, Integer | Number | Millis)
+           or (isinstance(row.kind, Maybe) and isinstance(row.kind.kind, Integer | Number | Millis))]
 
 
-def test_read_timeout_defaults_to_10_s_and_round_trips() -> None:
-    assert dev_settings({}).read_timeout_s == 10.0
-    s = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_READ_TIMEOUT_S": "0.25"})
-    assert s.read_timeout_s == 0.25
-    assert Settings.from_env(s.to_env()) == s
+@pytest.mark.parametrize("row", NUMERIC, ids=lambda row: row.env)
+@pytest.mark.parametrize("value", ["abc", "1.5.", "-1", "nan", "inf", "1e400", "0x10", "12 ms"])
+def test_a_bad_number_names_the_variable_the_value_and_what_is_accepted(row: Setting[Any], value: str) -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({**DEV_DEFAULTS, row.env: value})
+    assert f"{row.env}={value!r}" in str(refused.value)
+    assert row.kind.accepts in str(refused.value)
+
+
+def test_a_sink_interval_that_is_not_a_number_is_a_configuration_error() -> None:
+    with pytest.raises(SettingsError, match=r"ORDERLY_SINK_BUSY_INTERVAL_MS='abc': not an integer; it takes "
+                                            r"whole milliseconds ≥ 0"):
+        dev_settings({"ORDERLY_SINK_BUSY_INTERVAL_MS": "abc"})
+
+
+@given(st.sampled_from(TABLE), st.text())
+def test_any_text_is_accepted_or_refused_by_name_never_a_traceback(row: Setting[Any], text: str) -> None:
+    try:
+        Settings.from_env({**DEV_DEFAULTS, row.env: text})
+    except SettingsError as exc:
+        assert row.env in str(exc)
+
+
+def test_every_refusal_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({**DEV_DEFAULTS, "ORDERLY_PARTITIONS": "x", "ORDERLY_READ_TIMEOUT_S": "0"})
+    assert "ORDERLY_PARTITIONS" in str(refused.value) and "ORDERLY_READ_TIMEOUT_S" in str(refused.value)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])
 def test_read_timeout_must_be_a_finite_positive_number(value: str) -> None:
     with pytest.raises(SettingsError, match="ORDERLY_READ_TIMEOUT_S"):
         Settings.from_env({**DEV_DEFAULTS, "ORDERLY_READ_TIMEOUT_S": value})
+
+
+def test_the_markdown_table_has_a_row_per_variable() -> None:
+    lines = markdown_table().splitlines()
+    assert [line.split(" | ")[0].removeprefix("| `").rstrip("`") for line in lines[2:]] == list(ROWS)
+
+
+def test_the_readmes_configuration_table_is_the_generated_one() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert with_markdown_table(readme) == readme, (
+        "README.md's table between <!-- settings:begin --> and <!-- settings:end --> differs from "
+        "app/settings.py's TABLE: run `make docs`")
+
+
+def test_a_readme_without_the_markers_is_refused() -> None:
+    with pytest.raises(ValueError, match="settings:begin"):
+        with_markdown_table("# no table here\n")
