@@ -98,7 +98,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from projections.projector import run
+    from app.projector import run
 
     return _process(run)
 
@@ -116,7 +116,7 @@ def cmd_fetcher(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from projections.reconcile import run
+    from app.reconcile import run
 
     return asyncio.run(run(_production_settings()))
 

@@ -20,9 +20,9 @@ from aiokafka.structs import ConsumerRecord
 from app.metrics import EffectsMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.sink import PgSink
 from projections import quarantine
-from projections.bulk import Conn, unnest_insert, write
-from projections.sink import PgSink, printable
+from projections.bulk import Conn, printable, unnest_insert, write
 from topics.catalog import names
 from topics.records import EFFECTS as EFFECT_RECORDS
 

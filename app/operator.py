@@ -1,7 +1,7 @@
 """Operator commands on the quarantine: `orderly quarantine list|show|redrive` (I/O shell).
 
-They read and act through projections/quarantine.py, the same queries and actions an admin API
-would use, against the namespace the environment names.
+They read through projections/quarantine.py's queries and act through ``redrive`` here, which an
+admin API would share, against the namespace the environment names.
 """
 
 from __future__ import annotations
@@ -10,16 +10,75 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import orjson
 
+from app.gateways import registry
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections import quarantine
 from projections.migrate import quote_ident
-from topics.catalog import names
+from topics.catalog import TopicNames, names
+from topics.records import (
+    H_DELIVERY_ID,
+    H_REASON,
+    H_RECEIVED_AT,
+    H_RESOURCE,
+    H_SOURCE_KEY,
+    H_STAGE,
+    H_TOPIC,
+)
+
+
+class RedriveError(ValueError):
+    """The record cannot be redriven (unknown, or nowhere to append it); the message says why."""
+
+
+@dataclass(frozen=True)
+class Redriven:
+    delivery_id: str  # the new delivery's id
+    topic: str
+    key: bytes
+
+
+async def redrive(conn: asyncpg.Connection, producer: KeyedProducer, n: TopicNames, delivery_id: str,
+                  now_ms: int) -> Redriven:
+    """Append a quarantined record's body again where it was set aside from, and mark it."""
+    stored = await quarantine.one(conn, delivery_id)
+    if stored is None:
+        raise RedriveError(f"no quarantined record {delivery_id!r}")
+    body: bytes = stored["body"]
+    original = {k: v for k, v in stored["headers"]}
+    new_id = f"{delivery_id}~r{stored['redrives'] + 1}"
+    topic = stored["topic"] or n.raw
+    if stored["stage"] in ("ingest", "worker") or topic == n.raw:
+        gateway = stored["gateway"]
+        found = registry.find(gateway or "")
+        adapter = found.adapter if found is not None else None
+        if original.get("record") == "correlation":
+            key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
+        elif adapter is None:
+            raise RedriveError(f"{delivery_id}: no gateway recorded, so nowhere to route it")
+        else:
+            route = adapter.route(body)
+            if route.resource_key is None:
+                raise RedriveError(f"{delivery_id}: still refused by the {gateway} adapter: {route.quarantine_reason}")
+            key = route.resource_key.encode()
+        headers = [(k, v.encode()) for k, v in original.items()
+                   if k not in (H_STAGE, H_REASON, H_RESOURCE, H_TOPIC, H_SOURCE_KEY, H_DELIVERY_ID)]
+        headers += [(H_DELIVERY_ID, new_id.encode())]
+        if H_RECEIVED_AT not in original:
+            headers.append((H_RECEIVED_AT, str(now_ms).encode()))
+        target = n.raw
+    else:
+        key = stored["record_key"] or b""
+        headers, target = [], topic
+    await producer.send_and_wait(target, key, body, headers)
+    await conn.execute(quarantine.MARK_REDRIVEN, delivery_id)
+    return Redriven(new_id, target, key)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,9 +130,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         producer = KeyedProducer(settings.kafka_bootstrap)
         await producer.start()
         try:
-            done = await quarantine.redrive(conn, producer, names(settings.namespace), args.delivery_id,
-                                            int(time.time() * 1000))
-        except quarantine.RedriveError as exc:
+            done = await redrive(conn, producer, names(settings.namespace), args.delivery_id,
+                                 int(time.time() * 1000))
+        except RedriveError as exc:
             print(f"orderly quarantine: {exc}", file=sys.stderr)
             return 1
         finally:

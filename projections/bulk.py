@@ -65,3 +65,8 @@ async def write(conn: Conn, bulk: Bulk, rows: Sequence[Sequence[Any]]) -> None:
         return
     for part in rounds(rows, bulk.key):
         await conn.execute(bulk.sql, *(list(column) for column in zip(*part, strict=True)))
+
+
+def printable(text: str) -> str:
+    """``text`` as PostgreSQL stores it: text and jsonb refuse NUL, so it is written out as \\x00."""
+    return text.replace("\x00", "\\x00")

@@ -1,5 +1,5 @@
-"""The quarantine: records any stage set aside, kept in PostgreSQL where an operator can read and
-redrive them (I/O layer; DESIGN.md §2.4, §5).
+"""The quarantine table: records any stage set aside, kept in PostgreSQL where an operator can read
+them (I/O layer; DESIGN.md §2.4, §5). Redriving one is app/operator.py's.
 
 ``orderly.quarantine`` → the ``quarantine`` table (consumed by the projector process, offsets in
 the same transaction). Redrive is an explicit operator action, never automatic: it appends the
@@ -10,20 +10,15 @@ names the original, and marks the row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import orjson
 from aiokafka.structs import ConsumerRecord
 
-from app.producer import KeyedProducer
-from projections.bulk import Conn, unnest_insert, write
-from projections.sink import printable
+from projections.bulk import Conn, printable, unnest_insert, write
 from topics.catalog import TopicNames
 from topics.records import (
-    H_DELIVERY_ID,
     H_GATEWAY,
     H_REASON,
     H_RECEIVED_AT,
@@ -113,53 +108,3 @@ async def one(conn: Conn, delivery_id: str) -> dict[str, Any] | None:
     stored = dict(found)
     stored["headers"] = [tuple(pair) for pair in orjson.loads(stored["headers"])]  # jsonb arrives as text
     return stored
-
-
-class RedriveError(ValueError):
-    """The record cannot be redriven (unknown, or nowhere to append it); the message says why."""
-
-
-@dataclass(frozen=True)
-class Redriven:
-    delivery_id: str  # the new delivery's id
-    topic: str
-    key: bytes
-
-
-async def redrive(conn: asyncpg.Connection, producer: KeyedProducer, n: TopicNames, delivery_id: str,
-                  now_ms: int) -> Redriven:
-    """Append a quarantined record's body again where it was set aside from, and mark it."""
-    from app.gateways import registry  # the ingest's routing decides anew where a raw body goes
-
-    stored = await one(conn, delivery_id)
-    if stored is None:
-        raise RedriveError(f"no quarantined record {delivery_id!r}")
-    body: bytes = stored["body"]
-    original = {k: v for k, v in stored["headers"]}
-    new_id = f"{delivery_id}~r{stored['redrives'] + 1}"
-    topic = stored["topic"] or n.raw
-    if stored["stage"] in ("ingest", "worker") or topic == n.raw:
-        gateway = stored["gateway"]
-        found = registry.find(gateway or "")
-        adapter = found.adapter if found is not None else None
-        if original.get("record") == "correlation":
-            key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
-        elif adapter is None:
-            raise RedriveError(f"{delivery_id}: no gateway recorded, so nowhere to route it")
-        else:
-            route = adapter.route(body)
-            if route.resource_key is None:
-                raise RedriveError(f"{delivery_id}: still refused by the {gateway} adapter: {route.quarantine_reason}")
-            key = route.resource_key.encode()
-        headers = [(k, v.encode()) for k, v in original.items()
-                   if k not in (H_STAGE, H_REASON, H_RESOURCE, H_TOPIC, H_SOURCE_KEY, H_DELIVERY_ID)]
-        headers += [(H_DELIVERY_ID, new_id.encode())]
-        if H_RECEIVED_AT not in original:
-            headers.append((H_RECEIVED_AT, str(now_ms).encode()))
-        target = n.raw
-    else:
-        key = stored["record_key"] or b""
-        headers, target = [], topic
-    await producer.send_and_wait(target, key, body, headers)
-    await conn.execute(MARK_REDRIVEN, delivery_id)
-    return Redriven(new_id, target, key)

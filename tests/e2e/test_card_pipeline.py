@@ -183,7 +183,7 @@ async def test_unknown_payment_is_never_corrupted_by_a_404(pipe: Running, gatewa
 async def test_reconcile_finds_no_difference_and_catches_a_tampered_row(pipe: Running) -> None:
     import io
 
-    from projections.reconcile import run as reconcile
+    from app.reconcile import run as reconcile
 
     out = io.StringIO()
     assert await reconcile(pipe.settings, out) == 0, out.getvalue()

@@ -10,11 +10,11 @@ from app.bootstrap import prepare
 from app.core.model import Delivery
 from app.core.pg import apply_correlation, apply_event
 from app.producer import KeyedProducer
+from app.projector import Projector
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections import sql
-from projections.projector import Projector
 from tests.pg_events import deposit
 from tests.support import make_settings
 from topics.catalog import names

@@ -136,7 +136,7 @@ class RecordingConn:
 
 def project(decisions: list[Decision]) -> None:
     from app.metrics import ProjectorMetrics
-    from projections.projector import project as write
+    from app.projector import project as write
 
     rows = [DECISIONS.decode(d.to_bytes()) for d in decisions]  # as the projector reads them
     asyncio.run(write(RecordingConn(), rows, ProjectorMetrics()))  # type: ignore[arg-type]

@@ -19,9 +19,9 @@ from app.core.gaps import Gap, due_for_backfill, observe
 from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.sink import PgSink
 from projections import quarantine, sql
 from projections.bulk import Conn, write
-from projections.sink import PgSink
 from topics.catalog import names
 from topics.records import DECISIONS, Decision
 

@@ -22,7 +22,7 @@ from aiokafka.structs import ConsumerRecord
 from app.core.pacing import busy_pause
 from app.settings import Settings
 from projections import sql
-from projections.bulk import Conn
+from projections.bulk import Conn, printable
 from projections.migrate import quote_ident
 from topics.catalog import REQUEST_BYTES
 
@@ -34,11 +34,6 @@ SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 REASON_MAX = 500
-
-
-def printable(text: str) -> str:
-    """``text`` as PostgreSQL stores it: text and jsonb refuse NUL, so it is written out as \\x00."""
-    return text.replace("\x00", "\\x00")
 
 
 class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
