@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.gateways import registry
 from app.setting_kinds import (
     REQUIRED,
     Choice,
@@ -33,7 +34,7 @@ from app.setting_kinds import (
 
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "Settings", "SettingsError", "dev_settings", "markdown_table", "with_markdown_table"]
-GATEWAYS = ("pg", "card", "paymos")
+GATEWAYS = tuple(registry.GATEWAYS)  # each reads its secrets from ORDERLY_SECRET_<NAME>
 # How often the worker commits its offsets. With exactly-once its outputs are visible to the
 # projector and the effects worker only once committed, so the interval is part of their latency;
 # and every commit is a transaction per partition, so under load it is let grow to the busy
@@ -49,6 +50,11 @@ def _per_guarantee(seconds: Mapping[str, float]) -> str:
     return f"`{seconds['exactly_once']}` exactly-once, `{seconds['at_least_once']}` at-least-once"
 
 
+# A gateway's secrets, one row per gateway of the registry (app/gateways/registry.py).
+_SECRETS: tuple[Setting[Any], ...] = tuple(
+    Setting("secrets", f"ORDERLY_SECRET_{g.name.upper()}", Secrets(), REQUIRED, g.secret_help, dev=g.dev_secret,
+            key=g.name, is_secret=True) for g in registry.GATEWAYS.values())
+
 # The settings, in the order the README lists them. A default is the typed value; `dev` is text.
 # Left unannotated so that mypy infers each row's type and refuses a default its kind does not take.
 _ROWS = (
@@ -56,13 +62,7 @@ _ROWS = (
             "Kafka bootstrap servers", dev="127.0.0.1:19092"),
     Setting("postgres_dsn", "ORDERLY_POSTGRES_DSN", Text(what="a postgresql:// DSN"), REQUIRED,
             "PostgreSQL DSN", dev="postgresql://postgres@127.0.0.1:15432/postgres", is_secret=True),
-    Setting("secrets", "ORDERLY_SECRET_PG", Secrets(), REQUIRED,
-            "pg signing secret(s), comma-separated for rotation", dev="dev-pg-secret", key="pg", is_secret=True),
-    Setting("secrets", "ORDERLY_SECRET_CARD", Secrets(), REQUIRED,
-            "card Standard Webhooks secret(s), `whsec_<base64>`",
-            dev="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", key="card", is_secret=True),
-    Setting("secrets", "ORDERLY_SECRET_PAYMOS", Secrets(), REQUIRED,
-            "paymos signing secret(s)", dev="dev-paymos-secret", key="paymos", is_secret=True),
+    *_SECRETS,
     Setting("api_token", "ORDERLY_API_TOKEN", Text(), REQUIRED,
             "bearer token of the correlation API", dev="dev-api-token", is_secret=True),
     Setting("effects_url", "ORDERLY_EFFECTS_URL", Maybe(Text(what="a URL")), None,
