@@ -32,7 +32,7 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
 from topics.catalog import names
-from topics.records import Correlation, correlation_headers, quarantine_headers, raw_headers
+from topics.records import H_CHECKED, Correlation, correlation_headers, quarantine_headers, raw_headers
 
 log = logging.getLogger("orderly.ingest")
 
@@ -53,6 +53,9 @@ METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
 # restarts without a syscall per request (uuid4 reads os.urandom every time).
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _id_counter = itertools.count()
+
+
+CHECKED = (H_CHECKED, b"1")  # the body passed its adapter's typed schema here
 
 
 def next_delivery_id() -> str:
@@ -314,7 +317,7 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
             metrics.quarantined.labels(gateway, route.quarantine_code or "unroutable").inc()
             # 200: the gateway must not retry a body it will never make valid.
             return _json(200, status="stored", quarantined=True, reason=reason, delivery_id=delivery_id)
-        await request.app[APPENDER].append(topics.raw, route.resource_key.encode(), raw, headers)
+        await request.app[APPENDER].append(topics.raw, route.resource_key.encode(), raw, [*headers, CHECKED])
     except Unavailable as exc:
         metrics.requests.labels(gateway, "unavailable").inc()
         return _json(503, error=str(exc))

@@ -9,6 +9,7 @@ therefore write each record once (the eventsourcing "tracking record" pattern).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from typing import Any
 import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
 from app.core.pacing import busy_pause
@@ -34,6 +36,7 @@ SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
                asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 REASON_MAX = 500
+DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 
 
 class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -154,12 +157,30 @@ class PgSink:
                 reason = printable(f"{type(exc).__name__}: {exc}"[:REASON_MAX])
                 log.error("%s: %s[%d]@%d set aside: %s", self.name, message.topic, message.partition,
                           message.offset, reason)
+                if self.set_aside is not None:  # the record itself, whole, to orderly.quarantine
+                    try:
+                        await self.set_aside(message, reason)
+                    except MessageSizeTooLargeError as exc:  # an older quarantine topic's limit: noted below
+                        log.error("%s: %s[%d]@%d is too large for the quarantine topic (%s)", self.name,
+                                  message.topic, message.partition, message.offset, exc)
+                await self._note_refused(conn, message, reason)
+
+    async def _note_refused(self, conn: Conn, message: ConsumerRecord, reason: str) -> None:
+        """A line in projection_errors: where the record was and why, with the start of its value
+        and its digest (the whole value is in the quarantine). Its failure never stops the sink."""
+        value = message.value or b""
+        detail = {"error": reason, "value_sha256": hashlib.sha256(value).hexdigest(), "value_bytes": len(value),
+                  "value_start": printable(value[:DETAIL_BYTES].decode(errors="replace"))}
+        try:
+            async with conn.transaction():
                 await conn.execute(sql.INSERT_ERROR, f"{self.name}_refused",
                                    f"{message.topic}:{message.partition}:{message.offset}",
-                                   orjson.dumps({"error": reason, "value": printable(message.value.decode(
-                                       errors="replace"))}).decode())
-                if self.set_aside is not None:
-                    await self.set_aside(message, reason)
+                                   orjson.dumps(detail).decode())
+        except UNREACHABLE:
+            raise
+        except Exception as exc:  # the quarantine has the record; a note that cannot be written is only logged
+            log.error("%s: could not note %s[%d]@%d in projection_errors: %s", self.name, message.topic,
+                      message.partition, message.offset, exc)
 
     async def drain(self, idle_s: float = 1.0, limit_s: float = 60.0) -> int:
         """Run until nothing arrives for ``idle_s`` (replay and tests)."""

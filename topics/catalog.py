@@ -66,7 +66,8 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
     return [
         # The source of truth: every webhook as received, kept forever so replay can rebuild.
         spec(n.raw, {**keep, **big}),
-        spec(n.quarantine, {**keep, **big}, co_partitioned=False),
+        # raw bodies, and whatever record a sink sets aside (a decision can be as large as its topic takes)
+        spec(n.quarantine, {**keep, **derived}, co_partitioned=False),
         spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000), **derived}),
         spec(n.decisions, {"cleanup.policy": "delete", "retention.ms": str(90 * DAY_MS), **derived}),
         # facts and effects are keyed by their own ids but written to their resource's partition

@@ -13,6 +13,7 @@ H_GATEWAY = "gateway"
 H_DELIVERY_ID = "delivery_id"
 H_RECEIVED_AT = "received_at"  # unix milliseconds, as ASCII digits
 H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced events)
+H_CHECKED = "checked"          # "1": the ingest's adapter validated the body (else the worker checks it)
 H_REASON = "reason"            # quarantine only
 H_RECORD = "record"            # "correlation" on a merchant's correlation in orderly.raw; absent on webhooks
 H_STAGE = "stage"              # quarantine only: ingest, worker, projector, effects, fetcher

@@ -21,7 +21,7 @@ from app.core import pg
 from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
 from app.gateways import registry
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
-from topics.records import CORRELATION, H_RECORD, quarantine_headers
+from topics.records import CORRELATION, H_CHECKED, H_RECORD, quarantine_headers
 
 Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 # A resource's state (with its parked events) and every output record stay within half of what
@@ -30,6 +30,10 @@ Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, byt
 # record's JSON may grow when written inside another (a parked body as a string escapes its quotes).
 REASON_MAX = 500
 STAGE = "worker"
+
+
+class Refused(ValueError):
+    """A raw record its gateway's adapter refuses: it is set aside with the adapter's reason."""
 
 
 class Oversize(ValueError):
@@ -107,6 +111,12 @@ def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: 
     if headers.get(H_RECORD) == CORRELATION:  # the merchant's mapping of a pg deposit
         after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
     elif found is not None:
+        if headers.get(H_CHECKED) != "1" and delivery.source == "webhook":
+            # not through this release's ingest (an older log, a direct append): the same typed
+            # check first, so no state holds what DESIGN.md §2.4 refuses
+            route = found.adapter.route(value)
+            if route.resource_key is None:
+                raise Refused(route.quarantine_reason or "refused by its adapter")
         after, decisions = found.reducer.apply_event(state, value, delivery)
     else:
         return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]

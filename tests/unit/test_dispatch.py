@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from app.core.dispatch import BatchPlan, Incoming, plan_batch
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import correlation_headers, raw_headers
+from topics.records import H_CHECKED, correlation_headers, raw_headers
 
 N = names("t")
 
@@ -24,9 +24,11 @@ def correlation(dep: str) -> Incoming:
     return Incoming(f"pg:{dep}".encode(), body, correlation_headers(f"c_{dep}", 1_700_000_000_000), 0, 0, N.raw)
 
 
-def webhook(gateway: str, resource: str, body: bytes, delivery: str) -> Incoming:
-    return Incoming(f"{gateway}:{resource}".encode(), body, raw_headers(gateway, delivery, 1_700_000_000_000),
-                    0, 0, N.raw)
+def webhook(gateway: str, resource: str, body: bytes, delivery: str, checked: bool = True) -> Incoming:
+    """A raw record; ``checked``: it came through the ingest's typed validation (here, to reach the
+    core with what only a bug could let through)."""
+    headers = raw_headers(gateway, delivery, 1_700_000_000_000) + ([(H_CHECKED, b"1")] if checked else [])
+    return Incoming(f"{gateway}:{resource}".encode(), body, headers, 0, 0, N.raw)
 
 
 def card(ref: str, amount: int, event_id: str) -> bytes:
@@ -151,3 +153,15 @@ def _no_ordinals(state: bytes) -> Any:
     decoded.pop("n", None)
     decoded.pop("_recent", None)
     return decoded
+
+
+def test_a_raw_record_that_did_not_pass_the_ingest_is_checked_by_its_adapter_first() -> None:
+    """An older log or a direct append: the worker applies the same typed check, so no state holds
+    what DESIGN.md §2.4 refuses; the record is set aside with the adapter's reason."""
+    batch = numbered([correlation("dep_u"),
+                      webhook("pg", "dep_u", POISON["review is a string"]("dep_u"), "d1", checked=False),
+                      webhook("pg", "dep_u", deposit("dep_u", 3, "settled"), "d2", checked=False)])
+    plan = plan_batch(N, batch, lambda partition, key: None)
+    assert [reason for _, reason in plan.set_aside] == [
+        "Refused: data.object.review: expected object | null, got str"]
+    assert orjson.loads(plan.states[b"pg:dep_u"])["version"] == 3  # the valid one applied
