@@ -81,29 +81,22 @@ _ROWS = (
     Setting("append_timeout_s", "ORDERLY_APPEND_TIMEOUT_S", Number(), 5.0,
             "deadline in seconds for a Kafka append before answering 503"),
     Setting("read_timeout_s", "ORDERLY_READ_TIMEOUT_S", Number(), 10.0,
-            "a request whose headers and body have not arrived within this many seconds is answered "
-            "408 and its connection closed"),
+            "a request whose body has not arrived within this many seconds gets 408 and is closed"),
     Setting("processing_guarantee", "ORDERLY_PROCESSING_GUARANTEE", Choice(("at_least_once", "exactly_once")),
-            "at_least_once", 'the worker\'s Kafka guarantee (see "Exactly-once" below)'),
+            "at_least_once", "the worker's Kafka guarantee (docs/architecture.md)"),
     Setting("store", "ORDERLY_STORE", Choice(("rocksdb", "memory")), "rocksdb",
-            "where the worker keeps resource state: `rocksdb` (on disk, per partition) or `memory` (small "
-            "state only: it rebuilds everything from the changelog at each start, see docs/benchmarks.md)"),
+            "the worker's state store; `memory` rebuilds all of it from the changelog at each start"),
     Setting("worker_stall_s", "ORDERLY_WORKER_STALL_S", Number(), 60.0,
             "a worker that decides nothing this many seconds while records wait exits (code 3) for its "
             "supervisor to restart it"),
     Setting("worker_batch_max", "ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most"),
     Setting("worker_busy_interval_s", "ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
-            "under load (a batch of 100+ records), the worker takes its next batch no sooner than this "
-            "after the last one, so batches grow and cost fewer produce requests; it never waits after a "
-            "small batch, nor when a full batch is already waiting"),
+            "under load (batches of 100+), the worker's next batch waits this long, so that it grows"),
     Setting("sink_busy_interval_s", "ORDERLY_SINK_BUSY_INTERVAL_MS", Millis(), 0.1,
-            "the same for the projector and the effects recorder: after a batch of 100+ records the next "
-            "is taken no sooner than this after it, unless a full batch was taken"),
+            "the same for the projector and the effects recorder"),
     Setting("gc_threshold", "ORDERLY_GC_THRESHOLD", Integer(minimum=0), 50_000,
-            "allocations between Python's young-generation garbage collections in every Orderly process "
-            "(after `gc.freeze()` of what start-up built); `0` keeps Python's default of 700 (see "
-            "docs/benchmarks.md)"),
+            "allocations between Python's young-generation collections (`0`: Python's 700)"),
     Setting("event_loop", "ORDERLY_LOOP", Choice(("uvloop", "asyncio")), "uvloop",
             "event loop of every process"),
     Setting("faust_loglevel", "ORDERLY_FAUST_LOGLEVEL", Choice(FAUST_LOGLEVELS), "warn",
@@ -124,8 +117,7 @@ _ROWS = (
     Setting("effects_max_attempts", "ORDERLY_EFFECTS_MAX_ATTEMPTS", Integer(minimum=1), 10,
             "delivery attempts before an effect is marked dead"),
     Setting("effects_lease_s", "ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
-            "a claimed effect is not claimed again for this many seconds (a killed effects worker's "
-            "in-flight effects are retried after it)"),
+            "seconds before a claimed, undelivered effect may be claimed again"),
     Setting("card_api_url", "ORDERLY_CARD_API_URL", Maybe(Text(what="a URL")), None,
             "the card gateway's API base (`GET /payments/{ref}`); unset: no fetching"),
     Setting("pg_api_url", "ORDERLY_PG_API_URL", Maybe(Text(what="a URL")), None,
@@ -140,11 +132,9 @@ _ROWS = (
     Setting("sweep_after_s", "ORDERLY_SWEEP_AFTER_S", Number(), 120.0,
             "a stored record with no decision this many seconds after arrival is appended again (sweeper)"),
     Setting("commit_interval_s", "ORDERLY_COMMIT_INTERVAL_S", Maybe(Number()), None,
-            "seconds between the worker's offset commits (exactly-once: its transactions; the projector "
-            f"sees outputs only once committed); unset: {_per_guarantee(COMMIT_INTERVAL_S)}"),
+            f"seconds between the worker's commits; unset: {_per_guarantee(COMMIT_INTERVAL_S)}"),
     Setting("busy_commit_interval_s", "ORDERLY_BUSY_COMMIT_INTERVAL_S", Maybe(Number()), None,
-            "the wait after a commit that covered 250 records or more (under load), unless the flow stops; "
-            f"never shorter than the above; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}"),
+            f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}"),
 )
 TABLE: tuple[Setting[Any], ...] = _ROWS
 # Development defaults (the README's `orderly dev` column). `orderly dev` and `orderly demo` use
