@@ -121,7 +121,8 @@ async def test_kill_9_every_process_and_the_broker_while_10000_events_flow(
     broker, pipe = own_broker, broker_pipe
     stream, truth = scenario(seed=11, deposits=DEPOSITS)
     assert len(stream) >= 10_000
-    poster, restarts, stop = Poster(pipe, stream), [], asyncio.Event()
+    restarts: list[str] = []
+    poster, stop = Poster(pipe, stream), asyncio.Event()
     watchdog = asyncio.create_task(supervise(pipe, restarts, stop))
     posting = asyncio.create_task(poster.run(concurrency=16))
     effects_kills: list[float] = []
@@ -151,7 +152,8 @@ async def test_two_workers_one_killed_for_good(two_worker_pipe: Running) -> None
     pipe = two_worker_pipe
     stream, truth = scenario(seed=5, deposits=500)
     await wait_for_split(pipe)
-    poster, restarts, stop = Poster(pipe, stream), [], asyncio.Event()
+    restarts: list[str] = []
+    poster, stop = Poster(pipe, stream), asyncio.Event()
     posting = asyncio.create_task(poster.run(concurrency=12))
     await poster.reached(0.3)
     pipe.pipeline.assert_alive()  # both workers have been deciding their partitions' events

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -29,7 +30,7 @@ def start_dev(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def wait_for_stack(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> dict[str, str]:
+def wait_for_stack(data_dir: Path, proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -81,7 +82,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     proc = start_dev(env, log)
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
-        process_metrics = stack.pop("process_metrics_urls")
+        process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
         assert stack == {"ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "postgres_dsn": settings.postgres_dsn,
                          "kafka_bootstrap": settings.kafka_bootstrap,
@@ -118,7 +119,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         conn = await asyncpg.connect(settings.postgres_dsn)
         try:
             row = await conn.fetchrow("SELECT * FROM orderly.pg_deposit_correlations")
-            assert dict(row) == {"pg_deposit_id": "dep_dev", "merchant_reference": "m",
+            assert row is not None and dict(row) == {"pg_deposit_id": "dep_dev", "merchant_reference": "m",
                                  "our_order_id": "o", "our_user_id": "u"}
         finally:
             await conn.close()

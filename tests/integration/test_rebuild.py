@@ -46,7 +46,7 @@ def merged_log(partitions: int, deposits: int, seed: int) -> Merged:
 async def topic_records(bootstrap: str, topic: str) -> dict[int, list[tuple[bytes, bytes]]]:
     found: dict[int, list[tuple[bytes, bytes]]] = {}
     for r in await read_topic(bootstrap, topic):
-        found.setdefault(r.partition, []).append((r.key, r.value))
+        found.setdefault(r.partition, []).append((r.key or b"", r.value))
     return found
 
 

@@ -128,7 +128,7 @@ async def test_state_survives_restart_and_a_rebuild_from_the_changelog_alone(
         found = await decided(s, second_ids, pipeline)
         by_type = Counter((d["event_type"], d["outcome"]) for d in found)
         assert by_type == {("deposit.settled", "duplicate"): len(credited), ("deposit.reversed", "applied"): len(deps)}
-        debits = {e.key.decode() for e in await read_topic(s.kafka_bootstrap, n.effects)
+        debits = {(e.key or b"").decode() for e in await read_topic(s.kafka_bootstrap, n.effects)
                   if orjson.loads(e.value)["type"] == "debit_user"}
         assert debits == {f"deposit:{d}:debit_user" for d in credited}, "a debit without a credit, or one missing"
 

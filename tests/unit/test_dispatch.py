@@ -4,6 +4,7 @@ as if it had never been in the batch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -38,7 +39,7 @@ def card(ref: str, amount: int, event_id: str) -> bytes:
 
 # Records the core itself cannot handle (typed validation at the ingest keeps them out of the log;
 # these stand for whatever still reaches the worker: an older log, a bug, a redrive).
-POISON = {
+POISON: dict[str, Callable[[str], bytes]] = {
     "review is a string": lambda dep: deposit(dep, 4, "under_review", review="not an object"),
     "correlation not json": lambda dep: b"\xff not json",
 }

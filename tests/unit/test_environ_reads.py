@@ -55,7 +55,7 @@ def environ_reads(source: str) -> list[int]:
         elif isinstance(node, ast.Attribute) and node.attr in ("getenv", "getenvb"):
             lines.append(node.lineno)
         elif _is_environ(node) and not _passed_on(node, parents):
-            lines.append(node.lineno)
+            lines.append(getattr(node, "lineno", 0))
     return sorted(lines)
 
 

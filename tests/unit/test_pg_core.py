@@ -78,7 +78,8 @@ def test_credit_uses_amount_received_not_credited_amount() -> None:
 
 
 def test_case_c_fills_out_of_order_keep_the_highest_totals() -> None:
-    fills = [withdrawal("wdr_1", 9, "filling", 700_000, fill={"leg_ref": "leg_2", "amount_minor": 300_000}),
+    fills: list[bytes | dict[str, Any]] = [
+             withdrawal("wdr_1", 9, "filling", 700_000, fill={"leg_ref": "leg_2", "amount_minor": 300_000}),
              withdrawal("wdr_1", 11, "settled", 1_000_000, fill={"leg_ref": "leg_3", "amount_minor": 300_000}),
              withdrawal("wdr_1", 7, "filling", 400_000, fill={"leg_ref": "leg_1", "amount_minor": 400_000})]
     state, out = run(fills, key="pg:wdr_1")
