@@ -10,13 +10,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from app.gateways import registry
 from app.settings import Settings
 from app.simulator import api, lifecycles
 from app.simulator.deliver import Chaos, deliver
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gateway", choices=["pg", "card", "paymos", "all"], default="all")
+    parser.add_argument("--gateway", choices=[*registry.GATEWAYS, "all"], default="all")
     parser.add_argument("--target", required=True, help="the ingest's base URL, e.g. http://127.0.0.1:8080")
     parser.add_argument("--count", type=int, default=50, help="resources per kind")
     parser.add_argument("--seed", type=int, default=1)
@@ -28,12 +29,9 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     truth = lifecycles.Truth()
     events: list[lifecycles.Emitted] = []
-    if args.gateway in ("pg", "all"):
-        events += lifecycles.pg(rng, args.count, max(1, args.count // 3), truth)
-    if args.gateway in ("card", "all"):
-        events += lifecycles.card(rng, args.count, truth)
-    if args.gateway in ("paymos", "all"):
-        events += lifecycles.paymos(rng, args.count, truth)
+    for declared in registry.GATEWAYS.values():
+        if args.gateway in (declared.name, "all") and declared.simulate is not None:
+            events += declared.simulate(rng, args.count, truth)
     runner = None
     if args.api_port:
         runner = web.AppRunner(api.build(truth, events), access_log=None)
