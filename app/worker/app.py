@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from typing import Any
@@ -44,14 +43,12 @@ from topics.admin import topic_configs
 from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
 log = logging.getLogger("orderly.worker")
-BATCH_MAX = int(os.environ.get("ORDERLY_WORKER_BATCH", "1000"))
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
-# the next one is taken no sooner than BUSY_INTERVAL_S after it, unless a full batch is already
-# waiting (a backlog). Each batch costs a produce request per output topic-partition, so fewer,
-# larger batches carry more records per second; at low load batches stay small and nothing waits.
-BUSY_INTERVAL_S = int(os.environ.get("ORDERLY_WORKER_BUSY_INTERVAL_MS", "100")) / 1000
-QUIET_S = quiet_after(BUSY_INTERVAL_S)
+# the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
+# (Settings.worker_batch_max) is already waiting (a backlog). Each batch costs a produce request per
+# output topic-partition, so fewer, larger batches carry more records per second; at low load
+# batches stay small and nothing waits.
 
 
 class _Transport(faust_aiokafka.Transport):
@@ -92,7 +89,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     app.transport = _Transport(app.conf.broker_consumer, app)
     metrics = WorkerMetrics()
     state = app.worker_state = WorkerState(metrics, busy_commit_interval=settings.worker_busy_commit_interval_s,
-                                           quiet_s=QUIET_S)
+                                           quiet_s=quiet_after(settings.worker_busy_interval_s))
     source = app.topic(n.raw, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
@@ -114,7 +111,8 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         # Events are acked by hand, only once their outputs are acknowledged and the table written:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         # noack_take is Faust's Stream's, missing from its StreamT interface.
-        async for events in stream.noack_take(BATCH_MAX, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+        batch_max = settings.worker_batch_max
+        async for events in stream.noack_take(batch_max, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
             taken = state.last_batch_at = time.monotonic()
             await batches.handle(events)
             for event in events:
@@ -123,7 +121,8 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
             waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]
             consumer_of(app).set_fetch_min_bytes(fetch_min_bytes(len(events)))
             state.last_batch_at = time.monotonic()  # a long batch is not a quiet time
-            pause = busy_pause(len(events), waiting, taken, state.last_batch_at, BUSY_INTERVAL_S, BATCH_MAX)
+            pause = busy_pause(len(events), waiting, taken, state.last_batch_at, settings.worker_busy_interval_s,
+                               batch_max)
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
@@ -193,5 +192,5 @@ def run(settings: Settings) -> None:
                     "whose outputs pass half of that are set aside; raise max.message.bytes to lift it",
                     limit, DERIVED_RECORD_BYTES)
     app = build_app(settings, max_record_bytes=limit)
-    worker = QuietWorker(app, loglevel=os.environ.get("ORDERLY_FAUST_LOGLEVEL", "warn"), quiet=True)
+    worker = QuietWorker(app, loglevel=settings.faust_loglevel, quiet=True)
     worker.execute_from_commandline()

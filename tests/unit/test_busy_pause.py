@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.core.pacing import BUSY_BATCH, busy_pause
-from app.worker.app import BATCH_MAX
+from app.settings import dev_settings
+
+BATCH_MAX = dev_settings({}).worker_batch_max  # the default
 
 sizes = st.integers(min_value=1, max_value=BATCH_MAX)
 waiting = st.integers(min_value=0, max_value=5000)

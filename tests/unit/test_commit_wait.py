@@ -8,8 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.settings import BUSY_COMMIT_INTERVAL_S, COMMIT_INTERVAL_S, Settings, dev_settings
-from app.worker.app import BUSY_INTERVAL_S, QUIET_S
-from app.worker.consumer import BUSY_COMMIT_RECORDS, commit_due, next_commit_wait
+from app.worker.consumer import BUSY_COMMIT_RECORDS, commit_due, next_commit_wait, quiet_after
+
+BUSY_INTERVAL_S = dev_settings({}).worker_busy_interval_s  # the default pause between busy batches
+QUIET_S = quiet_after(BUSY_INTERVAL_S)
 
 intervals = st.floats(min_value=0.001, max_value=10, allow_nan=False)
 
