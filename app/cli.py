@@ -20,8 +20,8 @@ def _production_settings() -> Settings:
 
 
 def use_event_loop(name: str) -> None:
-    """uvloop unless ORDERLY_LOOP=asyncio: the worker applies 12% more decisions/s on it
-    (bench/worker.py, measured side by side), and every process here is an asyncio loop."""
+    """uvloop unless ORDERLY_LOOP=asyncio: every process here is an asyncio loop, and the worker
+    decides faster on uvloop (docs/benchmarks.md)."""
     if name == "uvloop":
         import uvloop
 
@@ -33,8 +33,8 @@ def use_event_loop(name: str) -> None:
 def tune_gc(threshold: int) -> None:
     """Collect the young generation every ``threshold`` allocations instead of every 700, after
     moving what start-up built out of the collector's sight (gc.freeze). These processes allocate
-    a few objects per record and keep few cycles: the worker decided 10-19 % more records/s with
-    50,000 (bench/worker.py, side by side, three runs). 0 keeps Python's default."""
+    a few objects per record and keep few cycles, so most collections find nothing to free
+    (docs/benchmarks.md). 0 keeps Python's default."""
     if threshold:
         gc.freeze()
         gc.set_threshold(threshold, 10, 10)

@@ -11,5 +11,5 @@ def busy_pause(batch_size: int, waiting: int, taken: float, now: float, interval
     """Seconds to wait before taking the next batch: after a batch of BUSY_BATCH records or more
     taken at ``taken``, the next one is not taken before ``taken + interval``. None after a small
     batch (low load), nor when ``waiting`` records already make a ``full`` batch (a backlog: waiting
-    would only slow the consumer down, by 15 % in bench/worker.py)."""
+    would only slow the consumer down)."""
     return max(0.0, taken + interval - now) if batch_size >= BUSY_BATCH and waiting < full else 0.0
