@@ -37,7 +37,7 @@ from app.stack.process import stop_process
 from bench.stack import embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import raw_headers
+from topics.records import H_CHECKED, raw_headers
 
 RESOURCES = int(os.environ.get("BENCH_RESOURCES", "1000000"))
 PARTITIONS = 12
@@ -95,7 +95,8 @@ async def send_probes(settings: Settings, round_no: int) -> list[str]:
             delivery_id = f"probe{round_no}-{k}"
             await producer.send_and_wait(names(settings.namespace).raw, f"pg:{rid}".encode(),
                                          deposit(rid, 3, "settled", sequence=3),
-                                         raw_headers("pg", delivery_id, int(time.time() * 1000)))
+                                         [*raw_headers("pg", delivery_id, int(time.time() * 1000)),
+                                          (H_CHECKED, b"1")])
             ids.append(delivery_id)
     finally:
         await producer.stop()

@@ -27,7 +27,9 @@ from app.stack.process import stop_process
 from bench.stack import cpu_seconds, embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import correlation_headers, raw_headers
+from topics.records import H_CHECKED, correlation_headers, raw_headers
+
+CHECKED = (H_CHECKED, b"1")  # as the ingest marks what its adapter validated: the production path
 
 DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "5000"))
 PARTITIONS = os.environ.get("BENCH_PARTITIONS", "12")
@@ -55,7 +57,8 @@ async def prefill(settings: Settings) -> int:
                 version = min(step, 2) + 1
                 body = deposit(dep, version, status, sequence=i * 3 + version)
                 futures.append(await producer.send(n.raw, f"pg:{dep}".encode(), body,
-                                                   raw_headers("pg", f"d{step}-{i}", 1_700_000_000_000)))
+                                                   [*raw_headers("pg", f"d{step}-{i}", 1_700_000_000_000),
+                                                    CHECKED]))
                 count += 1
         await asyncio.gather(*futures)
         return count
