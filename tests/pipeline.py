@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import orjson
 from aiohttp import web
 
 from app.bootstrap import prepare
@@ -145,6 +146,22 @@ class Running:
                     assert resp.status == 200, await resp.text()
                     answers.append(await resp.json())
         return answers
+
+    async def canary(self, dep: str, timeout: float = 30.0) -> float:
+        """A pg deposit's correlation and settlement through the ingest; seconds until its read-model
+        row says settled (the pipeline still decides and projects)."""
+        from tests.pg_events import deposit
+
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http, http.put(
+                f"{self.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
+                    {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
+                headers={"Authorization": f"Bearer {self.settings.api_token}"}) as resp:
+            assert resp.status == 200, await resp.text()
+        await self.post("pg", deposit(dep, 3, "settled"))
+        await self.wait_for(lambda c: c.fetchval(
+            "SELECT status = 'settled' FROM pg_deposits WHERE pg_deposit_id = $1", dep), timeout=timeout)
+        return time.monotonic() - started
 
     async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0) -> Any:
         """Poll PostgreSQL until ``check`` returns something truthy."""

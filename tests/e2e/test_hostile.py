@@ -140,27 +140,14 @@ def deposit_on(partition: int, prefix: str, partitions: int) -> str:
                 if partition_for(f"pg:{prefix}_{i}".encode(), partitions) == partition)
 
 
-async def canary(pipe: Running, dep: str) -> float:
-    """A deposit's correlation and settlement through the ingest; seconds until it is projected."""
-    started = time.monotonic()
-    async with aiohttp.ClientSession() as http, http.put(
-            f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
-                {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-            headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
-        assert resp.status == 200, await resp.text()
-    await pipe.post("pg", deposit(dep, 3, "settled"))
-    await pipe.wait_for(lambda c: c.fetchval("SELECT status = 'settled' FROM pg_deposits WHERE pg_deposit_id = $1",
-                                             dep), timeout=CANARY_BOUND_S)
-    return time.monotonic() - started
-
-
 async def canaries(pipe: Running, round_: int, tally: Tally) -> None:
     """One canary on the hostile parked deposit's partition, one on another, decided within the bound."""
     partitions = pipe.settings.partitions
     hostile = partition_for(f"pg:{PARKED_DEPOSIT}".encode(), partitions)
     other = (hostile + 1 + round_ % (partitions - 1)) % partitions
-    took = await asyncio.gather(canary(pipe, deposit_on(hostile, f"dep_canary{round_}_same", partitions)),
-                                canary(pipe, deposit_on(other, f"dep_canary{round_}_other", partitions)))
+    took = await asyncio.gather(pipe.canary(deposit_on(hostile, f"dep_canary{round_}_same", partitions),
+                                            CANARY_BOUND_S),
+                                pipe.canary(deposit_on(other, f"dep_canary{round_}_other", partitions), CANARY_BOUND_S))
     tally.canaries += took
     assert max(took) <= CANARY_BOUND_S, took
 

@@ -56,18 +56,6 @@ async def append_raw(pipe: Running, resource: str, body: bytes, delivery_id: str
         await producer.stop()
 
 
-async def canary(pipe: Running, dep: str) -> None:
-    """A deposit's correlation and settlement through the ingest, decided and projected."""
-    async with aiohttp.ClientSession() as http, http.put(
-            f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
-                {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-            headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
-        assert resp.status == 200, await resp.text()
-    await pipe.post("pg", deposit(dep, 3, "settled"))
-    await pipe.wait_for(lambda c: c.fetchval("SELECT status = 'settled' FROM pg_deposits WHERE pg_deposit_id = $1",
-                                             dep), timeout=30)
-
-
 def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
         kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> None:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"q{uuid.uuid4().hex[:8]}", sweep_after_s=2.0)
@@ -84,12 +72,12 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
                              "corr-qw", correlation=True)
             await append_raw(pipe, "dep_qw", deposit("dep_qw", 4, "under_review", review="a string"), "poison-w")
             await append_raw(pipe, "dep_qc", b"\xff not a correlation", "poison-c", correlation=True)
-            await canary(pipe, same_partition("dep_qw", "dep_cw", s.partitions))
+            await pipe.canary(same_partition("dep_qw", "dep_cw", s.partitions))
             # the projector: a withdrawal fill without an amount that the ingest let through (a bug),
             # decided by the worker, refused by the projector
             await append_raw(pipe, "wdr_qp", withdrawal("wdr_qp", 7, "filling", 400_000, fill={"leg_ref": "leg_qp"}),
                              "poison-p", checked=True)
-            await canary(pipe, same_partition("wdr_qp", "dep_cp", s.partitions))
+            await pipe.canary(same_partition("wdr_qp", "dep_cp", s.partitions))
             query = "SELECT delivery_id, stage, gateway, resource_id, reason FROM quarantine"
 
             async def three(c: Any) -> list[Any] | None:

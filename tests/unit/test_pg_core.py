@@ -14,11 +14,14 @@ from app.core.pg import apply_correlation, apply_event
 from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
 
 CORR = {"pg_deposit_id": "dep_1", "merchant_reference": "mr_1", "our_order_id": "ord_1", "our_user_id": "usr_1"}
-def run(events: list[bytes | dict[str, Any]], key: str = "pg:dep_1") -> tuple[dict[str, Any], list[Decision]]:
+def run_log(log: list[tuple[int, bytes | dict[str, Any]]], key: str = "pg:dep_1"
+            ) -> tuple[dict[str, Any], list[Decision]]:
+    """Decide (n, event or correlation) in order, each with delivery id dlv_n and arrival time n
+    wherever it stands in the log."""
     state: dict[str, Any] | None = None
     out: list[Decision] = []
-    for n, ev in enumerate(events):
-        delivery = Delivery(f"dlv_{n}", "pg", key, 1_700_000_000_000 + n, n)
+    for position, (n, ev) in enumerate(log):
+        delivery = Delivery(f"dlv_{n}", "pg", key, 1_700_000_000_000 + n, position)
         if isinstance(ev, dict):
             state, decisions = apply_correlation(state, ev, delivery)
         else:
@@ -26,6 +29,10 @@ def run(events: list[bytes | dict[str, Any]], key: str = "pg:dep_1") -> tuple[di
         out += decisions
     assert state is not None
     return state, out
+
+
+def run(events: list[bytes | dict[str, Any]], key: str = "pg:dep_1") -> tuple[dict[str, Any], list[Decision]]:
+    return run_log(list(enumerate(events)), key)
 
 
 def effects(decisions: list[Decision]) -> list[str]:
@@ -244,21 +251,6 @@ def test_replay_equals_incremental(case: tuple[list[str], list[Any]]) -> None:
 
 def without_ordinals(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if k != "n"}  # parked deliveries take ordinals of their own
-
-
-def run_log(log: list[tuple[int, bytes | dict[str, Any]]]) -> tuple[dict[str, Any], list[Decision]]:
-    """Like run(), each record keeping its own delivery id and arrival time wherever it stands."""
-    state: dict[str, Any] | None = None
-    out: list[Decision] = []
-    for position, (n, ev) in enumerate(log):
-        delivery = Delivery(f"dlv_{n}", "pg", "pg:dep_1", 1_700_000_000_000 + n, position)
-        if isinstance(ev, dict):
-            state, decisions = apply_correlation(state, ev, delivery)
-        else:
-            state, decisions = apply_event(state, ev, delivery)
-        out += decisions
-    assert state is not None
-    return state, out
 
 
 @settings(max_examples=400)
