@@ -65,8 +65,20 @@ _ROWS = (
     *_SECRETS,
     Setting("api_token", "ORDERLY_API_TOKEN", Text(), REQUIRED,
             "bearer token of the correlation API", dev="dev-api-token", is_secret=True),
+    Setting("admin_token", "ORDERLY_ADMIN_TOKEN", Maybe(Text()), None,
+            "bearer token of the admin API and the console's login (`orderly admin` refuses to start without "
+            "it); keep it apart from the correlation token", dev="dev-admin-token", is_secret=True),
+    Setting("admin_host", "ORDERLY_ADMIN_HOST", Text(what="a host name or address"), "127.0.0.1",
+            "admin API and console bind address (never expose it to the gateways)"),
+    Setting("admin_port", "ORDERLY_ADMIN_PORT", Integer(minimum=0), 8070, "admin API and console port"),
     Setting("effects_url", "ORDERLY_EFFECTS_URL", Maybe(Text(what="a URL")), None,
             "where the effects worker delivers effects (unset: recorded, not delivered)"),
+    Setting("effects_secret", "ORDERLY_EFFECTS_SECRET",
+            Maybe(Text(r"whsec_[A-Za-z0-9+/]{16,}={0,2}", "`whsec_` and a base64 key of 12+ bytes")), None,
+            "Standard Webhooks signing secret of delivered effects (required with `ORDERLY_EFFECTS_URL`)",
+            dev="whsec_ZGV2LWVmZmVjdHMtc2lnbmluZy1zZWNyZXQ=", is_secret=True),
+    Setting("effects_concurrency", "ORDERLY_EFFECTS_CONCURRENCY", Integer(minimum=1), 32,
+            "effect deliveries in flight at most"),
     Setting("partitions", "ORDERLY_PARTITIONS", Integer(minimum=1), 12,
             "partitions of every co-partitioned topic"),
     Setting("replication_factor", "ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1,
@@ -150,7 +162,12 @@ class Settings:
     postgres_dsn: str
     secrets: Mapping[str, tuple[str, ...]]  # gateway -> its secrets, newest first
     api_token: str
+    admin_token: str | None
+    admin_host: str
+    admin_port: int
     effects_url: str | None
+    effects_secret: str | None
+    effects_concurrency: int
     partitions: int
     replication_factor: int
     namespace: str
