@@ -2,15 +2,19 @@
 
 Recording: ``orderly.effects`` → ``effects`` rows (``ON CONFLICT (dedupe_key) DO NOTHING``) with the
 consumed offsets in the same transaction, so an effect emitted twice upstream is one row.
-Delivering: rows are claimed in a short transaction (a lease, ``FOR UPDATE SKIP LOCKED``), POSTed to
-``ORDERLY_EFFECTS_URL`` with the dedupe key as ``Idempotency-Key`` with no transaction open, then
-marked delivered, or rescheduled with backoff and marked dead after the last attempt.
+Delivering (DESIGN.md §3.2): rows are claimed in a short transaction (a lease, ``FOR UPDATE SKIP
+LOCKED``), as many as there are free delivery slots, and each is POSTed to ``ORDERLY_EFFECTS_URL``
+with no transaction open, signed the Standard Webhooks way (app/signing.py) and with the dedupe key
+as ``Idempotency-Key`` and ``webhook-id``; then marked delivered, or rescheduled with a jittered
+backoff and marked dead after the last attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from typing import Any
 
 import aiohttp
@@ -19,7 +23,9 @@ from aiokafka.structs import ConsumerRecord
 
 from app.metrics import EffectsMetrics, serve_metrics
 from app.producer import KeyedProducer
+from app.setting_kinds import SettingsError
 from app.settings import Settings
+from app.signing import signed_headers, signing_key
 from app.sink import PgSink
 from projections import quarantine
 from projections.bulk import Conn, printable, unnest_insert, write
@@ -28,6 +34,10 @@ from topics.records import EFFECTS as EFFECT_RECORDS
 
 log = logging.getLogger("orderly.effects")
 CLAIM_BATCH = 200
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 300.0
+PENDING_EVERY_S = 5.0  # how often the backlog gauges are read from PostgreSQL
+STOP_GRACE_S = 5.0  # deliveries in flight at stop get this long to finish and be marked
 
 EFFECTS = unnest_insert("effects", "dedupe_key text, type text, gateway text, resource_id text, payload text::jsonb, "
                         "caused_by text", "ON CONFLICT (dedupe_key) DO NOTHING")
@@ -44,11 +54,43 @@ UPDATE effects SET attempts = attempts + 1, last_error = $2,
        next_attempt_at = now() + make_interval(secs => $3),
        dead_at = CASE WHEN attempts + 1 >= $4 THEN now() END
  WHERE dedupe_key = $1"""
+PENDING = """
+SELECT count(*) AS pending, coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s
+  FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL"""
 
 
-def backoff_s(attempts: int) -> float:
-    """Delay before the next attempt after ``attempts`` failures: 0.5 s doubling, capped at 5 min."""
-    return float(min(0.5 * 2 ** max(attempts - 1, 0), 300.0))
+def backoff_ceiling_s(attempts: int) -> float:
+    """The longest delay after ``attempts`` failures: 0.5 s doubling, capped at 5 min."""
+    return min(BACKOFF_BASE_S * 2.0 ** min(max(attempts - 1, 0), 32), BACKOFF_CAP_S)
+
+
+def backoff_s(attempts: int, draw: float) -> float:
+    """Delay before the next attempt after ``attempts`` failures, ``draw`` uniform in [0, 1]: half
+    the ceiling fixed, the other half jittered ("equal jitter"). The fixed half keeps a failing
+    merchant from being retried at once; the jitter spreads the retries of the effects that failed
+    together in an outage, so they do not all come back in the same instant."""
+    half = backoff_ceiling_s(attempts) / 2
+    return half + half * min(max(draw, 0.0), 1.0)
+
+
+def delivery_key(settings: Settings) -> bytes | None:
+    """The signing key when effects are delivered; never an unsigned delivery (DESIGN.md §3.2)."""
+    if settings.effects_url is None:
+        return None
+    if not settings.effects_secret:
+        raise SettingsError("ORDERLY_EFFECTS_URL is set but ORDERLY_EFFECTS_SECRET is not: effects are only "
+                            "delivered signed; set ORDERLY_EFFECTS_SECRET=whsec_<base64 key> (the secret the "
+                            "merchant verifies with), or unset ORDERLY_EFFECTS_URL to record without delivering")
+    try:
+        return signing_key(settings.effects_secret)
+    except ValueError as exc:
+        raise SettingsError(f"ORDERLY_EFFECTS_SECRET: {exc}") from None
+
+
+def request_body(row: Any) -> bytes:
+    return orjson.dumps({"dedupe_key": row["dedupe_key"], "type": row["type"], "gateway": row["gateway"],
+                         "resource_id": row["resource_id"], "payload": orjson.loads(row["payload"]),
+                         "caused_by": row["caused_by"]})
 
 
 async def record(conn: Conn, messages: list[ConsumerRecord]) -> None:
@@ -59,14 +101,21 @@ async def record(conn: Conn, messages: list[ConsumerRecord]) -> None:
 
 
 class EffectsWorker:
-    def __init__(self, settings: Settings, deliver: bool = True) -> None:
+    def __init__(self, settings: Settings, deliver: bool = True, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.deliver = deliver and settings.effects_url is not None
+        self.key = delivery_key(settings) if self.deliver else None
+        self.rng = rng or random.Random()
         self.metrics = EffectsMetrics()
+        self.metrics.concurrency.set(settings.effects_concurrency)
         self.sink = PgSink(settings, "effects", names(settings.namespace).effects, self._record,
                            set_aside=self._set_aside)
         self.producer = KeyedProducer(settings.kafka_bootstrap)
         self.http: aiohttp.ClientSession | None = None
+        # The bound on requests in flight, across every claim of this process (DESIGN.md §3.2).
+        self.slots = asyncio.Semaphore(settings.effects_concurrency)
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.failed: BaseException | None = None  # a delivery task's own failure (PostgreSQL gone): fatal
 
     async def _record(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
         await record(conn, messages)
@@ -83,48 +132,92 @@ class EffectsWorker:
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
 
     async def stop(self) -> None:
+        await self.drain(STOP_GRACE_S)
         await self.sink.stop()
         await self.producer.stop()
         if self.http is not None:
             await self.http.close()
 
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Wait for the deliveries in flight; those still running after ``timeout_s`` are cancelled
+        (their rows stay claimed until the lease ends, then are delivered again: the merchant has
+        the Idempotency-Key for that)."""
+        if not self.in_flight:
+            return
+        _, pending = await asyncio.wait(set(self.in_flight), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     async def deliver_due(self) -> int:
-        """Claim due effects and POST them; returns how many were attempted."""
-        pool, http = self.sink.pool, self.http
-        assert pool is not None and http is not None and self.settings.effects_url
-        rows = await pool.fetch(CLAIM_DUE, CLAIM_BATCH, self.settings.effects_lease_s)  # its own short transaction
-        if not rows:
+        """Claim as many due effects as there are free delivery slots and start POSTing them;
+        returns how many were claimed. Claiming no more than can be sent at once keeps every claimed
+        row's lease for its own request, not for a wait in a queue."""
+        if self.failed is not None:
+            raise self.failed
+        pool = self.sink.pool
+        assert pool is not None and self.http is not None and self.settings.effects_url
+        free = min(self.settings.effects_concurrency - len(self.in_flight), CLAIM_BATCH)
+        if free <= 0:
             return 0
-        url = self.settings.effects_url
-
-        async def one(row: Any) -> None:
-            error: str | None = None
-            try:
-                body = {"dedupe_key": row["dedupe_key"], "type": row["type"], "gateway": row["gateway"],
-                        "resource_id": row["resource_id"], "payload": orjson.loads(row["payload"]),
-                        "caused_by": row["caused_by"]}
-                async with http.post(url, data=orjson.dumps(body), headers={
-                        "Idempotency-Key": row["dedupe_key"], "Content-Type": "application/json"}) as resp:
-                    if not 200 <= resp.status < 300:
-                        error = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            except Exception as exc:  # a row no request can be made from: it backs off and ends dead, visibly
-                error = f"{type(exc).__name__}: {exc}"
-            if error is None:
-                await pool.execute(MARK_DELIVERED, row["dedupe_key"])
-                self.metrics.delivered.labels(row["type"]).inc()
-            else:
-                attempts = row["attempts"] + 1
-                await pool.execute(MARK_FAILED, row["dedupe_key"], printable(error)[:500], backoff_s(attempts),
-                                   self.settings.effects_max_attempts)
-                self.metrics.failures.labels(row["type"]).inc()
-                if attempts >= self.settings.effects_max_attempts:
-                    self.metrics.dead.inc()
-                    log.error("effect %s is dead after %d attempts: %s", row["dedupe_key"], attempts, error)
-
-        await asyncio.gather(*(one(r) for r in rows))
+        rows = await pool.fetch(CLAIM_DUE, free, self.settings.effects_lease_s)  # its own short transaction
+        for row in rows:
+            task = asyncio.create_task(self._deliver(row))
+            self.in_flight.add(task)
+            task.add_done_callback(self._done)
         return len(rows)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.failed is None:
+            self.failed = task.exception()
+
+    async def _post(self, url: str, row: Any) -> str | None:
+        """One signed POST; the error to record, or None when the merchant answered 2xx."""
+        assert self.http is not None and self.key is not None
+        try:
+            body = request_body(row)
+            async with self.slots:
+                self.metrics.in_flight.inc()
+                started = time.monotonic()
+                try:
+                    # signed at send time: the timestamp is this attempt's, which the merchant checks
+                    # against its clock (Standard Webhooks allow five minutes)
+                    headers = {"Idempotency-Key": row["dedupe_key"], "Content-Type": "application/json",
+                               **signed_headers(self.key, row["dedupe_key"], int(time.time()), body)}
+                    async with self.http.post(url, data=body, headers=headers) as resp:
+                        return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
+                finally:
+                    self.metrics.in_flight.dec()
+                    self.metrics.request_seconds.observe(time.monotonic() - started)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a row no request can be made from: it backs off and ends dead, visibly
+            return f"{type(exc).__name__}: {exc}"
+
+    async def _deliver(self, row: Any) -> None:
+        pool, url = self.sink.pool, self.settings.effects_url
+        assert pool is not None and url is not None
+        error = await self._post(url, row)
+        if error is None:
+            await pool.execute(MARK_DELIVERED, row["dedupe_key"])
+            self.metrics.delivered.labels(row["type"]).inc()
+            return
+        attempts = row["attempts"] + 1
+        await pool.execute(MARK_FAILED, row["dedupe_key"], printable(error)[:500],
+                           backoff_s(attempts, self.rng.random()), self.settings.effects_max_attempts)
+        self.metrics.failures.labels(row["type"]).inc()
+        if attempts >= self.settings.effects_max_attempts:
+            self.metrics.dead.inc()
+            log.error("effect %s is dead after %d attempts: %s", row["dedupe_key"], attempts, error)
+
+    async def read_pending(self) -> None:
+        """The backlog gauges: effects neither delivered nor dead, and the age of the oldest."""
+        assert self.sink.pool is not None
+        row = await self.sink.pool.fetchrow(PENDING)
+        assert row is not None
+        self.metrics.pending.set(row["pending"])
+        self.metrics.oldest_pending_s.set(row["oldest_s"])
 
 
 async def run(settings: Settings) -> None:
@@ -133,10 +226,14 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_EFFECTS_URL is not set: effects are recorded in PostgreSQL but not delivered")
     await worker.start()
     runner = await serve_metrics(worker.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    pending_at = 0.0
     try:
         while True:
             recorded = await worker.sink.run_once(timeout_ms=100)
             attempted = await worker.deliver_due() if worker.deliver else 0
+            if time.monotonic() >= pending_at:
+                await worker.read_pending()
+                pending_at = time.monotonic() + PENDING_EVERY_S
             if not recorded and not attempted:
                 await asyncio.sleep(0.05)
     finally:

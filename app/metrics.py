@@ -133,6 +133,17 @@ class EffectsMetrics(_Metrics):
         self.failures = Counter("orderly_effects_delivery_failures", "Failed delivery attempts", ["type"],
                                 registry=self.registry)
         self.dead = Counter("orderly_effects_dead", "Effects given up after the last attempt", registry=self.registry)
+        self.in_flight = Gauge("orderly_effects_in_flight", "Delivery requests in flight (staying at "
+                               "orderly_effects_concurrency: the merchant is the bottleneck)", registry=self.registry)
+        self.concurrency = Gauge("orderly_effects_concurrency", "ORDERLY_EFFECTS_CONCURRENCY, the most requests "
+                                 "in flight", registry=self.registry)
+        self.request_seconds = Histogram("orderly_effects_request_seconds",
+                                         "One delivery request, until the merchant's answer or the timeout",
+                                         buckets=(*APPEND_BUCKETS, 10.0), registry=self.registry)
+        self.pending = Gauge("orderly_effects_pending", "Effects neither delivered nor dead (read every few "
+                             "seconds)", registry=self.registry)
+        self.oldest_pending_s = Gauge("orderly_effects_oldest_pending_seconds",
+                                      "Age of the oldest effect neither delivered nor dead", registry=self.registry)
 
 
 class FetcherMetrics(_Metrics):

@@ -1,5 +1,6 @@
 """A running Orderly pipeline for end-to-end tests: worker, projector and effects worker as real
-processes, the ingest served in a thread, and a stub merchant endpoint counting effect deliveries."""
+processes, the ingest served in a thread, and a stub merchant endpoint verifying and counting effect
+deliveries."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import aiohttp
 import asyncpg
 import orjson
 from aiohttp import web
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from app.bootstrap import prepare
 from app.settings import Settings
@@ -31,28 +33,66 @@ PROCESSES = ("worker", "projector", "effects", "fetcher")
 
 @dataclass
 class EffectsStub:
-    """The merchant's effects endpoint: counts every delivery per Idempotency-Key."""
+    """The merchant's effects endpoint: verifies every delivery's Standard Webhooks signature with the
+    settings' secret (``standardwebhooks``, an implementation independent of Orderly's), counts the
+    accepted deliveries per Idempotency-Key, and can be told to fail, refuse or answer slowly."""
 
     url: str = ""
-    deliveries: Counter[str] = field(default_factory=Counter)
-    fail_first: int = 0  # answer 503 to the first N requests (retry path)
+    secret: str = ""
+    deliveries: Counter[str] = field(default_factory=Counter)  # 2xx answers per key
+    requests: Counter[str] = field(default_factory=Counter)  # validly signed requests per key, any answer
+    refused: Counter[str] = field(default_factory=Counter)  # validly signed requests answered non-2xx, per key
+    rejected: list[str] = field(default_factory=list)  # why each badly signed request was answered 400
+    fail_first: int = 0  # answer 503 to the first N validly signed requests (retry path)
+    refuse_with: int | None = None  # answer every validly signed request with this status
+    hold_s: float = 0.0  # keep each validly signed request open this long before answering
     seen: int = 0
-    first_at: dict[str, float] = field(default_factory=dict)  # monotonic time of each key's first POST
+    concurrent: int = 0
+    max_concurrent: int = 0  # the most validly signed requests open at once
+    first_at: dict[str, float] = field(default_factory=dict)  # monotonic time of each key's first 2xx
+
+    def behave(self, fail_first: int = 0, refuse_with: int | None = None, hold_s: float = 0.0) -> None:
+        """From now on: fail the next ``fail_first`` requests, refuse all, or hold each open."""
+        self.seen, self.max_concurrent = 0, self.concurrent
+        self.fail_first, self.refuse_with, self.hold_s = fail_first, refuse_with, hold_s
+
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> str | None:
+        """Why the delivery is refused as badly signed, or None."""
+        try:
+            Webhook(self.secret).verify(body, dict(headers), json_parse=False)
+        except (WebhookVerificationError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if headers.get("Idempotency-Key") != headers.get("webhook-id"):
+            return f"Idempotency-Key {headers.get('Idempotency-Key')!r} is not webhook-id {headers.get('webhook-id')!r}"
+        return None
 
 
 @contextmanager
-def effects_stub(fail_first: int = 0) -> Iterator[EffectsStub]:
-    stub = EffectsStub(fail_first=fail_first)
+def effects_stub(secret: str, fail_first: int = 0) -> Iterator[EffectsStub]:
+    stub = EffectsStub(secret=secret, fail_first=fail_first)
 
     async def handle(request: web.Request) -> web.Response:
-        await request.read()
+        body = await request.read()
+        if (why := stub.verify(body, request.headers)) is not None:
+            stub.rejected.append(f"{request.headers.get('webhook-id')}: {why}")
+            return web.Response(status=400, text=why)
+        key = request.headers["webhook-id"]
+        stub.requests[key] += 1
         stub.seen += 1
-        if stub.seen <= stub.fail_first:
-            return web.Response(status=503)
-        key = request.headers["Idempotency-Key"]
+        stub.concurrent += 1
+        stub.max_concurrent = max(stub.max_concurrent, stub.concurrent)
+        try:
+            if stub.hold_s:
+                await asyncio.sleep(stub.hold_s)
+            status = 503 if stub.seen <= stub.fail_first else stub.refuse_with or 204
+        finally:
+            stub.concurrent -= 1
+        if not 200 <= status < 300:
+            stub.refused[key] += 1
+            return web.Response(status=status)
         stub.deliveries[key] += 1
         stub.first_at.setdefault(key, time.monotonic())
-        return web.Response(status=204)
+        return web.Response(status=status)
 
     app = web.Application()
     app.router.add_post("/effects", handle)
@@ -185,7 +225,8 @@ class Running:
 @contextmanager
 def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -> Iterator[Running]:
     with ExitStack() as stack:
-        stub = stack.enter_context(effects_stub(stub_fail_first))
+        assert settings.effects_secret, "the effects stub verifies signatures: ORDERLY_EFFECTS_SECRET is needed"
+        stub = stack.enter_context(effects_stub(settings.effects_secret, stub_fail_first))
         settings = settings.with_overrides(effects_url=stub.url, data_dir=logs)
         asyncio.run(prepare(settings))
         pipeline = Pipeline(settings, logs)
@@ -194,3 +235,4 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -
         stack.callback(pipeline.stop)
         ingest = stack.enter_context(serve_ingest(settings))
         yield Running(settings, pipeline, ingest, stub)
+        assert not stub.rejected, f"badly signed effect deliveries: {stub.rejected[:5]}"
