@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,21 @@ setup: $(STAMP) kafka-jars
 kafka-jars: $(STAMP)
 	$(PY) -m app.stack.kafka fetch
 
+# Debian's headless Chromium and its driver, for the console's browser test (no browser download
+# works here, so no playwright or selenium-manager fetch): installed once, as root or with sudo.
+SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup
+test: setup browser
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)

@@ -19,6 +19,12 @@ def _production_settings() -> Settings:
     return Settings.from_env()
 
 
+def _operator_settings() -> Settings:
+    from app.settings import operator_settings
+
+    return operator_settings()
+
+
 def use_event_loop(name: str) -> None:
     """uvloop unless ORDERLY_LOOP=asyncio: every process here is an asyncio loop, and the worker
     decides faster on uvloop (docs/benchmarks.md)."""
@@ -81,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     scale = args.scale if hasattr(args, "scale") else 1.0
     size = Size(*(max(1, int(n * scale)) for n in (200, 60, 200, 80)))
-    return _embedded_stack(lambda: run_demo(dev_settings(), size))
+    return _embedded_stack(lambda: run_demo(dev_settings(), size, keep=getattr(args, "keep", False)))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -104,9 +110,39 @@ def cmd_projector(args: argparse.Namespace) -> int:
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
+    if getattr(args, "action", None):
+        from app.admin import commands
+
+        return commands.main(commands.effects, _operator_settings(), args)
     from app.effects import run
 
     return _process(run)
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from app.admin.server import Admin, run
+
+    settings = _production_settings()
+    Admin.check(settings)  # no token: stop before touching Kafka or PostgreSQL
+    return _process(run)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from app.admin import commands
+
+    return commands.main(commands.inspect, _operator_settings(), args)
+
+
+def cmd_parked(args: argparse.Namespace) -> int:
+    from app.admin import commands
+
+    return commands.main(commands.parked, _operator_settings(), args)
+
+
+def cmd_gaps(args: argparse.Namespace) -> int:
+    from app.admin import commands
+
+    return commands.main(commands.gaps, _operator_settings(), args)
 
 
 def cmd_fetcher(args: argparse.Namespace) -> int:
@@ -118,7 +154,7 @@ def cmd_fetcher(args: argparse.Namespace) -> int:
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from app.reconcile import run
 
-    return asyncio.run(run(_production_settings()))
+    return asyncio.run(run(_operator_settings()))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -126,7 +162,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from app.replay import replay
 
-    settings = _production_settings()
+    settings = _operator_settings()
     tune_gc(settings.gc_threshold)
     return replay(settings, args.into, Path(settings.data_dir) / "replay")
 
@@ -138,9 +174,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
-    from app.operator import main as run_quarantine
+    from app.admin import commands
 
-    return run_quarantine(_production_settings(), args)
+    return commands.main(commands.quarantined, _operator_settings(), args)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -161,13 +197,19 @@ COMMANDS = {
     "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
     "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
     "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
-    "effects": (cmd_effects, "records effects once in PostgreSQL and delivers them to ORDERLY_EFFECTS_URL"),
+    "effects": (cmd_effects, "records effects once in PostgreSQL and delivers them, signed, to ORDERLY_EFFECTS_URL; "
+                             "`effects list` and `effects retry KEY` show and retry them"),
     "fetcher": (cmd_fetcher, "fetches payments whose events stayed parked too long (card GET /payments/{ref})"),
     "reconcile": (cmd_reconcile, "lists card payments whose row totals differ from their events; exit 1 if any"),
     "replay": (cmd_replay, "rebuild state, topics and read models from orderly.raw into a fresh namespace "
                            "and report every difference from the live one"),
     "simulate": (cmd_simulate, "the gateway simulator against an ingest: signed deliveries with retries, "
                                "duplicates and reordering; optionally serves the gateways' GET APIs"),
+    "admin": (cmd_admin, "the admin API and the browser console on their own port (ORDERLY_ADMIN_PORT), "
+                         "behind ORDERLY_ADMIN_TOKEN"),
+    "inspect": (cmd_inspect, "one resource: its state, its decision timeline and its effects"),
+    "parked": (cmd_parked, "resources holding parked deliveries, oldest first, with why"),
+    "gaps": (cmd_gaps, "open pg sequence gaps with their age and backfill status"),
     "quarantine": (cmd_quarantine, "records set aside by any stage: list, show one, or redrive one (append "
                                    "its body again where it was set aside from)"),
     "migrate": (cmd_migrate, "create the topics, apply the SQL migrations, move a pre-0.2 correlations topic "
@@ -176,20 +218,45 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="orderly", description="Apply payment webhooks in gateway order.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("orderly")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    parser = argparse.ArgumentParser(
+        prog="orderly", description="Apply payment webhooks in gateway order.",
+        epilog="Production processes read their settings from the environment (README, Configuration); "
+               "operator commands also find a running `orderly dev` through .orderly/stack.json.")
+    parser.add_argument("--version", action="version", version=f"orderly {installed}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_fn, help_text) in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text)
+        command = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         if name == "demo":
             command.add_argument("--scale", type=float, default=1.0, help="resources per gateway, relative")
+            command.add_argument("--keep", action="store_true",
+                                 help="after the truth table, keep the stack and the console running and print "
+                                      "the console's URL and admin token (Ctrl-C stops)")
+        if name == "inspect":
+            from app.admin.commands import add_inspect
+
+            add_inspect(command)
+        if name in ("parked", "gaps"):
+            from app.admin.commands import add_limit
+
+            add_limit(command)
+        if name == "effects":
+            from app.admin.commands import add_effects
+
+            add_effects(command)
         if name == "simulate":
             from app.simulator.cli import add_arguments
 
             add_arguments(command)
         if name == "quarantine":
-            from app.operator import add_arguments as quarantine_arguments
+            from app.admin.commands import add_quarantine
 
-            quarantine_arguments(command)
+            add_quarantine(command)
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)

@@ -147,7 +147,7 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
     return 0 if _print(report, stats, time.monotonic() - started) else 1
 
 
-def run_demo(settings: Settings, size: Size | None = None, seed: int = 7) -> int:
+def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: bool = False) -> int:
     size = size or Size()
     api_port = free_port()
     settings = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}",
@@ -170,6 +170,30 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7) -> int
 
     try:
         stack.start()
-        return asyncio.run(main())
+        code = asyncio.run(main())
+        if keep:
+            _keep_up(stack, settings)
+        return code
     finally:
         stack.stop()
+
+
+def _keep_up(stack: Stack, settings: Settings) -> None:
+    """`orderly demo --keep`: the stack and the console stay up on the demo's data until Ctrl-C."""
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    print(f"\nthe stack stays up on the demo's data (namespace {settings.namespace}); Ctrl-C stops it\n"
+          f"  console:     {stack.admin_url}/  (admin token: {settings.admin_token})\n"
+          f"  admin API:   curl -H 'Authorization: Bearer {settings.admin_token}' {stack.admin_url}/api/overview\n"
+          f"  ingest:      {stack.ingest_url}\n"
+          f"  commands:    orderly parked | gaps | inspect GATEWAY ID | effects list (found via .orderly/stack.json)",
+          flush=True)
+    while not stopping:
+        stack.supervise_once()
+        time.sleep(0.2)

@@ -121,24 +121,27 @@ class Fetcher:
                                                                 self.settings.fetch_parked_after_s)]
         appended = 0
         for ref in refs:
-            answer = await self.fetch_payment(ref)
-            if answer is None:
-                continue
-            try:
-                body = synced_event(ref, answer, int(time.time() * 1000))
-            except Exception as exc:  # whatever the gateway answered, nothing is appended and the loop goes on
-                log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc)
-                self.metrics.fetches.labels("card", "unusable").inc()
-                self.metrics.set_aside.labels("fetcher", "card").inc()
-                continue
-            key = f"card:{ref}".encode()
-            await self.producer.send_and_wait(names(self.settings.namespace).raw, key, body,
-                                              raw_headers("card", f"fetch-{orjson.loads(body)['id']}",
-                                                          int(time.time() * 1000), source="fetch"))
-            self.metrics.fetches.labels("card", "synced").inc()
-            appended += 1
+            appended += await self.sync_card_payment(ref)
         return appended
 
+    async def sync_card_payment(self, ref: str) -> int:
+        """Fetch one card payment and append the gateway's answer as a synced event; returns 1 if
+        appended, 0 if the gateway did not answer usefully (logged and counted)."""
+        answer = await self.fetch_payment(ref)
+        if answer is None:
+            return 0
+        try:
+            body = synced_event(ref, answer, int(time.time() * 1000))
+        except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
+            log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc)
+            self.metrics.fetches.labels("card", "unusable").inc()
+            self.metrics.set_aside.labels("fetcher", "card").inc()
+            return 0
+        await self.producer.send_and_wait(names(self.settings.namespace).raw, f"card:{ref}".encode(), body,
+                                          raw_headers("card", f"fetch-{orjson.loads(body)['id']}",
+                                                      int(time.time() * 1000), source="fetch"))
+        self.metrics.fetches.labels("card", "synced").inc()
+        return 1
 
     async def backfill_pg(self, request: dict[str, Any]) -> int:
         """Fetch the events of a pg sequence gap that outlived its retry window; append each to
@@ -179,7 +182,8 @@ class Fetcher:
 
 
 async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
-    """orderly.fetch → backfills (pg sequence gaps older than the limit). A request that cannot be
+    """orderly.fetch → backfills (pg sequence gaps older than the limit) and card fetches an operator
+    asked for. A request that cannot be
     carried out (a malformed one, an answer the fetcher cannot read) is set aside to quarantine
     and the next one is taken."""
     producer = fetcher.producer
@@ -192,7 +196,15 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
             try:
                 request = orjson.loads(message.value)
                 if request.get("gateway") == "pg" and request.get("kind") == "backfill":
+                    if not settings.pg_api_url:  # marked not requested: asked again once it is set
+                        raise BackfillUnavailable("ORDERLY_PG_API_URL is not set")
                     await fetcher.backfill_pg(request)
+                elif request.get("gateway") == "card" and request.get("kind") == "payment":
+                    # an operator's "fetch now" (the admin API): the same fetch the parked sweep makes
+                    if settings.card_api_url:
+                        await fetcher.sync_card_payment(str(request["payment_ref"]))
+                    else:
+                        log.warning("card fetch requested but ORDERLY_CARD_API_URL is not set: not done")
             except BackfillUnavailable as exc:
                 # not lost: the gap is marked not requested, so the projector asks again at its next
                 # check (every 30 s at most), until the API answers
@@ -224,9 +236,9 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_PG_API_URL is not set: pg sequence gaps are not backfilled")
     await fetcher.start()
     runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
-    # without the pg API nothing can carry a backfill out: the requests wait in orderly.fetch, unread
-    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings) if settings.pg_api_url
-                                   else asyncio.Event().wait())
+    # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
+    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings)
+                                   if settings.pg_api_url or settings.card_api_url else asyncio.Event().wait())
     assert fetcher.pool is not None
     sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                       lambda topic: fetcher.metrics.reappended.labels(topic).inc())

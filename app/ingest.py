@@ -23,7 +23,6 @@ from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
-from app import timeline
 from app.gateways import card, registry
 from app.gateways.base import Route, SignatureError
 from app.gateways.limits import id_error
@@ -377,22 +376,6 @@ async def put_correlation(request: web.Request) -> web.StreamResponse:
     return _json(200, status="stored")
 
 
-async def get_resource(request: web.Request) -> web.Response:
-    gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
-    if registry.find(gateway) is None:
-        return _json(404, error=f"unknown gateway {gateway!r}")
-    error = id_error("resource_id", resource_id)
-    if error:
-        return _json(400, error=error)
-    try:
-        body = await timeline.resource(await request.app[CORRELATIONS].pool(), gateway, resource_id)
-    except (Unavailable, OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-        return _json(503, error=f"postgres unavailable: {exc}")
-    if body is None:
-        return _json(404, error=f"no deliveries and no state for {gateway}:{resource_id}")
-    return web.Response(body=timeline.dumps(body), content_type="application/json")
-
-
 async def healthz(request: web.Request) -> web.Response:
     return _json(200, status="ok")
 
@@ -434,7 +417,6 @@ def create_app(settings: Settings) -> web.Application:
     app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)
     app.router.add_post("/webhooks/{gateway}", receive_webhook)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", put_correlation)
-    app.router.add_get("/resources/{gateway}/{resource_id}", get_resource)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)

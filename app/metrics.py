@@ -154,3 +154,18 @@ class FetcherMetrics(_Metrics):
         self.set_aside = self.set_aside_counter()
         self.reappended = Counter("orderly_sweeper_reappended", "Stored records with no decision after "
                                   "ORDERLY_SWEEP_AFTER_S, appended again", ["topic"], registry=self.registry)
+
+
+class AdminMetrics(_Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = Counter("orderly_admin_requests", "Admin API and console requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.actions = Counter("orderly_admin_actions", "Operator actions by action and result (done, refused)",
+                               ["action", "result"], registry=self.registry)
+        self.login_failures = Counter("orderly_admin_login_failures",
+                                      "Console logins and API requests refused for a wrong or missing token",
+                                      ["via"], registry=self.registry)
+        self.consumer_lag = Gauge("orderly_consumer_lag", "Records not yet consumed, by consumer group and topic "
+                                  "(the worker's Kafka group; the sinks' positions stored in PostgreSQL)",
+                                  ["group", "topic"], registry=self.registry)

@@ -33,7 +33,8 @@ from app.setting_kinds import (
 )
 
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
-           "TABLE", "Settings", "SettingsError", "dev_settings", "markdown_table", "with_markdown_table"]
+           "TABLE", "Settings", "SettingsError", "dev_settings", "markdown_table", "operator_settings",
+           "with_markdown_table"]
 GATEWAYS = tuple(registry.GATEWAYS)  # each reads its secrets from ORDERLY_SECRET_<NAME>
 # How often the worker commits its offsets. With exactly-once its outputs are visible to the
 # projector and the effects worker only once committed, so the interval is part of their latency;
@@ -243,6 +244,30 @@ def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Settings for the embedded stack: the development defaults, overridden by the environment."""
     env = os.environ if env is None else env
     return Settings.from_env({**DEV_DEFAULTS, **env})
+
+
+def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings for a command an operator runs by hand: from the environment, or — when it names no
+    Kafka or PostgreSQL — from the ``stack.json`` of an `orderly dev` running next to it (in
+    ``ORDERLY_DATA_DIR``, default ``.orderly``), with the development defaults for the rest."""
+    import json
+
+    env = os.environ if env is None else env
+    if env.get("ORDERLY_KAFKA") and env.get("ORDERLY_POSTGRES_DSN"):
+        return Settings.from_env(env)
+    stack_file = Path(env.get("ORDERLY_DATA_DIR") or ".orderly") / "stack.json"
+    try:
+        stack = json.loads(stack_file.read_text())
+        found = {"ORDERLY_KAFKA": str(stack["kafka_bootstrap"]), "ORDERLY_POSTGRES_DSN": str(stack["postgres_dsn"])}
+        if stack.get("namespace") and not env.get("ORDERLY_NAMESPACE"):
+            found["ORDERLY_NAMESPACE"] = str(stack["namespace"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return Settings.from_env(env)
+        except SettingsError as exc:
+            raise SettingsError(f"{exc}\n(and no running `orderly dev` was found: {stack_file} is missing or "
+                                "unreadable)") from None
+    return dev_settings({**env, **found})
 
 
 def markdown_table() -> str:

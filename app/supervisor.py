@@ -24,12 +24,13 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port, port_accepts, port_is_free, stop_process, wait_until
+from app.stack.process import PortTakenError, free_port, port_accepts, port_is_free, stop_process, wait_until
 
 log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
-PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher")
+PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
+SERVES_OWN_METRICS = ("ingest", "admin")  # on their own HTTP port
 
 
 def kafka_port(bootstrap: str) -> int:
@@ -77,6 +78,12 @@ class Child:
         return "\n".join(line for line in tail[-lines:] if line.strip())
 
 
+def _wait_serving(child: Child, port: int, host: str) -> None:
+    proc = child.proc
+    assert proc is not None
+    wait_until(lambda: port_accepts(port, host), 30, child.name, lambda: proc.poll() is None)
+
+
 class Stack:
     """Kafka + PostgreSQL + the Orderly processes, for `orderly dev` and `orderly demo`."""
 
@@ -89,7 +96,7 @@ class Stack:
         # each process without an HTTP server of its own serves /metrics on the next port up
         self.children = [
             Child(name, [sys.executable, "-m", "app.cli", name], dict(env), self.data_dir / f"{name}.log",
-                  metrics_port=settings.ingest_port + i if name != "ingest" else 0)
+                  metrics_port=settings.ingest_port + i if name not in SERVES_OWN_METRICS else 0)
             for i, name in enumerate(processes)
         ]
 
@@ -97,9 +104,15 @@ class Stack:
     def ingest_url(self) -> str:
         return f"http://{self.settings.ingest_host}:{self.settings.ingest_port}"
 
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.settings.admin_host}:{self.settings.admin_port}"
+
     def describe(self) -> dict[str, Any]:
         return {
+            "namespace": self.settings.namespace,
             "ingest_url": self.ingest_url,
+            "admin_url": self.admin_url if any(c.name == "admin" for c in self.children) else None,
             "postgres_dsn": self.postgres.dsn,
             "kafka_bootstrap": self.kafka.bootstrap,
             "metrics_url": f"{self.ingest_url}/metrics",
@@ -107,6 +120,10 @@ class Stack:
                 c.name: f"http://{self.settings.ingest_host}:{c.metrics_port}/metrics"
                 for c in self.children if c.metrics_port
             },
+            "processes": {c.name: {"pid": c.proc.pid if c.proc else None,
+                                   "port": c.metrics_port or (self.settings.admin_port if c.name == "admin"
+                                                              else self.settings.ingest_port)}
+                          for c in self.children},
         }
 
     @property
@@ -119,6 +136,14 @@ class Stack:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.stack_file.unlink(missing_ok=True)  # present only while the stack is up
+        names = {c.name for c in self.children}
+        for name, variable, port, host in (("ingest", "ORDERLY_INGEST_PORT", self.settings.ingest_port,
+                                            self.settings.ingest_host),
+                                           ("admin", "ORDERLY_ADMIN_PORT", self.settings.admin_port,
+                                            self.settings.admin_host)):
+            if name in names and not port_is_free(port, host):
+                raise PortTakenError(f"{name}: port {port} on {host} is in use by another process. Stop that "
+                                     f"process, or set {variable} to a free port")
         started = time.monotonic()
         self.postgres.start()
         self.kafka.start()
@@ -127,12 +152,11 @@ class Stack:
                  time.monotonic() - started, len(created), len(applied))
         for child in self.children:
             child.start(self.settings.ingest_host)
-        if "ingest" in {c.name for c in self.children}:
-            ingest = next(c for c in self.children if c.name == "ingest")
-            proc = ingest.proc
-            assert proc is not None
-            wait_until(lambda: port_accepts(self.settings.ingest_port, self.settings.ingest_host), 30,
-                       "ingest", lambda: proc.poll() is None)
+        for child in self.children:
+            served = {"ingest": (self.settings.ingest_port, self.settings.ingest_host),
+                      "admin": (self.settings.admin_port, self.settings.admin_host)}.get(child.name)
+            if served is not None:
+                _wait_serving(child, *served)
         self.write_stack_file()
 
     def supervise_once(self) -> None:
@@ -149,9 +173,8 @@ class Stack:
                             child.proc.returncode, child.last_words())
             elif now >= child.next_start:
                 child.next_start = 0.0
-                port = child.metrics_port
                 child.start(self.settings.ingest_host)
-                if child.metrics_port != port and self.stack_file.exists():
+                if self.stack_file.exists():  # its new pid (and metrics port, if it had to move)
                     self.write_stack_file()
 
     def stop(self) -> None:

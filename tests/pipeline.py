@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from app.admin.server import create_app as create_admin
 from app.bootstrap import prepare
 from app.settings import Settings
 from projections.migrate import quote_ident
@@ -171,6 +172,18 @@ class Running:
     pipeline: Pipeline
     ingest: ServedIngest
     stub: EffectsStub
+    admin: str  # the admin API's URL (app/admin), served in a thread like the ingest
+
+    async def admin_get(self, path: str) -> tuple[int, Any]:
+        """GET an admin API path with the admin token: (status, JSON body)."""
+        async with aiohttp.ClientSession() as http, http.get(
+                f"{self.admin}{path}", headers={"Authorization": f"Bearer {self.settings.admin_token}"}) as resp:
+            return resp.status, await resp.json()
+
+    async def resource(self, gateway: str, resource_id: str) -> tuple[int, Any]:
+        from urllib.parse import quote
+
+        return await self.admin_get(f"/api/resources/{gateway}/{quote(resource_id, safe='')}")
 
     async def connect(self) -> asyncpg.Connection:
         return await asyncpg.connect(self.settings.postgres_dsn,
@@ -234,5 +247,6 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -
             pipeline.start(name)
         stack.callback(pipeline.stop)
         ingest = stack.enter_context(serve_ingest(settings))
-        yield Running(settings, pipeline, ingest, stub)
+        admin = stack.enter_context(serve_in_thread(create_admin(settings)))
+        yield Running(settings, pipeline, ingest, stub, admin)
         assert not stub.rejected, f"badly signed effect deliveries: {stub.rejected[:5]}"

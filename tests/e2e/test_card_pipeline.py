@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -101,8 +100,8 @@ async def test_pay_8c21_over_refund_parks_until_the_second_capture(pipe: Running
         assert effects == ["card:pay_8c21:mark_order_paid"]
     finally:
         await conn.close()
-    async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/card/{ref}") as resp:
-        body = await resp.json()
+    status, body = await pipe.resource("card", ref)
+    assert status == 200
     assert (body["state"]["state"], body["state"]["captured_minor"], body["parked"]) == ("captured", 11500, 0)
     assert sorted(d["event_id"] for d in body["timeline"]) == ["evt_a", "evt_c1", "evt_c2", "evt_r"]
 

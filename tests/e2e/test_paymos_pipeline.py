@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
-import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -125,12 +124,12 @@ async def test_unknown_type_is_quarantined_and_the_stream_goes_on(pipe: Running)
     assert any(b"invoice.refunded" in r.value for r in quarantined)
     assert pipe.ingest.metrics.quarantined.labels("paymos", "unknown_type")._value.get() >= 1
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM quarantine WHERE resource_id = 'inv_q'"))
-    async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/paymos/inv_q") as resp:
-        body = await resp.json()
+    status, body = await pipe.resource("paymos", "inv_q")
+    assert status == 200
     assert body["state"]["status"] == "paid"
     # the quarantined delivery shows in the invoice's timeline with its reason, then the paid one
     assert [d["outcome"] for d in body["timeline"]] == ["quarantined", "applied"]
-    assert "unknown event type" in body["timeline"][0]["error"]
+    assert "unknown event type" in body["timeline"][0]["why"]
 
 
 HISTORY = [("invoice.confirming", "confirming", 100), ("invoice.paid", "paid", 200),

@@ -166,17 +166,16 @@ async def test_webhook_before_correlation_is_parked_visibly(pipe: Running) -> No
     await post(pipe, deposit("dep_g", 9, "settled"))
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM webhook_events WHERE resource_id='dep_g' "
                                              "AND outcome='parked'"))
-    async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/pg/dep_g") as resp:
-        body = await resp.json()
-    assert body["parked"] == 1 and body["state"] is None
+    status, body = await pipe.resource("pg", "dep_g")
+    assert status == 200 and body["parked"] == 1 and body["state"] is None
+    assert "correlation" in body["timeline"][0]["why"]  # the operator sees what it waits for
     assert await balance(pipe, "usr_dep_g") == 0
     await correlate(pipe, "dep_g")
     assert await outcomes(pipe, "dep_g", 1) == ["unparked"]
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM ledger_entries WHERE user_id = 'usr_dep_g'"))
     assert await balance(pipe, "usr_dep_g") == AMOUNT
-    async with aiohttp.ClientSession() as http, http.get(f"{pipe.ingest.url}/resources/pg/dep_g") as resp:
-        body = await resp.json()
-    assert body["state"]["status"] == "settled" and body["parked"] == 0
+    status, body = await pipe.resource("pg", "dep_g")
+    assert status == 200 and body["state"]["status"] == "settled" and body["parked"] == 0
     [delivery] = [d for d in body["timeline"] if d["event_type"] == "deposit.settled"]
     assert delivery["outcome"] == "unparked"
     assert sorted(e["type"] for e in delivery["effects"]) == ["credit_user", "release_goods"]
@@ -184,11 +183,9 @@ async def test_webhook_before_correlation_is_parked_visibly(pipe: Running) -> No
 
 async def test_timeline_of_case_a(pipe: Running) -> None:
     await test_case_a_expired_after_settled(pipe) if not await effect_keys(pipe, "dep_a") else None
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{pipe.ingest.url}/resources/pg/dep_a") as resp:
-            body = await resp.json()
-        async with http.get(f"{pipe.ingest.url}/resources/pg/dep_nope") as resp:
-            assert resp.status == 404
+    status, body = await pipe.resource("pg", "dep_a")
+    assert status == 200
+    assert (await pipe.resource("pg", "dep_nope"))[0] == 404
     assert body["state"]["pg_version"] == 9
     timeline = [(d["event_type"], d["outcome"], len(d["effects"])) for d in body["timeline"]]
     assert timeline == [("correlation.registered", "applied", 0), ("deposit.slip_received", "applied", 1),

@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 from app.producer import KeyedProducer
@@ -100,10 +99,9 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
         assert {name: proc.pid for name, proc in pipe.pipeline.procs.items()} == pids
 
         async def timeline(resource: str) -> list[tuple[str, str]]:
-            async with aiohttp.ClientSession() as http, http.get(
-                    f"{pipe.ingest.url}/resources/pg/{resource}") as resp:
-                assert resp.status == 200
-                return [(d["delivery_id"], d["outcome"]) for d in (await resp.json())["timeline"]]
+            status, body = await pipe.resource("pg", resource)
+            assert status == 200
+            return [(d["delivery_id"], d["outcome"]) for d in body["timeline"]]
 
         assert ("poison-w", "quarantined") in asyncio.run(timeline("dep_qw"))
         assert [outcome for _, outcome in asyncio.run(timeline("dep_qi"))] == ["quarantined"]

@@ -1,0 +1,146 @@
+"""What an operator does: redrive a quarantined record, retry a dead effect, ask a gateway for a
+resource now (I/O layer; DESIGN.md §3.1). The admin API, the console and the operator commands
+call these same functions, and each call is written to the ``admin_actions`` audit table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+import orjson
+
+from app.admin.queries import audit
+from app.gateways import registry
+from app.producer import KeyedProducer
+from projections import quarantine
+from projections.bulk import Conn
+from topics.catalog import TopicNames
+from topics.records import (
+    H_DELIVERY_ID,
+    H_REASON,
+    H_RECEIVED_AT,
+    H_RESOURCE,
+    H_SOURCE_KEY,
+    H_STAGE,
+    H_TOPIC,
+)
+
+
+class ActionRefused(ValueError):
+    """The action cannot be taken; the message says why. ``status`` is the HTTP answer."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Done:
+    action: str
+    target: str
+    result: str  # one line, for the audit row and the operator
+
+
+async def audited(conn: Conn, actor: str, action: str, target: str, result: str) -> Done:
+    await audit(conn, actor, action, target, result)
+    return Done(action, target, result)
+
+
+async def redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int,
+                  actor: str) -> Done:
+    """Append a quarantined record's body again where it was set aside from, and mark it. The
+    original stays in the table (with its redrive count); the new delivery's id names it."""
+    try:
+        done = await _redrive(conn, producer, n, delivery_id, now_ms)
+    except ActionRefused as exc:
+        await audit(conn, actor, "quarantine.redrive", delivery_id, f"refused: {exc}")
+        raise
+    return await audited(conn, actor, "quarantine.redrive", delivery_id, done)
+
+
+async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int) -> str:
+    stored = await quarantine.one(conn, delivery_id)
+    if stored is None:
+        raise ActionRefused(f"no quarantined record {delivery_id!r}", 404)
+    body: bytes = stored["body"]
+    original = {k: v for k, v in stored["headers"]}
+    new_id = f"{delivery_id}~r{stored['redrives'] + 1}"
+    topic = stored["topic"] or n.raw
+    if stored["stage"] in ("ingest", "worker") or topic == n.raw:
+        gateway = stored["gateway"]
+        found = registry.find(gateway or "")
+        if original.get("record") == "correlation":
+            key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
+        elif found is None:
+            raise ActionRefused(f"{delivery_id}: no gateway recorded, so nowhere to route it")
+        else:
+            route = found.adapter.route(body)
+            if route.resource_key is None:
+                raise ActionRefused(f"{delivery_id}: still refused by the {gateway} adapter: "
+                                    f"{route.quarantine_reason}")
+            key = route.resource_key.encode()
+        headers = [(k, v.encode()) for k, v in original.items()
+                   if k not in (H_STAGE, H_REASON, H_RESOURCE, H_TOPIC, H_SOURCE_KEY, H_DELIVERY_ID)]
+        headers += [(H_DELIVERY_ID, new_id.encode())]
+        if H_RECEIVED_AT not in original:
+            headers.append((H_RECEIVED_AT, str(now_ms).encode()))
+        target = n.raw
+    else:
+        key = stored["record_key"] or b""
+        headers, target = [], topic
+    await producer.send_and_wait(target, key, body, headers)
+    await conn.execute(quarantine.MARK_REDRIVEN, delivery_id)
+    return f"appended to {target} as delivery {new_id}"
+
+
+RETRY = """
+UPDATE effects SET dead_at = NULL, next_attempt_at = now()
+ WHERE dedupe_key = $1 AND dead_at IS NOT NULL AND delivered_at IS NULL RETURNING attempts"""
+EFFECT_STATE = "SELECT delivered_at, dead_at FROM effects WHERE dedupe_key = $1"
+
+
+async def retry_effect(conn: Conn, dedupe_key: str, actor: str) -> Done:
+    """A dead effect back to pending: the effects worker attempts it at once (one more attempt;
+    failing again makes it dead again)."""
+    attempts = await conn.fetchval(RETRY, dedupe_key)
+    if attempts is None:
+        row = await conn.fetchrow(EFFECT_STATE, dedupe_key)
+        reason = ("no effect with this key" if row is None else
+                  "already delivered" if row["delivered_at"] else "not dead: it is pending and will be attempted")
+        await audit(conn, actor, "effects.retry", dedupe_key, f"refused: {reason}")
+        raise ActionRefused(f"{dedupe_key}: {reason}", 404 if row is None else 409)
+    return await audited(conn, actor, "effects.retry", dedupe_key, f"pending again after {attempts} attempt(s)")
+
+
+OPEN_GAPS = "SELECT start_seq, end_seq FROM pg_sequence_gaps WHERE merchant = 'pg' ORDER BY start_seq"
+
+
+async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str,
+                        actor: str) -> Done:
+    """Ask the fetcher to get the resource from its gateway now: a card payment by its reference
+    (``GET /payments/{ref}``), or for pg the backfill of every open sequence gap."""
+    target = f"{gateway}:{resource_id}"
+    if gateway == "card":
+        request = {"gateway": "card", "kind": "payment", "payment_ref": resource_id}
+        await producer.send_and_wait(n.fetch, target.encode(), orjson.dumps(request), [])
+        return await audited(conn, actor, "resources.fetch", target, "fetch of the card payment requested")
+    if gateway == "pg":
+        gaps = await conn.fetch(OPEN_GAPS)
+        if not gaps:
+            await audit(conn, actor, "resources.fetch", target, "refused: no open pg sequence gap to backfill")
+            raise ActionRefused("pg events are fetched by sequence: there is no open gap to backfill")
+        for gap in gaps:
+            request = {"gateway": "pg", "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
+                       "until_sequence": gap["end_seq"]}
+            await producer.send_and_wait(n.fetch, f"pg:sequence:{gap['start_seq']}".encode(),
+                                         orjson.dumps(request), [])
+        await conn.execute("UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = 'pg'")
+        return await audited(conn, actor, "resources.fetch", target, f"backfill of {len(gaps)} open gap(s) requested")
+    await audit(conn, actor, "resources.fetch", target, f"refused: {gateway} has no fetch API")
+    raise ActionRefused(f"the {gateway} gateway has no API to fetch a resource from", 422)
+
+
+async def audit_login(pool: asyncpg.Pool, actor: str, ok: bool) -> None:
+    async with pool.acquire() as conn:
+        await audit(conn, actor, "console.login", "console", "signed in" if ok else "refused: wrong token")

@@ -1,0 +1,226 @@
+"""Operator commands: `orderly inspect | parked | gaps | quarantine | effects list|retry` (I/O shell).
+
+They print what the admin API answers, from the same queries (app/admin/queries.py) and actions
+(app/admin/actions.py, audited as ``cli:<user>``), against the namespace the environment names —
+or, next to a running `orderly dev`, the one its ``.orderly/stack.json`` describes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import asyncpg
+import orjson
+
+from app.admin import actions, queries
+from app.producer import KeyedProducer
+from app.settings import Settings
+from projections import quarantine
+from projections.migrate import quote_ident
+from topics.catalog import names
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no user name in this environment (a container): still audited
+        return "cli:unknown"
+
+
+def _when(value: Any) -> str:
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    return "-" if value is None else str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, int]]) -> None:
+    """Rows as fixed-width columns: (key, heading, width); the last column is not cut."""
+    print(" ".join(f"{h:<{w}}" for _, h, w in columns).rstrip())
+    for row in rows:
+        cells = []
+        for i, (key, _, width) in enumerate(columns):
+            text = _when(row.get(key)) if row.get(key) is not None else "-"
+            cells.append(text if i == len(columns) - 1 else f"{text[:width]:<{width}}")
+        print(" ".join(cells))
+
+
+async def _connect(settings: Settings) -> asyncpg.Connection:
+    return await asyncpg.connect(settings.postgres_dsn,
+                                 server_settings={"search_path": quote_ident(settings.namespace)})
+
+
+async def _with_producer(settings: Settings, act: Callable[[KeyedProducer], Awaitable[int]]) -> int:
+    producer = KeyedProducer(settings.kafka_bootstrap, request_timeout_ms=10_000)
+    await producer.start()
+    try:
+        return await act(producer)
+    finally:
+        await producer.stop()
+
+
+async def inspect(settings: Settings, args: argparse.Namespace) -> int:
+    conn = await _connect(settings)
+    try:
+        found = await queries.resource(conn, args.gateway, args.resource_id)
+    finally:
+        await conn.close()
+    if found is None:
+        print(f"orderly inspect: no {args.gateway} resource {args.resource_id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(queries.dumps(found).decode())
+        return 0
+    state = found["state"] or {}
+    status = state.get("status") or state.get("state") or "-"
+    print(f"{args.gateway}:{args.resource_id}  {state.get('kind', 'no state row')}  status={status}  "
+          f"parked={found['parked']}")
+    for key, value in state.items():
+        if key not in ("kind", "snapshot", "payload"):
+            print(f"  {key}: {_when(value) if hasattr(value, 'isoformat') else value}")
+    print()
+    rows = [{**d, "effects": ", ".join(f"{e['type']}({e['status']})" for e in d["effects"]) or "-"}
+            for d in found["timeline"]]
+    _table(rows, [("received_at", "received at", 25), ("gateway_time", "gateway time", 24), ("version", "ver", 4),
+                  ("sequence", "seq", 6), ("event_type", "event", 22), ("outcome", "outcome", 11),
+                  ("effects", "effects", 30), ("why", "why", 0)])
+    return 0
+
+
+async def parked(settings: Settings, args: argparse.Namespace) -> int:
+    conn = await _connect(settings)
+    try:
+        rows = await queries.parked(conn, args.limit)
+    finally:
+        await conn.close()
+    _table([{**r, "resource": f"{r['gateway']}:{r['resource_id']}"} for r in rows],
+           [("parked_since", "parked since", 25), ("resource", "resource", 36), ("deliveries", "parked", 6),
+            ("why", "why", 0)])
+    print(f"{len(rows)} resource(s) holding parked deliveries")
+    return 0
+
+
+async def gaps(settings: Settings, args: argparse.Namespace) -> int:
+    conn = await _connect(settings)
+    try:
+        rows = await queries.gaps(conn, args.limit)
+    finally:
+        await conn.close()
+    _table([{**r, "range": f"{r['start_seq']}-{r['end_seq']}"} for r in rows],
+           [("range", "sequences", 24), ("missing", "missing", 8), ("first_seen_at", "open since", 25),
+            ("backfill", "backfill", 0)])
+    print(f"{len(rows)} open gap(s)")
+    return 0
+
+
+async def quarantined(settings: Settings, args: argparse.Namespace) -> int:
+    conn = await _connect(settings)
+    try:
+        if args.action == "list":
+            rows = await quarantine.listing(conn, args.stage, args.gateway, args.limit)
+            _table([{**r, "resource_id": r["resource_id"] or "-",
+                     "redriven": f"{r['redrives']}x" if r["redrives"] else ""} for r in rows],
+                   [("quarantined_at", "quarantined at", 25), ("stage", "stage", 9), ("gateway", "gateway", 7),
+                    ("delivery_id", "delivery id", 34), ("resource_id", "resource", 24), ("redriven", "redriven", 8),
+                    ("reason", "reason", 0)])
+            print(f"{len(rows)} record(s)")
+            return 0
+        if args.action == "show":
+            found = await quarantine.one(conn, args.delivery_id)
+            if found is None:
+                print(f"orderly quarantine: no record {args.delivery_id!r}", file=sys.stderr)
+                return 1
+            body = found.pop("body")
+            for key, value in found.items():
+                print(f"{key}: {_when(value) if hasattr(value, 'isoformat') else value}")
+            try:
+                print("body:", orjson.dumps(orjson.loads(body), option=orjson.OPT_INDENT_2).decode())
+            except orjson.JSONDecodeError:
+                print(f"body ({len(body)} bytes, not JSON): {bytes(body)[:2000]!r}")
+            return 0
+
+        async def act(producer: KeyedProducer) -> int:
+            done = await actions.redrive(conn, producer, names(settings.namespace), args.delivery_id,
+                                         int(time.time() * 1000), _actor())
+            print(f"redriven: {args.delivery_id} {done.result}")
+            return 0
+
+        return await _refusable("quarantine", _with_producer(settings, act))
+    finally:
+        await conn.close()
+
+
+async def effects(settings: Settings, args: argparse.Namespace) -> int:
+    conn = await _connect(settings)
+    try:
+        if args.action == "list":
+            rows = await queries.effects(conn, args.state, args.limit)
+            _table(rows, [("created_at", "created at", 25), ("dedupe_key", "dedupe key", 44), ("attempts", "tries", 5),
+                          ("status", "state", 9), ("last_error", "last error", 0)])
+            print(f"{len(rows)} {args.state} effect(s)")
+            return 0
+
+        async def retry() -> int:
+            done = await actions.retry_effect(conn, args.dedupe_key, _actor())
+            print(f"retry: {done.target} {done.result}")
+            return 0
+
+        return await _refusable("effects", retry())
+    finally:
+        await conn.close()
+
+
+async def _refusable(command: str, action: Awaitable[int]) -> int:
+    try:
+        return await action
+    except actions.ActionRefused as exc:
+        print(f"orderly {command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def add_inspect(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("gateway", help="pg, card or paymos")
+    parser.add_argument("resource_id", help="the gateway's id of the resource")
+    parser.add_argument("--json", action="store_true", help="print the admin API's JSON instead of a table")
+
+
+def add_limit(parser: argparse.ArgumentParser, default: int = 200) -> None:
+    parser.add_argument("--limit", type=int, default=default, help=f"rows at most (default {default})")
+
+
+def add_quarantine(parser: argparse.ArgumentParser) -> None:
+    found = parser.add_subparsers(dest="action", required=True, metavar="{list,show,redrive}")
+    listing = found.add_parser("list", help="set-aside records, newest first",
+                               description="Records set aside by any stage, newest first.")
+    listing.add_argument("--stage", help="ingest, worker, projector, effects or fetcher")
+    listing.add_argument("--gateway", help="only this gateway")
+    add_limit(listing, 50)
+    show = found.add_parser("show", help="one record with its headers and body",
+                            description="One set-aside record with its headers and body.")
+    show.add_argument("delivery_id")
+    redrive = found.add_parser("redrive", help="append the record's body again where it was set aside from",
+                               description="Append the stored body again where it was set aside from (after a "
+                                           "fix); the outcome shows in the resource's timeline. Audited.")
+    redrive.add_argument("delivery_id")
+
+
+def add_effects(parser: argparse.ArgumentParser) -> None:
+    found = parser.add_subparsers(dest="action", required=False, metavar="{list,retry}")
+    listing = found.add_parser("list", help="effects by delivery state",
+                               description="Effects by delivery state, newest first, with attempts and last error.")
+    listing.add_argument("--state", choices=queries.EFFECT_STATES, default="dead", help="default: dead")
+    add_limit(listing, 100)
+    retry = found.add_parser("retry", help="a dead effect back to pending",
+                             description="A dead effect back to pending: the effects process attempts it at once. "
+                                         "Audited.")
+    retry.add_argument("dedupe_key")
+
+
+def main(run: Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]], settings: Settings,
+         args: argparse.Namespace) -> int:
+    return asyncio.run(run(settings, args))

@@ -1,0 +1,252 @@
+"""The console: server-rendered pages over the admin API's queries and actions (I/O shell;
+DESIGN.md §3.1). Jinja2 templates with autoescaping, one stylesheet, one small script that
+refreshes the overview's counts; every page works without it. Every form POST carries the
+session's CSRF token (checked in app/admin/server.py's ``guard``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from aiohttp import web
+
+from app.admin import actions, auth, queries
+from app.admin.server import ADMIN, ID, SESSION, Admin, _kafka_producer, overview_body, safe_next
+from app.gateways import registry
+from projections import quarantine
+
+HERE = Path(__file__).parent
+OUTCOMES = ("applied", "unparked", "synced", "parked", "stale", "duplicate", "quarantined")
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return "" if value is None else str(value)
+
+
+def _ago(value: Any) -> str:
+    if not isinstance(value, datetime):
+        return ""
+    seconds = max(0, int(time.time() - value.timestamp()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return f"{seconds} s ago"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, default=queries.jsonable, ensure_ascii=False, sort_keys=True)
+
+
+ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""))
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    admin = request.app[ADMIN]
+    session = request.get(SESSION)
+    page = ENV.get_template(template).render(
+        csrf=auth.csrf_token(admin.token, session) if session else "", path=request.path_qs,
+        flash=request.query.get("done"), refused=request.query.get("refused"), gateways=list(registry.GATEWAYS),
+        namespace=admin.settings.namespace, signed_in=bool(session), **context)
+    return web.Response(text=page, status=status, content_type="text/html")
+
+
+# --- sign in and out ------------------------------------------------------------------------
+
+async def login_page(request: web.Request) -> web.Response:
+    return render(request, "login.html", next=safe_next(request.query.get("next")), error=None)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    admin = request.app[ADMIN]
+    form = await request.post()
+    who, now = request.remote or "?", time.monotonic()
+    target = safe_next(str(form.get("next", "/")))
+    if not admin.throttle.allowed(who, now):
+        return render(request, "login.html", status=429, next=target,
+                      error="too many wrong tokens from this address; wait a minute")
+    if not auth.token_ok(admin.token, str(form.get("token", ""))):
+        admin.throttle.failed(who, now)
+        admin.metrics.login_failures.labels("console").inc()
+        await actions.audit_login(admin.db(), f"console@{who}", ok=False)
+        return render(request, "login.html", status=401, next=target, error="wrong token")
+    cookie = auth.new_session(admin.token)
+    await actions.audit_login(admin.db(), f"console:{auth.session_name(cookie)}@{who}", ok=True)
+    response = web.HTTPSeeOther(target)
+    response.set_cookie(auth.SESSION_COOKIE, cookie, max_age=auth.SESSION_S, httponly=True, samesite="Strict",
+                        secure=request.secure, path="/")
+    raise response
+
+
+async def logout(request: web.Request) -> web.StreamResponse:
+    response = web.HTTPSeeOther("/login")
+    response.del_cookie(auth.SESSION_COOKIE, path="/")
+    raise response
+
+
+# --- pages ------------------------------------------------------------------------------------
+
+async def overview(request: web.Request) -> web.Response:
+    body = await overview_body(request.app[ADMIN])
+    template = "counts.html" if request.query.get("partial") == "counts" else "overview.html"
+    async with request.app[ADMIN].db().acquire() as conn:
+        recent = await queries.search(conn, limit=10)
+    return render(request, template, o=body, outcomes=OUTCOMES, recent=recent["items"])
+
+
+async def resources(request: web.Request) -> web.Response:
+    q = request.query
+    gateway = q.get("gateway") or None
+    if gateway is not None and registry.find(gateway) is None:
+        gateway = None
+    try:
+        async with request.app[ADMIN].db().acquire() as conn:
+            found = await queries.search(conn, gateway, q.get("status") or None, (q.get("q") or "")[:200] or None,
+                                         50, q.get("cursor") or None)
+    except queries.BadCursor as exc:
+        return render(request, "message.html", status=400, title="Search", message=str(exc))
+    more = None
+    if found["next_cursor"]:
+        more = "/resources?" + urlencode({k: v for k, v in {**q, "cursor": found["next_cursor"]}.items() if v})
+    return render(request, "resources.html", items=found["items"], more=more, query=dict(q))
+
+
+async def resource(request: web.Request) -> web.Response:
+    gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
+    body = None
+    if registry.find(gateway) is not None:
+        async with request.app[ADMIN].db().acquire() as conn:
+            body = await queries.resource(conn, gateway, resource_id)
+    if body is None:
+        return render(request, "message.html", status=404, title="Not found",
+                      message=f"no {gateway} resource {resource_id!r}")
+    state = dict(body["state"] or {})
+    return render(request, "resource.html", r=body, state=state)
+
+
+async def parked(request: web.Request) -> web.Response:
+    async with request.app[ADMIN].db().acquire() as conn:
+        items = await queries.parked(conn)
+    return render(request, "parked.html", items=items,
+                  fetch_after_s=request.app[ADMIN].settings.fetch_parked_after_s)
+
+
+async def gaps(request: web.Request) -> web.Response:
+    async with request.app[ADMIN].db().acquire() as conn:
+        items = await queries.gaps(conn)
+    return render(request, "gaps.html", items=items,
+                  backfill_after_s=request.app[ADMIN].settings.gap_backfill_after_s)
+
+
+async def quarantine_list(request: web.Request) -> web.Response:
+    stage = request.query.get("stage") or None
+    async with request.app[ADMIN].db().acquire() as conn:
+        items = await quarantine.listing(conn, stage, None, 200)
+    return render(request, "quarantine.html", items=items, stage=stage or "")
+
+
+async def quarantine_one(request: web.Request) -> web.Response:
+    delivery_id = request.match_info["delivery_id"]
+    async with request.app[ADMIN].db().acquire() as conn:
+        found = await quarantine.one(conn, delivery_id)
+    if found is None:
+        return render(request, "message.html", status=404, title="Not found",
+                      message=f"no quarantined record {delivery_id!r}")
+    raw = bytes(found.pop("body"))
+    try:
+        body = _pretty(json.loads(raw))
+    except ValueError:
+        body = raw[:20_000].decode("utf-8", "replace")
+    return render(request, "quarantined.html", rec=found, body=body, size=len(raw))
+
+
+async def effects(request: web.Request) -> web.Response:
+    state = request.query.get("state", "dead")
+    if state not in queries.EFFECT_STATES:
+        state = "dead"
+    async with request.app[ADMIN].db().acquire() as conn:
+        items = await queries.effects(conn, state, 200)
+        counts = await queries.overview(conn)
+    return render(request, "effects.html", items=items, state=state, counts=counts)
+
+
+async def audit(request: web.Request) -> web.Response:
+    async with request.app[ADMIN].db().acquire() as conn:
+        items = await queries.audit_log(conn, 200)
+    return render(request, "audit.html", items=items)
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+async def _acted(request: web.Request, admin: Admin, run: Any) -> web.StreamResponse:
+    form = await request.post()
+    target = safe_next(str(form.get("next", "/")))
+    async with admin.db().acquire() as conn:
+        try:
+            done = await run(conn)
+        except actions.ActionRefused as exc:
+            admin.metrics.actions.labels(request.match_info.route.name or "action", "refused").inc()
+            raise web.HTTPSeeOther(_with(target, refused=str(exc))) from None
+    admin.metrics.actions.labels(done.action, "done").inc()
+    raise web.HTTPSeeOther(_with(target, done=f"{done.action} {done.target}: {done.result}"))
+
+
+def _with(target: str, **message: str) -> str:
+    path = target.split("?", 1)[0]
+    return f"{path}?{urlencode(message)}"
+
+
+async def redrive(request: web.Request) -> web.StreamResponse:
+    admin = request.app[ADMIN]
+    producer = await _kafka_producer(admin)
+    if isinstance(producer, web.Response):
+        raise web.HTTPSeeOther(_with("/quarantine", refused="Kafka is not reachable, nothing was done"))
+    return await _acted(request, admin, lambda conn: actions.redrive(
+        conn, producer, admin.names, request.match_info["delivery_id"], int(time.time() * 1000),
+        admin.actor(request)))
+
+
+async def retry(request: web.Request) -> web.StreamResponse:
+    admin = request.app[ADMIN]
+    return await _acted(request, admin, lambda conn: actions.retry_effect(conn, request.match_info["dedupe_key"],
+                                                                          admin.actor(request)))
+
+
+async def fetch(request: web.Request) -> web.StreamResponse:
+    admin = request.app[ADMIN]
+    gateway = request.match_info["gateway"]
+    producer = await _kafka_producer(admin)
+    if isinstance(producer, web.Response) or registry.find(gateway) is None:
+        raise web.HTTPSeeOther(_with(request.path.rsplit("/fetch", 1)[0], refused="nothing was done: Kafka is "
+                                     "not reachable or the gateway is unknown"))
+    return await _acted(request, admin, lambda conn: actions.request_fetch(
+        conn, producer, admin.names, gateway, request.match_info["resource_id"], admin.actor(request)))
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/login", login_page)
+    r.add_post("/login", login)
+    r.add_post("/logout", logout)
+    r.add_get("/", overview)
+    r.add_get("/resources", resources)
+    r.add_post(f"/resources/{{gateway}}/{{resource_id:{ID}}}/fetch", fetch, name="console.fetch")
+    r.add_get(f"/resources/{{gateway}}/{{resource_id:{ID}}}", resource)
+    r.add_get("/parked", parked)
+    r.add_get("/gaps", gaps)
+    r.add_get("/quarantine", quarantine_list)
+    r.add_post(f"/quarantine/{{delivery_id:{ID}}}/redrive", redrive, name="console.redrive")
+    r.add_get(f"/quarantine/{{delivery_id:{ID}}}", quarantine_one)
+    r.add_get("/effects", effects)
+    r.add_post(f"/effects/{{dedupe_key:{ID}}}/retry", retry, name="console.retry")
+    r.add_get("/audit", audit)
+    r.add_static("/static", HERE / "static", show_index=False)

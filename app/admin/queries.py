@@ -1,0 +1,258 @@
+"""What an operator reads: the queries behind the admin API, the console and the operator
+commands (I/O layer over the PostgreSQL read models; DESIGN.md §3.1).
+
+Every function returns plain JSON-ready values (datetimes stay datetimes until :func:`jsonable`),
+so the API answers them as they are, the console renders them and the commands print them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from app.gateways import registry
+from projections.bulk import Conn
+
+# The timeline: every delivery with its latest outcome and why, the gateway's own ordering fields
+# read from the stored body (pg: version and global sequence; card: sequence and occurred_at;
+# paymos: updated_at), and what the ingest set aside (it has no decision, only a quarantine row).
+TIMELINE = """
+SELECT delivery_id, event_id, event_type, received_at, outcome, error AS why, seq,
+       coalesce(payload->>'created', payload->>'occurred_at', payload->'data'->>'updated_at',
+                payload->>'created_at') AS gateway_time,
+       payload->'data'->'object'->>'version' AS version, payload->>'sequence' AS sequence, payload
+  FROM webhook_events
+ WHERE gateway = $1 AND resource_id = $2
+UNION ALL
+SELECT q.delivery_id, NULL, NULL, q.received_at, 'quarantined', 'set aside by the ' || q.stage || ': ' || q.reason,
+       NULL, NULL, NULL, NULL, NULL
+  FROM quarantine q
+ WHERE q.gateway = $1 AND q.resource_id = $2
+   AND NOT EXISTS (SELECT 1 FROM webhook_events w WHERE w.delivery_id = q.delivery_id)
+ ORDER BY received_at, seq NULLS LAST"""
+RESOURCE_EFFECTS = """
+SELECT dedupe_key, type, payload, caused_by, created_at, delivered_at, attempts, last_error, dead_at,
+       next_attempt_at FROM effects
+ WHERE gateway = $1 AND resource_id = $2 ORDER BY created_at, dedupe_key"""
+
+OVERVIEW = """
+SELECT (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM
+          (SELECT outcome, count(*) AS n FROM webhook_events GROUP BY outcome) t) AS total,
+       (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM
+          (SELECT outcome, count(*) AS n FROM webhook_events WHERE received_at > now() - interval '1 hour'
+            GROUP BY outcome) t) AS last_hour,
+       (SELECT count(DISTINCT (gateway, resource_id)) FROM webhook_events WHERE outcome = 'parked') AS parked,
+       (SELECT count(*) FROM pg_sequence_gaps) AS open_gaps,
+       (SELECT count(*) FROM quarantine WHERE redriven_at IS NULL) AS quarantined,
+       (SELECT count(*) FROM quarantine) AS quarantined_total,
+       (SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
+       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
+       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
+SINK_POSITIONS = "SELECT consumer, topic, partition, next_offset FROM projector_offsets"
+
+# One row per resource: its latest delivery, its status from its state table (built from the
+# registry, :func:`_status_union`), newest first; the cursor is the last row's (time, gateway, id).
+SEARCH = """
+WITH r AS (
+  SELECT gateway, resource_id, max(received_at) AS last_at, count(*) AS deliveries,
+         count(*) FILTER (WHERE outcome = 'parked') AS parked
+    FROM webhook_events
+   WHERE resource_id IS NOT NULL AND ($1::text IS NULL OR gateway = $1)
+     AND ($3::text IS NULL OR resource_id ILIKE '%' || $3 || '%' ESCAPE '\\' OR event_id = $4)
+   GROUP BY gateway, resource_id)
+SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.status
+  FROM r LEFT JOIN ({statuses}) s ON s.gateway = r.gateway AND s.resource_id = r.resource_id
+ WHERE ($2::text IS NULL OR s.status = $2 OR ($2 = 'parked' AND r.parked > 0))
+   AND ($5::timestamptz IS NULL OR (r.last_at, r.gateway, r.resource_id) < ($5, $6, $7))
+ ORDER BY r.last_at DESC, r.gateway DESC, r.resource_id DESC
+ LIMIT $8"""
+
+PARKED = """
+SELECT gateway, resource_id, count(*) AS deliveries, min(received_at) AS parked_since,
+       (array_agg(coalesce(error, '') ORDER BY received_at))[1] AS why,
+       (array_agg(event_type ORDER BY received_at))[1] AS first_event_type
+  FROM webhook_events WHERE outcome = 'parked'
+ GROUP BY gateway, resource_id ORDER BY min(received_at) LIMIT $1"""
+# Why a delivery waits when the decision gave no reason: what each gateway's rule waits for.
+PARKED_BECAUSE = {
+    "pg": "waits for the deposit's correlation (PUT /correlations/pg/deposits/{id})",
+    "card": "waits for an earlier event of the payment (e.g. a capture before its authorisation, "
+            "a refund above what is captured)",
+    "paymos": "a change out of a terminal state waits for its reorg",
+}
+
+GAPS = """
+SELECT merchant, start_seq, end_seq, end_seq - start_seq + 1 AS missing, first_seen_at,
+       extract(epoch FROM now() - first_seen_at)::bigint AS age_s, backfill_requested_at
+  FROM pg_sequence_gaps ORDER BY first_seen_at, start_seq LIMIT $1"""
+
+EFFECTS = """
+SELECT dedupe_key, type, gateway, resource_id, caused_by, created_at, delivered_at, dead_at, attempts, last_error,
+       next_attempt_at
+  FROM effects
+ WHERE CASE $1::text WHEN 'pending' THEN delivered_at IS NULL AND dead_at IS NULL
+                     WHEN 'dead' THEN dead_at IS NOT NULL AND delivered_at IS NULL
+                     WHEN 'delivered' THEN delivered_at IS NOT NULL END
+ ORDER BY created_at DESC, dedupe_key LIMIT $2"""
+EFFECT_STATES = ("pending", "dead", "delivered")
+
+AUDIT = "SELECT id, at, actor, action, target, result FROM admin_actions ORDER BY id DESC LIMIT $1"
+AUDIT_WRITE = "INSERT INTO admin_actions (actor, action, target, result) VALUES ($1, $2, $3, $4) RETURNING id"
+JSON_COLUMNS = {"payload", "fee_breakdown", "overpayment", "snapshot"}
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    return {k: orjson.loads(v) if k in JSON_COLUMNS and isinstance(v, str) else v for k, v in record.items()}
+
+
+def _status_union() -> str:
+    """(gateway, resource_id, kind, status) of every resource, from each gateway's state tables."""
+    parts = []
+    for gateway in registry.GATEWAYS.values():
+        for table in gateway.tables:
+            if not table.key:
+                continue
+            columns = {c.strip() for c in table.compared.split(",")}
+            status = "status" if "status" in columns else "state" if "state" in columns else "NULL"
+            parts.append(f"SELECT '{gateway.name}'::text AS gateway, {table.key}::text AS resource_id, "
+                         f"'{table.kind or table.name}'::text AS kind, {status}::text AS status FROM {table.name}")
+    return " UNION ALL ".join(parts) or "SELECT NULL::text, NULL::text, NULL::text, NULL::text WHERE false"
+
+
+async def resource(conn: Conn, gateway: str, resource_id: str) -> dict[str, Any] | None:
+    """Current state, the decision timeline with each delivery's effects, or None if unknown."""
+    state = None
+    found = registry.find(gateway)
+    for kind, query in found.state_queries() if found is not None else []:
+        row = await conn.fetchrow(query, resource_id)
+        if row is not None:
+            state = {"kind": kind, **_plain(row)}
+            break
+    deliveries = [_plain(r) for r in await conn.fetch(TIMELINE, gateway, resource_id)]
+    effects = [{**_plain(r), "status": effect_status(r)} for r in await conn.fetch(RESOURCE_EFFECTS, gateway,
+                                                                                      resource_id)]
+    if state is None and not deliveries:
+        return None
+    by_delivery: dict[str, list[dict[str, Any]]] = {}
+    for effect in effects:
+        by_delivery.setdefault(effect["caused_by"], []).append(effect)
+    for delivery in deliveries:
+        if delivery["outcome"] == "parked" and not delivery["why"]:
+            delivery["why"] = PARKED_BECAUSE.get(gateway)
+        delivery["effects"] = by_delivery.get(delivery["delivery_id"], [])
+    return {"gateway": gateway, "resource_id": resource_id, "state": state,
+            "parked": sum(1 for d in deliveries if d["outcome"] == "parked"), "timeline": deliveries,
+            "effects": effects}
+
+
+def effect_status(row: Any) -> str:
+    return "delivered" if row["delivered_at"] else "dead" if row["dead_at"] else "pending"
+
+
+async def overview(conn: Conn) -> dict[str, Any]:
+    row = await conn.fetchrow(OVERVIEW)
+    assert row is not None
+    counts = dict(row)
+    return {"deliveries": {"total": orjson.loads(counts.pop("total")),
+                           "last_hour": orjson.loads(counts.pop("last_hour"))}, **counts}
+
+
+async def sink_positions(conn: Conn) -> list[tuple[str, str, int, int]]:
+    """(consumer, topic, partition, next offset) the projector and effects recorder stored."""
+    return [(r["consumer"], r["topic"], r["partition"], r["next_offset"]) for r in await conn.fetch(SINK_POSITIONS)]
+
+
+class BadCursor(ValueError):
+    """A search cursor that this API did not hand out."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    last_at: datetime
+    gateway: str
+    resource_id: str
+
+    def encode(self) -> str:
+        raw = orjson.dumps([self.last_at.isoformat(), self.gateway, self.resource_id])
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        try:
+            at, gateway, resource_id = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            return cls(datetime.fromisoformat(at), str(gateway), str(resource_id))
+        except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+            raise BadCursor("cursor is not one this API handed out") from None
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+async def search(conn: Conn, gateway: str | None = None, status: str | None = None, q: str | None = None,
+                 limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+    """Resources, newest delivery first; ``next_cursor`` continues after the last one (None: no more)."""
+    after = Cursor.decode(cursor) if cursor else None
+    rows = await conn.fetch(SEARCH.format(statuses=_status_union()), gateway or None, status or None,
+                            _like(q) if q else None, q or None,
+                            after.last_at if after else None, after.gateway if after else None,
+                            after.resource_id if after else None, limit + 1)
+    items = [dict(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    last = items[-1] if items and more else None
+    return {"items": items,
+            "next_cursor": Cursor(last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
+
+
+async def parked(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
+    out = []
+    for r in await conn.fetch(PARKED, limit):
+        row = dict(r)
+        row["why"] = row["why"] or PARKED_BECAUSE.get(row["gateway"], "")
+        out.append(row)
+    return out
+
+
+async def gaps(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
+    rows = []
+    for r in await conn.fetch(GAPS, limit):
+        row = dict(r)
+        row["backfill"] = "requested" if row["backfill_requested_at"] else "waiting (requested after 4 days)"
+        rows.append(row)
+    return rows
+
+
+async def effects(conn: Conn, state: str, limit: int = 100) -> list[dict[str, Any]]:
+    if state not in EFFECT_STATES:
+        raise ValueError(f"state must be one of {', '.join(EFFECT_STATES)}")
+    return [{**dict(r), "status": state} for r in await conn.fetch(EFFECTS, state, limit)]
+
+
+async def audit_log(conn: Conn, limit: int = 50) -> list[dict[str, Any]]:
+    return [dict(r) for r in await conn.fetch(AUDIT, limit)]
+
+
+async def audit(conn: Conn, actor: str, action: str, target: str, result: str) -> int:
+    """Write one admin_actions row; returns its id."""
+    value = await conn.fetchval(AUDIT_WRITE, actor[:200], action, target[:500], result[:1000])
+    return int(value)
+
+
+def jsonable(value: Any) -> Any:
+    """For orjson's ``default``: NUMERIC (crypto amounts) as a decimal string, never a float; bytes
+    as text."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return repr(value)
+
+
+def dumps(body: Any) -> bytes:
+    return orjson.dumps(body, default=jsonable)
