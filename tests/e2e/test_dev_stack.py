@@ -60,10 +60,11 @@ def stop_dev(proc: subprocess.Popen[bytes]) -> int:
 
 async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     data_dir = tmp_path / ".orderly"
-    kafka_port, pg_port, ingest_port = free_port(), free_port(), free_port()
+    kafka_port, pg_port, ingest_port, admin_port = free_port(), free_port(), free_port(), free_port()
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{kafka_port}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{pg_port}/postgres",
-           "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_PARTITIONS": "2"}
+           "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_ADMIN_PORT": str(admin_port),
+           "ORDERLY_PARTITIONS": "2"}
     settings = dev_settings(env)
     log = tmp_path / "dev.log"
 
@@ -83,11 +84,20 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
         process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
-        assert stack == {"ingest_url": f"http://127.0.0.1:{ingest_port}",
+        processes: dict[str, dict[str, int]] = stack.pop("processes")
+        assert stack == {"namespace": "orderly",
+                         "ingest_url": f"http://127.0.0.1:{ingest_port}",
+                         "admin_url": f"http://127.0.0.1:{admin_port}",
                          "postgres_dsn": settings.postgres_dsn,
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "metrics_url": f"http://127.0.0.1:{ingest_port}/metrics"}
         assert sorted(process_metrics) == ["effects", "fetcher", "projector", "worker"]
+        assert sorted(processes) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
+        assert processes["ingest"]["port"] == ingest_port and processes["admin"]["port"] == admin_port
+        for name, url in process_metrics.items():
+            assert url == f"http://127.0.0.1:{processes[name]['port']}/metrics"
+        for name, described in processes.items():  # every pid named is a live process of this stack
+            os.kill(described["pid"], 0)
         body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.pending", "sequence": 1,
                              "created": "2026-11-29T10:33:15Z",
                              "data": {"object": {"id": "dep_dev", "object": "deposit", "version": 1,
@@ -105,6 +115,14 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                 assert "orderly_ingest_requests_total" in await resp.text()
             assert process_metrics["worker"] != f"http://127.0.0.1:{ingest_port + 1}/metrics"
             assert "orderly_worker_partitions" in await eventually_get(http, process_metrics["worker"])
+            # the admin serves behind its token on its own port; the webhook port serves no resource data
+            async with http.get(f"{stack['admin_url']}/api/overview") as resp:
+                assert resp.status == 401
+            async with http.get(f"{stack['admin_url']}/api/overview",
+                                headers={"Authorization": f"Bearer {settings.admin_token}"}) as resp:
+                assert resp.status == 200 and "parked" in await resp.json()
+            async with http.get(f"{stack['ingest_url']}/resources/pg/dep_dev") as resp:
+                assert resp.status == 404
         assert "worker exited" not in log.read_text(), log.read_text()[-3000:]
         assert await asyncio.to_thread(stop_dev, proc) == 0
         for port in (kafka_port, pg_port, ingest_port):
