@@ -12,6 +12,7 @@ import orjson
 
 from app.admin.queries import audit
 from app.gateways import registry
+from app.gateways.limits import id_error
 from app.producer import KeyedProducer
 from projections import quarantine
 from projections.bulk import Conn
@@ -120,6 +121,8 @@ async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gate
                         actor: str) -> Done:
     """Ask the fetcher to get the resource from its gateway now: a card payment by its reference
     (``GET /payments/{ref}``), or for pg the backfill of every open sequence gap."""
+    if error := id_error("resource_id", resource_id):
+        raise ActionRefused(error, 400)  # nothing to audit: no resource was named
     target = f"{gateway}:{resource_id}"
     if gateway == "card":
         request = {"gateway": "card", "kind": "payment", "payment_ref": resource_id}

@@ -6,7 +6,6 @@ session's CSRF token (checked in app/admin/server.py's ``guard``).
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,10 +13,11 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import jinja2
+import orjson
 from aiohttp import web
 
 from app.admin import actions, auth, queries
-from app.admin.server import ADMIN, ID, SESSION, Admin, _kafka_producer, overview_body, safe_next
+from app.admin.server import ADMIN, ID, SESSION, Admin, _kafka_producer, overview_body, redirect, safe_next
 from app.gateways import registry
 from projections import quarantine
 
@@ -42,7 +42,8 @@ def _ago(value: Any) -> str:
 
 
 def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, default=queries.jsonable, ensure_ascii=False, sort_keys=True)
+    # orjson, as the API answers: it writes datetimes itself, and jsonable covers the rest
+    return orjson.dumps(value, default=queries.jsonable, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
@@ -81,16 +82,16 @@ async def login(request: web.Request) -> web.StreamResponse:
         return render(request, "login.html", status=401, next=target, error="wrong token")
     cookie = auth.new_session(admin.token)
     await actions.audit_login(admin.db(), f"console:{auth.session_name(cookie)}@{who}", ok=True)
-    response = web.HTTPSeeOther(target)
+    response = redirect(target)
     response.set_cookie(auth.SESSION_COOKIE, cookie, max_age=auth.SESSION_S, httponly=True, samesite="Strict",
                         secure=request.secure, path="/")
-    raise response
+    return response
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    response = web.HTTPSeeOther("/login")
+    response = redirect("/login")
     response.del_cookie(auth.SESSION_COOKIE, path="/")
-    raise response
+    return response
 
 
 # --- pages ------------------------------------------------------------------------------------
@@ -163,8 +164,8 @@ async def quarantine_one(request: web.Request) -> web.Response:
                       message=f"no quarantined record {delivery_id!r}")
     raw = bytes(found.pop("body"))
     try:
-        body = _pretty(json.loads(raw))
-    except ValueError:
+        body = _pretty(orjson.loads(raw))
+    except orjson.JSONDecodeError:
         body = raw[:20_000].decode("utf-8", "replace")
     return render(request, "quarantined.html", rec=found, body=body, size=len(raw))
 
@@ -195,9 +196,9 @@ async def _acted(request: web.Request, admin: Admin, run: Any) -> web.StreamResp
             done = await run(conn)
         except actions.ActionRefused as exc:
             admin.metrics.actions.labels(request.match_info.route.name or "action", "refused").inc()
-            raise web.HTTPSeeOther(_with(target, refused=str(exc))) from None
+            return redirect(_with(target, refused=str(exc)))
     admin.metrics.actions.labels(done.action, "done").inc()
-    raise web.HTTPSeeOther(_with(target, done=f"{done.action} {done.target}: {done.result}"))
+    return redirect(_with(target, done=f"{done.action} {done.target}: {done.result}"))
 
 
 def _with(target: str, **message: str) -> str:
@@ -209,7 +210,7 @@ async def redrive(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response):
-        raise web.HTTPSeeOther(_with("/quarantine", refused="Kafka is not reachable, nothing was done"))
+        return redirect(_with("/quarantine", refused="Kafka is not reachable, nothing was done"))
     return await _acted(request, admin, lambda conn: actions.redrive(
         conn, producer, admin.names, request.match_info["delivery_id"], int(time.time() * 1000),
         admin.actor(request)))
@@ -226,7 +227,7 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     gateway = request.match_info["gateway"]
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response) or registry.find(gateway) is None:
-        raise web.HTTPSeeOther(_with(request.path.rsplit("/fetch", 1)[0], refused="nothing was done: Kafka is "
+        return redirect(_with(request.path.rsplit("/fetch", 1)[0], refused="nothing was done: Kafka is "
                                      "not reachable or the gateway is unknown"))
     return await _acted(request, admin, lambda conn: actions.request_fetch(
         conn, producer, admin.names, gateway, request.match_info["resource_id"], admin.actor(request)))

@@ -154,6 +154,32 @@ def problem(status: int, error: str) -> web.Response:
     return json_response({"error": error}, status)
 
 
+def redirect(location: str) -> web.Response:
+    """303 See Other, returned (aiohttp deprecates returning its HTTP exceptions as responses)."""
+    return web.Response(status=303, headers={"Location": location})
+
+
+class Refused(Exception):
+    """A request the API refuses with a reason (a bad parameter): answered ``problem(status, error)``."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status, self.error = status, error
+
+
+def _answer(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """What the router raised (404, 405) or a handler raised as an aiohttp exception, as a plain
+    response: a problem document under /api/, the exception's own text elsewhere."""
+    if request.path.startswith("/api/") and exc.status >= 400:
+        response = problem(exc.status, exc.reason)
+    else:
+        response = web.Response(status=exc.status, reason=exc.reason, text=exc.text)
+    for name in ("Allow", "Location"):
+        if name in exc.headers:
+            response.headers[name] = exc.headers[name]
+    return response
+
+
 # --- auth and housekeeping -------------------------------------------------------------------
 
 # The API document and /metrics hold no resource data; the admin port is never internet-facing.
@@ -176,7 +202,9 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await _authorised(request, handler, admin)
     except web.HTTPException as exc:
-        response = exc
+        response = _answer(request, exc)
+    except Refused as exc:
+        response = problem(exc.status, exc.error)
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, TimeoutError) as exc:
         log.warning("admin request %s %s: PostgreSQL unavailable: %r", request.method, request.path, exc)
         text = f"PostgreSQL unavailable: {type(exc).__name__}"
@@ -215,7 +243,7 @@ async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> w
         return problem(401, "Authorization: Bearer ORDERLY_ADMIN_TOKEN required")
     if request.method != "GET":
         return web.Response(status=401, text="sign in first")
-    raise web.HTTPSeeOther(f"/login?next={_quote(request.path_qs)}")
+    return redirect(f"/login?next={_quote(request.path_qs)}")
 
 
 def _quote(text: str) -> str:
@@ -238,20 +266,18 @@ def _limit(request: web.Request, default: int = 50, most: int = 500) -> int:
     if raw is None or raw == "":
         return default
     if not raw.isdigit() or not 1 <= int(raw) <= most:
-        raise web.HTTPBadRequest(body=queries.dumps({"error": f"limit must be an integer from 1 to {most}"}),
-                                 content_type="application/json")
+        raise Refused(400, f"limit must be an integer from 1 to {most}")
     return int(raw)
 
 
 def _gateway(value: str | None, required: bool = False) -> str | None:
     if not value:
         if required:
-            raise web.HTTPNotFound(body=queries.dumps({"error": "unknown gateway"}), content_type="application/json")
+            raise Refused(404, "unknown gateway")
         return None
     if registry.find(value) is None:
         known = ", ".join(registry.GATEWAYS)
-        raise web.HTTPBadRequest(body=queries.dumps({"error": f"unknown gateway {value!r}; known: {known}"}),
-                                 content_type="application/json")
+        raise Refused(400, f"unknown gateway {value!r}; known: {known}")
     return value
 
 
@@ -371,14 +397,14 @@ async def api_retry(request: web.Request) -> web.Response:
 
 async def api_fetch(request: web.Request) -> web.Response:
     admin = request.app[ADMIN]
-    gateway = request.match_info["gateway"]
+    gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
     if registry.find(gateway) is None:
         return problem(404, f"unknown gateway {gateway!r}")
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response):
         return producer
     return await _act(request, lambda conn: actions.request_fetch(
-        conn, producer, admin.names, gateway, request.match_info["resource_id"], admin.actor(request)))
+        conn, producer, admin.names, gateway, resource_id, admin.actor(request)))
 
 
 async def api_audit(request: web.Request) -> web.Response:
