@@ -96,7 +96,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         assert processes["ingest"]["port"] == ingest_port and processes["admin"]["port"] == admin_port
         for name, url in process_metrics.items():
             assert url == f"http://127.0.0.1:{processes[name]['port']}/metrics"
-        for name, described in processes.items():  # every pid named is a live process of this stack
+        for described in processes.values():  # every pid named is a live process of this stack
             os.kill(described["pid"], 0)
         body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.pending", "sequence": 1,
                              "created": "2026-11-29T10:33:15Z",
