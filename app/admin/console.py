@@ -137,8 +137,9 @@ async def resource(request: web.Request) -> web.Response:
 async def parked(request: web.Request) -> web.Response:
     async with request.app[ADMIN].db().acquire() as conn:
         items = await queries.parked(conn)
-    return render(request, "parked.html", items=items,
-                  fetch_after_s=request.app[ADMIN].settings.fetch_parked_after_s)
+    settings = request.app[ADMIN].settings
+    return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s,
+                  card_fetch=settings.card_api_url is not None)
 
 
 async def gaps(request: web.Request) -> web.Response:
