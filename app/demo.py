@@ -147,12 +147,23 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
     return 0 if _print(report, stats, time.monotonic() - started) else 1
 
 
+MERCHANT_PATH = "/merchant/effects"
+
+
+async def _merchant_accepts(request: web.Request) -> web.Response:
+    """The demo merchant takes every effect, so the console shows them delivered."""
+    await request.read()
+    return web.Response(status=204)
+
+
 def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: bool = False) -> int:
     size = size or Size()
     api_port = free_port()
     settings = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}",
-                                       pg_api_url=f"http://127.0.0.1:{api_port}", fetch_parked_after_s=3.0,
-                                       fetch_interval_s=1.0, namespace=f"demo{int(time.time())}")
+                                       pg_api_url=f"http://127.0.0.1:{api_port}",
+                                       effects_url=f"http://127.0.0.1:{api_port}{MERCHANT_PATH}",
+                                       fetch_parked_after_s=3.0, fetch_interval_s=1.0,
+                                       namespace=f"demo{int(time.time())}")
     rng = random.Random(seed)  # seeded: the same run every time
     truth = lifecycles.Truth()
     events = (lifecycles.pg(rng, size.deposits, size.withdrawals, truth) + lifecycles.card(rng, size.payments, truth)
@@ -160,7 +171,9 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     stack = Stack(settings)
 
     async def main() -> int:
-        runner = web.AppRunner(api.build(truth, events), access_log=None)  # the gateways' GET APIs
+        gateways = api.build(truth, events)  # the gateways' GET APIs, and the merchant's effects endpoint
+        gateways.router.add_post(MERCHANT_PATH, _merchant_accepts)
+        runner = web.AppRunner(gateways, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", api_port).start()
         try:

@@ -1,29 +1,103 @@
-"""`orderly demo` end to end: the simulator drives all three gateways through outages, retries,
-duplicates and reordering, and every read model must match the gateways' truth (exit 0)."""
+"""`orderly demo --keep` end to end: the simulator drives all three gateways through outages,
+retries, duplicates and reordering, every read model must match the gateways' truth, and then the
+stack and the console stay up on the demo's data until Ctrl-C (exit 0 only if all matched)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from app.stack.process import free_port
+from app.stack.process import free_port, port_is_free
 
 
-def test_demo_matches_the_gateways_truth(tmp_path: Path) -> None:
-    env = {**os.environ, "ORDERLY_DATA_DIR": str(tmp_path / ".orderly"),
-           "ORDERLY_KAFKA": f"127.0.0.1:{free_port()}",
-           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
-           "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_PARTITIONS": "3"}
-    result = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--scale", "0.25"], env=env,
-                            capture_output=True, text=True, timeout=400, check=False)
-    out = result.stdout
-    assert result.returncode == 0, out[-4000:] + result.stderr[-4000:]
-    assert "all read models match the gateways' truth" in out
-    for line in ("pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"):
-        assert any(row.startswith(line) and row.rstrip().endswith("OK") for row in out.splitlines()), line
-    # the run really was chaotic: retries and stale deliveries happened
-    pg_row = next(row for row in out.splitlines() if row.startswith("pg "))
-    attempts, accepted, retries = (int(x) for x in pg_row.split()[1:4])
-    assert retries > 0 and attempts > accepted
+def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    """The process's output up to and including the first line holding ``marker``."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if marker in line:
+                found.set()
+                return
+        found.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    found.wait(timeout_s)
+    out = "".join(lines)
+    assert marker in out, f"no {marker!r} within {timeout_s} s:\n{out[-4000:]}"
+    return out
+
+
+def get(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path) -> None:
+    data_dir = tmp_path / ".orderly"
+    ports = {name: free_port() for name in ("kafka", "postgres", "ingest", "admin")}
+    env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{ports['kafka']}",
+           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{ports['postgres']}/postgres",
+           "ORDERLY_INGEST_PORT": str(ports["ingest"]), "ORDERLY_ADMIN_PORT": str(ports["admin"]),
+           "ORDERLY_PARTITIONS": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--scale", "0.25", "--keep"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    try:
+        out = read_until(proc, "commands:", 400)
+        assert "all read models match the gateways' truth" in out
+        for line in ("pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"):
+            assert any(row.startswith(line) and row.rstrip().endswith("OK") for row in out.splitlines()), line
+        # the run really was chaotic: retries and stale deliveries happened
+        pg_row = next(row for row in out.splitlines() if row.startswith("pg "))
+        attempts, accepted, retries = (int(x) for x in pg_row.split()[1:4])
+        assert retries > 0 and attempts > accepted
+
+        # kept up: the console URL and the token are printed, and they work on the demo's data
+        admin_url = f"http://127.0.0.1:{ports['admin']}"
+        assert f"console:     {admin_url}/  (admin token: dev-admin-token)" in out
+        deadline = time.monotonic() + 60  # the demo's merchant takes every effect
+        while True:
+            status, body = get(f"{admin_url}/api/overview", "dev-admin-token")
+            assert status == 200
+            overview = json.loads(body)
+            if overview["effects_pending"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert overview["deliveries"]["total"]["applied"] > 0
+        assert (overview["effects_pending"], overview["effects_dead"]) == (0, 0) and overview["effects_delivered"] > 0
+        assert get(f"{admin_url}/api/overview")[0] == 401
+        status, page = get(f"{admin_url}/login")
+        assert status == 200 and 'name="token"' in page
+        # the operator commands find the demo's namespace through stack.json, with no Kafka or
+        # PostgreSQL in their environment
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("ORDERLY_")}
+        listed = subprocess.run([sys.executable, "-m", "app.cli", "effects", "list", "--state", "delivered"],
+                                env={**bare, "ORDERLY_DATA_DIR": str(data_dir)}, capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert listed.returncode == 0 and "deposit:" in listed.stdout, listed.stdout[-2000:] + listed.stderr[-2000:]
+        assert proc.poll() is None  # still up
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(90)
+    assert code == 0
+    deadline = time.monotonic() + 10
+    while not all(port_is_free(p) for p in ports.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [name for name, p in ports.items() if not port_is_free(p)] == []
+    assert not (data_dir / "stack.json").exists()
