@@ -5,6 +5,7 @@ call these same functions, and each call is written to the ``admin_actions`` aud
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import asyncpg
@@ -46,6 +47,21 @@ class Done:
 async def audited(conn: Conn, actor: str, action: str, target: str, result: str) -> Done:
     await audit(conn, actor, action, target, result)
     return Done(action, target, result)
+
+
+APPEND_DEADLINE_S = 10.0
+
+
+async def append(producer: KeyedProducer, topic: str, key: bytes, value: bytes,
+                 headers: list[tuple[str, bytes]]) -> None:
+    """One append, acknowledged within the deadline: with the broker away the operator gets an
+    answer, not a request that hangs until it is back."""
+    try:
+        await asyncio.wait_for(producer.send_and_wait(topic, key, value, headers), APPEND_DEADLINE_S)
+    except Exception as exc:  # timeout or KafkaError: either way not acknowledged
+        raise ActionRefused(f"Kafka did not acknowledge the append within {APPEND_DEADLINE_S:.0f} s "
+                            f"({type(exc).__name__}); it may still be appended when the broker is back, so "
+                            "look at the timeline before you repeat it", 503) from exc
 
 
 async def redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int,
@@ -90,9 +106,9 @@ async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_
     else:
         key = stored["record_key"] or b""
         headers, target = [], topic
-    await producer.send_and_wait(target, key, body, headers)
+    await append(producer, target, key, body, headers)
     await conn.execute(quarantine.MARK_REDRIVEN, delivery_id)
-    return f"appended to {target} as delivery {new_id}"
+    return f"appended to {target} as delivery {new_id}" if target == n.raw else f"appended to {target} again"
 
 
 RETRY = """
@@ -124,23 +140,29 @@ async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gate
     if error := id_error("resource_id", resource_id):
         raise ActionRefused(error, 400)  # nothing to audit: no resource was named
     target = f"{gateway}:{resource_id}"
+    try:
+        done = await _request_fetch(conn, producer, n, gateway, resource_id)
+    except ActionRefused as exc:
+        await audit(conn, actor, "resources.fetch", target, f"refused: {exc}")
+        raise
+    return await audited(conn, actor, "resources.fetch", target, done)
+
+
+async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str) -> str:
     if gateway == "card":
         request = {"gateway": "card", "kind": "payment", "payment_ref": resource_id}
-        await producer.send_and_wait(n.fetch, target.encode(), orjson.dumps(request), [])
-        return await audited(conn, actor, "resources.fetch", target, "fetch of the card payment requested")
+        await append(producer, n.fetch, f"card:{resource_id}".encode(), orjson.dumps(request), [])
+        return "fetch of the card payment requested"
     if gateway == "pg":
         gaps = await conn.fetch(OPEN_GAPS)
         if not gaps:
-            await audit(conn, actor, "resources.fetch", target, "refused: no open pg sequence gap to backfill")
             raise ActionRefused("pg events are fetched by sequence: there is no open gap to backfill")
         for gap in gaps:
             request = {"gateway": "pg", "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
                        "until_sequence": gap["end_seq"]}
-            await producer.send_and_wait(n.fetch, f"pg:sequence:{gap['start_seq']}".encode(),
-                                         orjson.dumps(request), [])
+            await append(producer, n.fetch, f"pg:sequence:{gap['start_seq']}".encode(), orjson.dumps(request), [])
         await conn.execute("UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = 'pg'")
-        return await audited(conn, actor, "resources.fetch", target, f"backfill of {len(gaps)} open gap(s) requested")
-    await audit(conn, actor, "resources.fetch", target, f"refused: {gateway} has no fetch API")
+        return f"backfill of {len(gaps)} open gap(s) requested"
     raise ActionRefused(f"the {gateway} gateway has no API to fetch a resource from", 422)
 
 

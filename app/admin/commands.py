@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import sys
 import time
@@ -57,7 +58,13 @@ async def _connect(settings: Settings) -> asyncpg.Connection:
 
 async def _with_producer(settings: Settings, act: Callable[[KeyedProducer], Awaitable[int]]) -> int:
     producer = KeyedProducer(settings.kafka_bootstrap, request_timeout_ms=10_000)
-    await producer.start()
+    try:
+        await asyncio.wait_for(producer.start(), actions.APPEND_DEADLINE_S)
+    except Exception as exc:  # the broker away: nothing was done, and no traceback
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise actions.ActionRefused(f"Kafka at {settings.kafka_bootstrap} is not reachable "
+                                    f"({type(exc).__name__}): nothing was done", 503) from exc
     try:
         return await act(producer)
     finally:

@@ -9,7 +9,17 @@ from typing import Any
 
 from app.gateways import registry
 
-VERSION = "0.2.0"
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("orderly")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
 
 
 def _error() -> dict[str, Any]:
@@ -93,7 +103,7 @@ def admin_paths() -> dict[str, Any]:
                           "409": _error(), "503": _error(), **unauthorized}}},
         "/api/effects": {"get": {
             "summary": "effects by delivery state, newest first, with attempts and last error",
-            "parameters": [_query("state", "pending (default), dead or delivered",
+            "parameters": [_query("state", "dead (default), pending or delivered",
                                   {"type": "string", "enum": ["pending", "dead", "delivered"]}), LIMIT],
             "responses": {"200": _json("effects", ITEMS), "400": _error(), **unauthorized}}},
         "/api/effects/{dedupe_key}/retry": {"post": {

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ from openapi_spec_validator import validate
 
 from app.admin import auth
 from app.admin.server import create_app
+from app.bootstrap import prepare
+from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.e2e.test_quarantine import append_raw
 from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic
+from tests.support import make_settings, read_topic, serve_in_thread
 from topics.catalog import names
 
 CARD = "pay_adm"
@@ -122,8 +125,12 @@ def scenario(kafka: KafkaBroker, postgres: PostgresServer,
         yield asyncio.run(build(pipe))
 
 
+def bearer_of(settings: Settings) -> dict[str, str]:
+    return {"Authorization": f"Bearer {settings.admin_token}"}
+
+
 def bearer(pipe: Running) -> dict[str, str]:
-    return {"Authorization": f"Bearer {pipe.settings.admin_token}"}
+    return bearer_of(pipe.settings)
 
 
 def concrete(path: str) -> str:
@@ -447,3 +454,32 @@ def test_schemathesis_finds_no_server_error_in_the_admin_api(scenario: Scenario,
     cases = re.search(r"Test cases:\s*(\d+) generated", run.stdout)
     assert cases is not None and int(cases.group(1)) >= 200, run.stdout[-3000:]
     pipe.pipeline.assert_alive()
+
+
+async def test_with_the_broker_lost_reads_go_on_and_actions_answer_503(
+        postgres: PostgresServer, tmp_path: Path) -> None:
+    """A broker of its own, stopped under a running admin that has appended before: an action gets
+    503 with the reason within the append deadline (not a request that hangs until Kafka is back),
+    its refusal is audited, and the reads still answer from PostgreSQL."""
+    broker = KafkaBroker(tmp_path / "kafka")
+    await asyncio.to_thread(broker.start)
+    try:
+        s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}")
+        await prepare(s)
+        with serve_in_thread(create_app(s)) as url:
+            async with aiohttp.ClientSession(headers=bearer_of(s)) as http:
+                async with http.post(f"{url}/api/resources/card/pay_lost/fetch") as resp:
+                    assert resp.status == 200, await resp.text()
+                await asyncio.to_thread(broker.stop)
+                started = time.monotonic()
+                async with http.post(f"{url}/api/resources/card/pay_lost/fetch",
+                                     timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                    assert resp.status == 503 and "did not acknowledge" in (await resp.json())["error"]
+                assert time.monotonic() - started < 30
+                async with http.get(f"{url}/api/overview") as resp:
+                    assert resp.status == 200
+                async with http.get(f"{url}/api/audit") as resp:
+                    results = [a["result"] for a in (await resp.json())["items"] if a["action"] == "resources.fetch"]
+        assert results[0].startswith("refused: Kafka did not acknowledge") and results[1].endswith("requested")
+    finally:
+        await asyncio.to_thread(broker.stop)
