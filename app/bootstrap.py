@@ -18,11 +18,12 @@ from topics.records import CORRELATION, H_RECORD
 log = logging.getLogger("orderly.bootstrap")
 
 
-async def prepare(settings: Settings) -> tuple[list[str], list[str]]:
-    """Idempotent; returns (topics created, migrations applied)."""
+async def prepare(settings: Settings, topics: bool = True) -> tuple[list[str], list[str]]:
+    """Idempotent; returns (topics created, migrations applied). ``topics=False``: PostgreSQL only,
+    for a process that must start while Kafka is away (the admin)."""
     created = await ensure_topics(
         settings.kafka_bootstrap,
-        catalog(settings.namespace, settings.partitions, settings.replication_factor))
+        catalog(settings.namespace, settings.partitions, settings.replication_factor)) if topics else []
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         applied = await migrate(conn, settings.namespace)

@@ -46,16 +46,17 @@ def tune_gc(threshold: int) -> None:
         gc.set_threshold(threshold, 10, 10)
 
 
-def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None) -> int:
-    """A production process: settings from the environment, topics and migrations ensured (and
-    ``first`` run), then run."""
+def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None,
+             topics: bool = True) -> int:
+    """A production process: settings from the environment, topics (unless ``topics`` is False)
+    and migrations ensured (and ``first`` run), then run."""
     from app.bootstrap import prepare
 
     settings = _production_settings()
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
         logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
-    asyncio.run(prepare(settings))
+    asyncio.run(prepare(settings, topics))
     if first is not None:
         asyncio.run(first(settings))
     tune_gc(settings.gc_threshold)
@@ -124,7 +125,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     settings = _production_settings()
     Admin.check(settings)  # no token: stop before touching Kafka or PostgreSQL
-    return _process(run)
+    return _process(run, topics=False)  # it serves PostgreSQL's view while Kafka is away, so it starts then too
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -101,8 +101,9 @@ async def listing(conn: Conn, stage: str | None = None, gateway: str | None = No
     return [dict(r) for r in await conn.fetch(LIST, stage, gateway, limit)]
 
 
-async def one(conn: Conn, delivery_id: str) -> dict[str, Any] | None:
-    found = await conn.fetchrow(SHOW, delivery_id)
+async def one(conn: Conn, delivery_id: str, for_update: bool = False) -> dict[str, Any] | None:
+    """One record; ``for_update`` locks its row to the end of the caller's transaction."""
+    found = await conn.fetchrow(SHOW + " FOR UPDATE" if for_update else SHOW, delivery_id)
     if found is None:
         return None
     stored = dict(found)

@@ -6,9 +6,9 @@ call these same functions, and each call is written to the ``admin_actions`` aud
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import asyncpg
 import orjson
 
 from app.admin.queries import audit
@@ -49,6 +49,16 @@ async def audited(conn: Conn, actor: str, action: str, target: str, result: str)
     return Done(action, target, result)
 
 
+async def carried_out(conn: Conn, actor: str, action: str, target: str, doing: Awaitable[str]) -> Done:
+    """Run an action and audit what came of it: its result, or why it was refused."""
+    try:
+        result = await doing
+    except ActionRefused as exc:
+        await audit(conn, actor, action, target, f"refused: {exc}")
+        raise
+    return await audited(conn, actor, action, target, result)
+
+
 APPEND_DEADLINE_S = 10.0
 
 
@@ -68,47 +78,46 @@ async def redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_i
                   actor: str) -> Done:
     """Append a quarantined record's body again where it was set aside from, and mark it. The
     original stays in the table (with its redrive count); the new delivery's id names it."""
-    try:
-        done = await _redrive(conn, producer, n, delivery_id, now_ms)
-    except ActionRefused as exc:
-        await audit(conn, actor, "quarantine.redrive", delivery_id, f"refused: {exc}")
-        raise
-    return await audited(conn, actor, "quarantine.redrive", delivery_id, done)
+    return await carried_out(conn, actor, "quarantine.redrive", delivery_id,
+                             _redrive(conn, producer, n, delivery_id, now_ms))
 
 
 async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int) -> str:
-    stored = await quarantine.one(conn, delivery_id)
-    if stored is None:
-        raise ActionRefused(f"no quarantined record {delivery_id!r}", 404)
-    body: bytes = stored["body"]
-    original = {k: v for k, v in stored["headers"]}
-    new_id = f"{delivery_id}~r{stored['redrives'] + 1}"
-    topic = stored["topic"] or n.raw
-    if stored["stage"] in ("ingest", "worker") or topic == n.raw:
-        gateway = stored["gateway"]
-        found = registry.find(gateway or "")
-        if original.get("record") == "correlation":
-            key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
-        elif found is None:
-            raise ActionRefused(f"{delivery_id}: no gateway recorded, so nowhere to route it")
+    # the row stays locked until the append is acknowledged and counted: two redrives at once
+    # get ~rN and ~rN+1, never the same delivery id twice
+    async with conn.transaction():
+        stored = await quarantine.one(conn, delivery_id, for_update=True)
+        if stored is None:
+            raise ActionRefused(f"no quarantined record {delivery_id!r}", 404)
+        body: bytes = stored["body"]
+        original = {k: v for k, v in stored["headers"]}
+        new_id = f"{delivery_id}~r{stored['redrives'] + 1}"
+        topic = stored["topic"] or n.raw
+        if stored["stage"] in ("ingest", "worker") or topic == n.raw:
+            gateway = stored["gateway"]
+            found = registry.find(gateway or "")
+            if original.get("record") == "correlation":
+                key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
+            elif found is None:
+                raise ActionRefused(f"{delivery_id}: no gateway recorded, so nowhere to route it")
+            else:
+                route = found.adapter.route(body)
+                if route.resource_key is None:
+                    raise ActionRefused(f"{delivery_id}: still refused by the {gateway} adapter: "
+                                        f"{route.quarantine_reason}")
+                key = route.resource_key.encode()
+            headers = [(k, v.encode()) for k, v in original.items()
+                       if k not in (H_STAGE, H_REASON, H_RESOURCE, H_TOPIC, H_SOURCE_KEY, H_DELIVERY_ID)]
+            headers += [(H_DELIVERY_ID, new_id.encode())]
+            if H_RECEIVED_AT not in original:
+                headers.append((H_RECEIVED_AT, str(now_ms).encode()))
+            target = n.raw
         else:
-            route = found.adapter.route(body)
-            if route.resource_key is None:
-                raise ActionRefused(f"{delivery_id}: still refused by the {gateway} adapter: "
-                                    f"{route.quarantine_reason}")
-            key = route.resource_key.encode()
-        headers = [(k, v.encode()) for k, v in original.items()
-                   if k not in (H_STAGE, H_REASON, H_RESOURCE, H_TOPIC, H_SOURCE_KEY, H_DELIVERY_ID)]
-        headers += [(H_DELIVERY_ID, new_id.encode())]
-        if H_RECEIVED_AT not in original:
-            headers.append((H_RECEIVED_AT, str(now_ms).encode()))
-        target = n.raw
-    else:
-        key = stored["record_key"] or b""
-        headers, target = [], topic
-    await append(producer, target, key, body, headers)
-    await conn.execute(quarantine.MARK_REDRIVEN, delivery_id)
-    return f"appended to {target} as delivery {new_id}" if target == n.raw else f"appended to {target} again"
+            key = stored["record_key"] or b""
+            headers, target = [], topic
+        await append(producer, target, key, body, headers)
+        await conn.execute(quarantine.MARK_REDRIVEN, delivery_id)
+        return f"appended to {target} as delivery {new_id}" if target == n.raw else f"appended to {target} again"
 
 
 RETRY = """
@@ -130,25 +139,25 @@ async def retry_effect(conn: Conn, dedupe_key: str, actor: str) -> Done:
     return await audited(conn, actor, "effects.retry", dedupe_key, f"pending again after {attempts} attempt(s)")
 
 
+FETCH_API = {"card": "ORDERLY_CARD_API_URL", "pg": "ORDERLY_PG_API_URL"}  # the settings the fetcher asks with
 OPEN_GAPS = "SELECT start_seq, end_seq FROM pg_sequence_gaps WHERE merchant = 'pg' ORDER BY start_seq"
 
 
 async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str,
-                        actor: str) -> Done:
+                        actor: str, api_url: str | None) -> Done:
     """Ask the fetcher to get the resource from its gateway now: a card payment by its reference
     (``GET /payments/{ref}``), or for pg the backfill of every open sequence gap."""
     if error := id_error("resource_id", resource_id):
         raise ActionRefused(error, 400)  # nothing to audit: no resource was named
-    target = f"{gateway}:{resource_id}"
-    try:
-        done = await _request_fetch(conn, producer, n, gateway, resource_id)
-    except ActionRefused as exc:
-        await audit(conn, actor, "resources.fetch", target, f"refused: {exc}")
-        raise
-    return await audited(conn, actor, "resources.fetch", target, done)
+    return await carried_out(conn, actor, "resources.fetch", f"{gateway}:{resource_id}",
+                             _request_fetch(conn, producer, n, gateway, resource_id, api_url))
 
 
-async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str) -> str:
+async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str,
+                         api_url: str | None) -> str:
+    if gateway in FETCH_API and api_url is None:  # the fetcher would leave the request unread
+        raise ActionRefused(f"{FETCH_API[gateway]} is not set, so the fetcher cannot ask the {gateway} gateway: "
+                            "nothing was done")
     if gateway == "card":
         request = {"gateway": "card", "kind": "payment", "payment_ref": resource_id}
         await append(producer, n.fetch, f"card:{resource_id}".encode(), orjson.dumps(request), [])
@@ -166,6 +175,5 @@ async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gat
     raise ActionRefused(f"the {gateway} gateway has no API to fetch a resource from", 422)
 
 
-async def audit_login(pool: asyncpg.Pool, actor: str, ok: bool) -> None:
-    async with pool.acquire() as conn:
-        await audit(conn, actor, "console.login", "console", "signed in" if ok else "refused: wrong token")
+async def audit_login(conn: Conn, actor: str, ok: bool) -> None:
+    await audit(conn, actor, "console.login", "console", "signed in" if ok else "refused: wrong token")

@@ -4,7 +4,10 @@ One secret, ``ORDERLY_ADMIN_TOKEN``: the API takes it as ``Authorization: Bearer
 login page exchanges it for a session cookie. The session is stateless — ``expiry.nonce.mac``
 with an HMAC keyed by the token — so it survives an admin restart, works across several admin
 processes, and rotating the token ends every session. The CSRF token of a session is another HMAC
-of the session, so a page can carry it and a POST without it is refused.
+of the session, so a page can carry it and a POST without it is refused. Signing out records the
+session's nonce (migration 0011), so a copied cookie is refused afterwards. The console's flash
+messages travel in the redirect's query with a MAC of their own, so a link cannot make a page say
+what the admin never said.
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ def session_name(cookie: str) -> str:
     return cookie.split(".")[1] if cookie.count(".") == 2 else "?"
 
 
+def flash_mac(token: str, text: str) -> str:
+    return _mac(token, "flash", text)[:32]
+
+
+def flash_ok(token: str, text: str, given: str | None) -> bool:
+    return bool(given) and hmac.compare_digest((given or "").encode(), flash_mac(token, text).encode())
+
+
 def csrf_token(token: str, cookie: str) -> str:
     return _mac(token, "csrf", cookie)
 
@@ -67,7 +78,8 @@ def csrf_ok(token: str, cookie: str, given: str | None) -> bool:
 
 @dataclass
 class LoginThrottle:
-    """At most ``limit`` wrong tokens per ``window_s`` from one address, then 429 until it ages out."""
+    """At most ``limit`` wrong tokens per ``window_s`` from one address (console sign-ins and bearer
+    tokens alike), then 429 for that address, the right token too, until the failures age out."""
 
     limit: int = 10
     window_s: float = 60.0

@@ -17,7 +17,20 @@ import orjson
 from aiohttp import web
 
 from app.admin import actions, auth, queries
-from app.admin.server import ADMIN, ID, SESSION, Admin, _kafka_producer, overview_body, redirect, safe_next
+from app.admin.server import (
+    ADMIN,
+    END_SESSION,
+    ID,
+    SESSION,
+    Admin,
+    _kafka_producer,
+    form,
+    overview_body,
+    path_id,
+    redirect,
+    safe_next,
+    text_param,
+)
 from app.gateways import registry
 from projections import quarantine
 
@@ -54,10 +67,15 @@ ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     admin = request.app[ADMIN]
     session = request.get(SESSION)
+    mac = request.query.get("m")
+    shown = {kind: text for kind in ("done", "refused")
+             if (text := request.query.get(kind)) and auth.flash_ok(admin.token, f"{kind}:{text}", mac)}
+    settings = admin.settings
     page = ENV.get_template(template).render(
         csrf=auth.csrf_token(admin.token, session) if session else "", path=request.path_qs,
-        flash=request.query.get("done"), refused=request.query.get("refused"), gateways=list(registry.GATEWAYS),
-        namespace=admin.settings.namespace, signed_in=bool(session), **context)
+        flash=shown.get("done"), refused=shown.get("refused"), gateways=list(registry.GATEWAYS),
+        namespace=settings.namespace, signed_in=bool(session), delivering=settings.effects_url is not None,
+        card_fetch=settings.card_api_url is not None, pg_backfill=settings.pg_api_url is not None, **context)
     return web.Response(text=page, status=status, content_type="text/html")
 
 
@@ -69,19 +87,21 @@ async def login_page(request: web.Request) -> web.Response:
 
 async def login(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
-    form = await request.post()
+    posted = await form(request)
     who, now = request.remote or "?", time.monotonic()
-    target = safe_next(str(form.get("next", "/")))
+    target = safe_next(str(posted.get("next", "/")))
     if not admin.throttle.allowed(who, now):
         return render(request, "login.html", status=429, next=target,
                       error="too many wrong tokens from this address; wait a minute")
-    if not auth.token_ok(admin.token, str(form.get("token", ""))):
+    if not auth.token_ok(admin.token, str(posted.get("token", ""))):
         admin.throttle.failed(who, now)
         admin.metrics.login_failures.labels("console").inc()
-        await actions.audit_login(admin.db(), f"console@{who}", ok=False)
+        async with admin.db() as conn:
+            await actions.audit_login(conn, f"console@{who}", ok=False)
         return render(request, "login.html", status=401, next=target, error="wrong token")
     cookie = auth.new_session(admin.token)
-    await actions.audit_login(admin.db(), f"console:{auth.session_name(cookie)}@{who}", ok=True)
+    async with admin.db() as conn:
+        await actions.audit_login(conn, f"console:{auth.session_name(cookie)}@{who}", ok=True)
     response = redirect(target)
     response.set_cookie(auth.SESSION_COOKIE, cookie, max_age=auth.SESSION_S, httponly=True, samesite="Strict",
                         secure=request.secure, path="/")
@@ -89,6 +109,10 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    """Ends the session here too: its nonce is recorded, so a copy of the cookie is refused."""
+    admin = request.app[ADMIN]
+    async with admin.db() as conn:
+        await conn.execute(END_SESSION, auth.session_name(request[SESSION]))
     response = redirect("/login")
     response.del_cookie(auth.SESSION_COOKIE, path="/")
     return response
@@ -122,7 +146,7 @@ async def resources(request: web.Request) -> web.Response:
 
 
 async def resource(request: web.Request) -> web.Response:
-    gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
+    gateway, resource_id = request.match_info["gateway"], path_id(request, "resource_id")
     body = None
     if registry.find(gateway) is not None:
         async with request.app[ADMIN].db().acquire() as conn:
@@ -138,8 +162,7 @@ async def parked(request: web.Request) -> web.Response:
     async with request.app[ADMIN].db().acquire() as conn:
         items = await queries.parked(conn)
     settings = request.app[ADMIN].settings
-    return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s,
-                  card_fetch=settings.card_api_url is not None)
+    return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s)
 
 
 async def gaps(request: web.Request) -> web.Response:
@@ -150,14 +173,14 @@ async def gaps(request: web.Request) -> web.Response:
 
 
 async def quarantine_list(request: web.Request) -> web.Response:
-    stage = request.query.get("stage") or None
+    stage = text_param(request, "stage")
     async with request.app[ADMIN].db().acquire() as conn:
         items = await quarantine.listing(conn, stage, None, 200)
     return render(request, "quarantine.html", items=items, stage=stage or "")
 
 
 async def quarantine_one(request: web.Request) -> web.Response:
-    delivery_id = request.match_info["delivery_id"]
+    delivery_id = path_id(request, "delivery_id")
     async with request.app[ADMIN].db().acquire() as conn:
         found = await quarantine.one(conn, delivery_id)
     if found is None:
@@ -190,37 +213,38 @@ async def audit(request: web.Request) -> web.Response:
 # --- actions ----------------------------------------------------------------------------------
 
 async def _acted(request: web.Request, admin: Admin, run: Any) -> web.StreamResponse:
-    form = await request.post()
-    target = safe_next(str(form.get("next", "/")))
-    async with admin.db().acquire() as conn:
+    posted = await form(request)
+    target = safe_next(str(posted.get("next", "/")))
+    async with admin.acting, admin.db() as conn:
         try:
             done = await run(conn)
         except actions.ActionRefused as exc:
             admin.metrics.actions.labels(request.match_info.route.name or "action", "refused").inc()
-            return redirect(_with(target, refused=str(exc)))
+            return redirect(_with(admin, target, "refused", str(exc)))
     admin.metrics.actions.labels(done.action, "done").inc()
-    return redirect(_with(target, done=f"{done.action} {done.target}: {done.result}"))
+    return redirect(_with(admin, target, "done", f"{done.action} {done.target}: {done.result}"))
 
 
-def _with(target: str, **message: str) -> str:
+def _with(admin: Admin, target: str, kind: str, text: str) -> str:
+    """``target`` with a message the page shows (only with its MAC: a link cannot forge one)."""
     path = target.split("?", 1)[0]
-    return f"{path}?{urlencode(message)}"
+    return f"{path}?{urlencode({kind: text, 'm': auth.flash_mac(admin.token, f'{kind}:{text}')})}"
 
 
 async def redrive(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response):
-        return redirect(_with("/quarantine", refused="Kafka is not reachable, nothing was done"))
+        return redirect(_with(admin, "/quarantine", "refused", "Kafka is not reachable, nothing was done"))
+    delivery_id = path_id(request, "delivery_id")
     return await _acted(request, admin, lambda conn: actions.redrive(
-        conn, producer, admin.names, request.match_info["delivery_id"], int(time.time() * 1000),
-        admin.actor(request)))
+        conn, producer, admin.names, delivery_id, int(time.time() * 1000), admin.actor(request)))
 
 
 async def retry(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
-    return await _acted(request, admin, lambda conn: actions.retry_effect(conn, request.match_info["dedupe_key"],
-                                                                          admin.actor(request)))
+    dedupe_key = path_id(request, "dedupe_key")
+    return await _acted(request, admin, lambda conn: actions.retry_effect(conn, dedupe_key, admin.actor(request)))
 
 
 async def fetch(request: web.Request) -> web.StreamResponse:
@@ -228,10 +252,11 @@ async def fetch(request: web.Request) -> web.StreamResponse:
     gateway = request.match_info["gateway"]
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response) or registry.find(gateway) is None:
-        return redirect(_with(request.path.rsplit("/fetch", 1)[0], refused="nothing was done: Kafka is "
-                                     "not reachable or the gateway is unknown"))
+        return redirect(_with(admin, request.path.rsplit("/fetch", 1)[0], "refused",
+                              "nothing was done: Kafka is not reachable or the gateway is unknown"))
     return await _acted(request, admin, lambda conn: actions.request_fetch(
-        conn, producer, admin.names, gateway, request.match_info["resource_id"], admin.actor(request)))
+        conn, producer, admin.names, gateway, request.match_info["resource_id"], admin.actor(request),
+        admin.fetch_api(gateway)))
 
 
 def add_routes(app: web.Application) -> None:

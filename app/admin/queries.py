@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -186,8 +186,11 @@ class Cursor:
     def decode(cls, text: str) -> Cursor:
         try:
             at, gateway, resource_id = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-            return cls(datetime.fromisoformat(at), str(gateway), str(resource_id))
-        except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+            last_at = datetime.fromisoformat(at).astimezone(UTC)  # out of range: OverflowError
+            if not (isinstance(gateway, str) and isinstance(resource_id, str)) or "\x00" in gateway + resource_id:
+                raise ValueError("not a cursor")
+            return cls(last_at, gateway, resource_id)
+        except (ValueError, TypeError, OverflowError, binascii.Error, orjson.JSONDecodeError):
             raise BadCursor("cursor is not one this API handed out") from None
 
 

@@ -9,10 +9,12 @@ the operator commands call. The console's pages are app/admin/console.py's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 from aiohttp import web
@@ -34,6 +36,9 @@ log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KAFKA_DEADLINE_S = 2.0
 LAG_INTERVAL_S = 15.0
+POSTGRES_DEADLINE_S = 10.0  # a query, or the wait for a pooled connection: past it, 503
+BODY_DEADLINE_S = 10.0  # a form body that has not arrived by then: 408
+ACTIONS_AT_ONCE = 2  # actions may wait on Kafka holding a connection: the rest of the pool serves reads
 
 
 class Admin:
@@ -55,6 +60,7 @@ class Admin:
         self.metrics = AdminMetrics()
         self.throttle = auth.LoginThrottle()
         self.pool: asyncpg.Pool | None = None
+        self.acting = asyncio.Semaphore(ACTIONS_AT_ONCE)
         self._producer: KeyedProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._kafka_admin: AIOKafkaAdminClient | None = None
@@ -63,8 +69,8 @@ class Admin:
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(
-            self.settings.postgres_dsn, min_size=1, max_size=4,
-            server_settings={"search_path": quote_ident(self.settings.namespace)})
+            self.settings.postgres_dsn, min_size=1, max_size=ACTIONS_AT_ONCE + 4, timeout=POSTGRES_DEADLINE_S,
+            command_timeout=POSTGRES_DEADLINE_S, server_settings={"search_path": quote_ident(self.settings.namespace)})
         self._lag_task = asyncio.create_task(self._measure_lag_forever())
 
     async def stop(self) -> None:
@@ -81,9 +87,11 @@ class Admin:
         if self.pool is not None:
             await self.pool.close()
 
-    def db(self) -> asyncpg.Pool:
+    def db(self) -> Pooled:
+        """A pooled connection, waited for at most POSTGRES_DEADLINE_S (a stopped PostgreSQL, or a
+        pool taken by slow queries, answers 503 instead of holding the request)."""
         assert self.pool is not None
-        return self.pool
+        return Pooled(self.pool)
 
     async def producer(self) -> KeyedProducer:
         if self._producer is None:
@@ -98,7 +106,15 @@ class Admin:
                 self.lag = await asyncio.wait_for(self.measure_lag(), 10)
             except Exception as exc:  # Kafka away: the overview says so, the loop tries again
                 self.lag = {"groups": self.lag.get("groups", []), "error": f"{type(exc).__name__}: {exc}"[:300]}
+                await self._close_lag_clients()  # not reconnecting in the background: one try per interval
             await asyncio.sleep(LAG_INTERVAL_S)
+
+    async def _close_lag_clients(self) -> None:
+        consumer, kafka_admin, self._consumer, self._kafka_admin = self._consumer, self._kafka_admin, None, None
+        for closing in (consumer.stop() if consumer else None, kafka_admin.close() if kafka_admin else None):
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(closing, 5)
 
     async def measure_lag(self) -> dict[str, Any]:
         """Per consumer group and topic: records appended but not consumed yet. The worker and the
@@ -135,10 +151,40 @@ class Admin:
             self.metrics.consumer_lag.labels(g["group"], g["topic"]).set(g["lag"])
         return {"groups": groups, "error": None, "measured_at": time.time()}
 
+    def fetch_api(self, gateway: str) -> str | None:
+        """The gateway API the fetcher asks for this gateway's resources, as configured here."""
+        return {"card": self.settings.card_api_url, "pg": self.settings.pg_api_url}.get(gateway)
+
+    async def session_ended(self, cookie: str) -> bool:
+        async with self.db() as conn:
+            return bool(await conn.fetchval(ENDED, auth.session_name(cookie)))
+
     def actor(self, request: web.Request) -> str:
         via = request.get(VIA, "api")
         who = request.remote or "?"
         return f"{via}@{who}"
+
+
+ENDED = "SELECT EXISTS (SELECT 1 FROM admin_ended_sessions WHERE nonce = $1)"
+END_SESSION = "INSERT INTO admin_ended_sessions (nonce) VALUES ($1) ON CONFLICT DO NOTHING"
+
+
+class Pooled:
+    """``async with admin.db() as conn``: a connection from the pool within the deadline."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        self.conn = await self.pool.acquire(timeout=POSTGRES_DEADLINE_S)
+        return self.conn
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.release(self.conn)
+
+    def acquire(self) -> Pooled:  # the pool's own spelling, for the callers that use it
+        return self
 
 
 ADMIN: web.AppKey[Admin] = web.AppKey("admin", Admin)
@@ -204,7 +250,11 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         response = _answer(request, exc)
     except Refused as exc:
-        response = problem(exc.status, exc.error)
+        response = (problem(exc.status, exc.error) if request.path.startswith("/api/")
+                    else web.Response(status=exc.status, text=exc.error))
+    except asyncpg.DataError as exc:  # a value PostgreSQL cannot take (out of range): the input's fault
+        text = f"a value PostgreSQL cannot take: {type(exc).__name__}"
+        response = problem(400, text) if request.path.startswith("/api/") else web.Response(status=400, text=text)
     except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, TimeoutError) as exc:
         log.warning("admin request %s %s: PostgreSQL unavailable: %r", request.method, request.path, exc)
         text = f"PostgreSQL unavailable: {type(exc).__name__}"
@@ -223,17 +273,23 @@ async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> w
     if request.path in PUBLIC:
         return await handler(request)
     api = request.path.startswith("/api/")
-    if auth.bearer_ok(admin.token, request.headers.get("Authorization")):
-        request[VIA] = "api"
-        return await handler(request)
+    header = request.headers.get("Authorization")
+    if header is not None and header.startswith("Bearer "):
+        who, now = request.remote or "?", time.monotonic()
+        if not admin.throttle.allowed(who, now):
+            return problem(429, "too many wrong tokens from this address; wait a minute")
+        if auth.bearer_ok(admin.token, header):
+            request[VIA] = "api"
+            return await handler(request)
+        admin.throttle.failed(who, now)
     cookie = request.cookies.get(auth.SESSION_COOKIE)
-    if cookie and auth.session_ok(admin.token, cookie):
+    if cookie and auth.session_ok(admin.token, cookie) and not await admin.session_ended(cookie):
         request[VIA] = f"console:{auth.session_name(cookie)}"
         request[SESSION] = cookie
         if request.method == "POST":
             given = request.headers.get("X-CSRF-Token")
             if given is None and request.content_type == "application/x-www-form-urlencoded":
-                given = str((await request.post()).get("csrf", ""))
+                given = str((await form(request)).get("csrf", ""))
             if not auth.csrf_ok(admin.token, cookie, given):
                 return (problem(403, "missing or wrong CSRF token") if api
                         else web.Response(status=403, text="missing or wrong CSRF token: reload the page"))
@@ -252,9 +308,22 @@ def _quote(text: str) -> str:
     return quote(text, safe="")
 
 
+async def form(request: web.Request) -> Any:
+    """The request's form, arrived within BODY_DEADLINE_S (a body that trickles in gets 408)."""
+    try:
+        return await asyncio.wait_for(request.post(), BODY_DEADLINE_S)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text="the request body did not arrive in time") from None
+
+
 def safe_next(target: str | None) -> str:
-    """Where to go after login or an action: a path of this site only (no open redirect)."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+    """Where to go after login or an action: a path of this site only (no open redirect, and no
+    character a browser drops or a header refuses: "/\t/evil" is read as "//evil")."""
+    if (not target or not target.startswith("/") or target.startswith("//") or "\\" in target
+            or any(ord(c) < 0x21 or ord(c) == 0x7F for c in target) or len(target) > 2000):
+        return "/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
         return "/"
     return target
 
@@ -265,9 +334,26 @@ def _limit(request: web.Request, default: int = 50, most: int = 500) -> int:
     raw = request.query.get("limit")
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= most:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
         raise Refused(400, f"limit must be an integer from 1 to {most}")
     return int(raw)
+
+
+def text_param(request: web.Request, name: str, most: int = 200) -> str | None:
+    """A free-text query parameter: None when absent, refused when PostgreSQL's text cannot hold it."""
+    value = request.query.get(name) or None
+    if value is not None and ("\x00" in value or len(value) > most):
+        raise Refused(400, f"{name} must be at most {most} characters without NUL")
+    return value
+
+
+def path_id(request: web.Request, name: str) -> str:
+    """An id from the path, within the ingest's limits for ids (so a NUL or 6,000 characters get
+    400 here, not a database error)."""
+    value = request.match_info[name]
+    if error := id_error(name, value):
+        raise Refused(400, error)
+    return value
 
 
 def _gateway(value: str | None, required: bool = False) -> str | None:
@@ -309,8 +395,9 @@ async def api_search(request: web.Request) -> web.Response:
     q = request.query
     try:
         async with request.app[ADMIN].db().acquire() as conn:
-            found = await queries.search(conn, _gateway(q.get("gateway")), q.get("status") or None,
-                                         (q.get("q") or "")[:200] or None, _limit(request), q.get("cursor") or None)
+            found = await queries.search(conn, _gateway(q.get("gateway")), text_param(request, "status"),
+                                         text_param(request, "q"), _limit(request),
+                                         text_param(request, "cursor", 2000))
     except queries.BadCursor as exc:
         return problem(400, str(exc))
     return json_response(found)
@@ -329,7 +416,7 @@ async def api_gaps(request: web.Request) -> web.Response:
 async def api_quarantine(request: web.Request) -> web.Response:
     from projections import quarantine
 
-    stage = request.query.get("stage") or None
+    stage = text_param(request, "stage")
     async with request.app[ADMIN].db().acquire() as conn:
         rows = await quarantine.listing(conn, stage, _gateway(request.query.get("gateway")), _limit(request))
     return json_response({"items": rows})
@@ -338,7 +425,7 @@ async def api_quarantine(request: web.Request) -> web.Response:
 async def api_quarantined(request: web.Request) -> web.Response:
     from projections import quarantine
 
-    delivery_id = request.match_info["delivery_id"]
+    delivery_id = path_id(request, "delivery_id")
     async with request.app[ADMIN].db().acquire() as conn:
         found = await quarantine.one(conn, delivery_id)
     if found is None:
@@ -353,7 +440,7 @@ async def api_quarantined(request: web.Request) -> web.Response:
 
 async def _act(request: web.Request, action: Callable[[Conn], Awaitable[actions.Done]]) -> web.Response:
     admin = request.app[ADMIN]
-    async with admin.db().acquire() as conn:
+    async with admin.acting, admin.db() as conn:
         try:
             done = await action(conn)
         except actions.ActionRefused as exc:
@@ -376,9 +463,9 @@ async def api_redrive(request: web.Request) -> web.Response:
     producer = await _kafka_producer(admin)
     if isinstance(producer, web.Response):
         return producer
+    delivery_id = path_id(request, "delivery_id")
     return await _act(request, lambda conn: actions.redrive(
-        conn, producer, admin.names, request.match_info["delivery_id"], int(time.time() * 1000),
-        admin.actor(request)))
+        conn, producer, admin.names, delivery_id, int(time.time() * 1000), admin.actor(request)))
 
 
 async def api_effects(request: web.Request) -> web.Response:
@@ -391,8 +478,8 @@ async def api_effects(request: web.Request) -> web.Response:
 
 async def api_retry(request: web.Request) -> web.Response:
     admin = request.app[ADMIN]
-    return await _act(request, lambda conn: actions.retry_effect(conn, request.match_info["dedupe_key"],
-                                                                 admin.actor(request)))
+    dedupe_key = path_id(request, "dedupe_key")
+    return await _act(request, lambda conn: actions.retry_effect(conn, dedupe_key, admin.actor(request)))
 
 
 async def api_fetch(request: web.Request) -> web.Response:
@@ -404,7 +491,7 @@ async def api_fetch(request: web.Request) -> web.Response:
     if isinstance(producer, web.Response):
         return producer
     return await _act(request, lambda conn: actions.request_fetch(
-        conn, producer, admin.names, gateway, resource_id, admin.actor(request)))
+        conn, producer, admin.names, gateway, resource_id, admin.actor(request), admin.fetch_api(gateway)))
 
 
 async def api_audit(request: web.Request) -> web.Response:
@@ -427,7 +514,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-ID = r"[^{}]+"  # resource ids, delivery ids and dedupe keys may hold '/' and ':'
+ID = r".+"  # resource ids, delivery ids and dedupe keys may hold '/', ':' and braces
 
 
 def create_app(settings: Settings) -> web.Application:

@@ -30,7 +30,7 @@ import pytest
 from openapi_spec_validator import validate
 
 from app.admin import auth
-from app.admin.server import create_app
+from app.admin.server import ADMIN, create_app
 from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
@@ -154,11 +154,14 @@ async def test_every_api_route_refuses_a_request_without_the_token(scenario: Sce
         wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {pipe.settings.admin_token}"},
                  {"Authorization": f"Bearer {pipe.settings.api_token}"},  # the correlation token is another secret
                  {"Cookie": f"{auth.SESSION_COOKIE}=forged.session.cookie"}]
-        for method, path in operations:
-            for headers in wrong:
-                async with http.request(method, f"{pipe.admin}{concrete(path)}", headers=headers) as resp:
-                    assert resp.status == 401, (method, path, headers, resp.status)
-                    assert resp.content_type == "application/json" and "error" in await resp.json()
+        app = create_app(pipe.settings)  # an admin of its own, whose wrong-token throttle this test resets
+        with serve_in_thread(app) as url:
+            for method, path in operations:
+                for headers in wrong:
+                    app[ADMIN].throttle.failures.clear()  # 429 after ten is another test's subject
+                    async with http.request(method, f"{url}{concrete(path)}", headers=headers) as resp:
+                        assert resp.status == 401, (method, path, headers, resp.status)
+                        assert resp.content_type == "application/json" and "error" in await resp.json()
         # a page without a session goes to the login page, naming where it was going
         async with http.get(f"{pipe.admin}/resources/card/{CARD}", allow_redirects=False) as resp:
             assert resp.status == 303
@@ -329,14 +332,23 @@ async def test_a_dead_effect_retried_through_the_api_is_delivered_once(scenario:
 async def test_fetch_now_asks_the_fetcher_and_refuses_what_no_gateway_api_serves(scenario: Scenario) -> None:
     pipe = scenario.pipe
     async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+        # this pipeline's fetcher has no gateway API: the request would never be read, so none is made
         async with http.post(f"{pipe.admin}/api/resources/card/{CARD}/fetch") as resp:
-            assert resp.status == 200, await resp.text()
+            assert resp.status == 409 and "ORDERLY_CARD_API_URL is not set" in (await resp.json())["error"]
+        async with http.post(f"{pipe.admin}/api/resources/pg/dep_a_gap/fetch") as resp:
+            assert resp.status == 409 and "ORDERLY_PG_API_URL is not set" in (await resp.json())["error"]
         async with http.post(f"{pipe.admin}/api/resources/paymos/inv_1/fetch") as resp:
             assert resp.status == 422
         async with http.post(f"{pipe.admin}/api/resources/nope/x/fetch") as resp:
             assert resp.status == 404
         async with http.post(f"{pipe.admin}/api/resources/card/{'x' * 300}/fetch") as resp:
             assert resp.status == 400
+    assert await read_topic(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).fetch) == []
+    # an admin configured with the card API (as a fetcher that serves the requests would be)
+    with serve_in_thread(create_app(pipe.settings.with_overrides(card_api_url="http://127.0.0.1:9"))) as url:
+        async with aiohttp.ClientSession(headers=bearer(pipe)) as http, \
+                http.post(f"{url}/api/resources/card/{CARD}/fetch") as resp:
+            assert resp.status == 200, await resp.text()
     requests = [(r.key, orjson.loads(r.value)) for r in await read_topic(pipe.settings.kafka_bootstrap,
                                                                          names(pipe.settings.namespace).fetch)]
     assert (f"card:{CARD}".encode(), {"gateway": "card", "kind": "payment", "payment_ref": CARD}) in requests
@@ -372,6 +384,12 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
             assert resp.status == 303
         async with http.get(f"{pipe.admin}/api/overview") as resp:
             assert resp.status == 401
+    # signed out means ended: a copy of the cookie, replayed, is refused too
+    async with aiohttp.ClientSession() as http:
+        for path in ("/api/overview", "/audit"):
+            async with http.get(f"{pipe.admin}{path}", allow_redirects=False,
+                                headers={"Cookie": f"{auth.SESSION_COOKIE}={cookie.value}"}) as resp:
+                assert resp.status in (401, 303), (path, resp.status)
     audit = (await pipe.admin_get("/api/audit"))[1]["items"]
     logins = [a["result"] for a in audit if a["action"] == "console.login"]
     assert "signed in" in logins and "refused: wrong token" in logins
@@ -464,7 +482,7 @@ async def test_with_the_broker_lost_reads_go_on_and_actions_answer_503(
     broker = KafkaBroker(tmp_path / "kafka")
     await asyncio.to_thread(broker.start)
     try:
-        s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}")
+        s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}", card_api_url="http://127.0.0.1:9")
         await prepare(s)
         with serve_in_thread(create_app(s)) as url:
             async with aiohttp.ClientSession(headers=bearer_of(s)) as http:
@@ -483,3 +501,125 @@ async def test_with_the_broker_lost_reads_go_on_and_actions_answer_503(
         assert results[0].startswith("refused: Kafka did not acknowledge") and results[1].endswith("requested")
     finally:
         await asyncio.to_thread(broker.stop)
+
+
+HOSTILE_GETS = [
+    "/api/resources?q=%00", "/api/resources?status=%00", "/api/quarantine?stage=%00", "/api/quarantine/%00",
+    "/api/resources/pg/%00", "/api/resources?limit=%C2%B2", "/api/parked?limit=%C2%B2", "/api/effects?limit=%C2%B2",
+    "/api/audit?limit=%C2%B2", "/api/quarantine?limit=%C2%B2", "/api/gaps?limit=%C2%B2",
+    "/api/resources?q=" + "x" * 300, "/api/resources?cursor=" + "A" * 3000,
+]
+
+
+def cursor_of(*parts: str) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(orjson.dumps(list(parts))).decode().rstrip("=")
+
+
+async def test_hostile_parameters_get_a_4xx_with_the_reason_never_a_5xx(scenario: Scenario) -> None:
+    """What a hostile review found answered 500 (NUL that PostgreSQL's text refuses, Unicode digits
+    as a limit, a cursor PostgreSQL's dates cannot hold) or dropped the connection (a control
+    character in the login's next)."""
+    pipe = scenario.pipe
+    gets = [*HOSTILE_GETS, "/api/resources?cursor=" + cursor_of("0001-01-01T00:00:00+14:00", "card", "x"),
+            "/api/resources?cursor=" + cursor_of("2026-01-01T00:00:00+00:00", "ca\x00rd", "x")]
+    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+        for path in gets:
+            async with http.get(f"{pipe.admin}{path}") as resp:
+                assert resp.status == 400 and (await resp.json())["error"], (path, resp.status)
+        for path in ("/api/effects/%00/retry", "/api/quarantine/%00/redrive"):
+            async with http.post(f"{pipe.admin}{path}") as resp:
+                assert resp.status == 400, (path, resp.status)
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        for target in ("/\t/evil.example", "/\n/x", "/%0a", "https:evil.example", "/\x7f/x", "/ok\x00"):
+            async with http.post(f"{pipe.admin}/login", data={"token": str(pipe.settings.admin_token), "next": target},
+                                 allow_redirects=False) as resp:
+                assert resp.status == 303 and resp.headers["Location"] in ("/", "/%0a"), (target, resp.headers)
+        for path in ("/resources?q=%00", "/resources/pg/%00", "/quarantine/%00", "/quarantine?stage=%00"):
+            async with http.get(f"{pipe.admin}{path}") as resp:
+                assert resp.status == 400, (path, resp.status)
+        # a message in a link is shown only with the admin's own MAC: no spoofed alerts
+        async with http.get(f"{pipe.admin}/parked?refused=Session+key+rotated%3A+paste+your+token+at+evil") as resp:
+            assert resp.status == 200 and "Session key rotated" not in await resp.text()
+    pipe.pipeline.assert_alive()
+
+
+async def test_a_form_body_that_never_arrives_gets_408(scenario: Scenario) -> None:
+    host, port = scenario.pipe.admin.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                     b"Content-Length: 100\r\n\r\ntoken=")
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 30)
+        assert status.startswith(b"HTTP/1.1 408"), status
+    finally:
+        writer.close()
+
+
+async def test_wrong_bearer_tokens_are_throttled_per_address(scenario: Scenario) -> None:
+    pipe = scenario.pipe
+    with serve_in_thread(create_app(pipe.settings)) as url:  # a throttle of its own: the others' is untouched
+        async with aiohttp.ClientSession() as http:
+            answers = []
+            for _ in range(11):
+                async with http.get(f"{url}/api/overview", headers={"Authorization": "Bearer guess"}) as resp:
+                    answers.append(resp.status)
+            assert answers == [401] * 10 + [429]
+            async with http.get(f"{url}/api/overview", headers=bearer(pipe)) as resp:
+                assert resp.status == 429  # the right token too, until the failures age out
+
+
+async def test_ids_with_braces_are_reachable_and_redrives_at_once_get_distinct_ids(scenario: Scenario) -> None:
+    pipe = scenario.pipe
+    ref = "pay_{brace}/1"
+    body = orjson.dumps({"id": "evt_brace", "type": "payment.authorised", "payment_ref": ref, "sequence": None,
+                         "occurred_at": "2026-11-29T10:02:15.123Z", "amount_minor": 100, "currency": "EUR"})
+    await pipe.post("card", body)
+    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 1 FROM webhook_events WHERE resource_id = $1", ref))
+    status, found = await pipe.resource("card", ref)
+    assert status == 200 and found["state"]["authorised_minor"] == 100
+
+    await append_raw(pipe, "dep_a_many", b"\xff not a correlation either", "poison-many", correlation=True)
+    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 1 FROM quarantine WHERE delivery_id = 'poison-many'"))
+    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+        async def redrive() -> str:
+            async with http.post(f"{pipe.admin}/api/quarantine/poison-many/redrive") as resp:
+                assert resp.status == 200, await resp.text()
+                return str((await resp.json())["result"]).rsplit(" ", 1)[1]
+        ids = await asyncio.gather(redrive(), redrive(), redrive())
+    assert sorted(ids) == ["poison-many~r1", "poison-many~r2", "poison-many~r3"]
+    assert (await pipe.admin_get("/api/quarantine/poison-many"))[1]["redrives"] == 3
+
+
+async def test_the_admin_starts_and_serves_postgresql_while_kafka_is_away(scenario: Scenario, tmp_path: Path) -> None:
+    pipe = scenario.pipe
+    from app.stack.process import free_port
+
+    port = free_port()
+    env = {**os.environ, **pipe.settings.with_overrides(kafka_bootstrap=f"127.0.0.1:{free_port()}",
+                                                         admin_port=port).to_env()}
+    log = (tmp_path / "admin.log").open("wb")
+    proc = await asyncio.to_thread(subprocess.Popen, [sys.executable, "-m", "app.cli", "admin"], env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+            while True:
+                assert proc.poll() is None, (tmp_path / "admin.log").read_text()[-3000:]
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/api/overview") as resp:
+                        overview = await resp.json()
+                        break
+                except aiohttp.ClientConnectionError:
+                    assert time.monotonic() < deadline, (tmp_path / "admin.log").read_text()[-3000:]
+                    await asyncio.sleep(0.2)
+            assert overview["parked"] == scenario.overview["parked"]
+            async with http.post(f"http://127.0.0.1:{port}/api/quarantine/poison-a/redrive") as resp:
+                assert resp.status == 503 and "nothing was done" in (await resp.json())["error"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
