@@ -26,7 +26,7 @@ from app.settings import Settings
 from app.simulator import api, lifecycles
 from app.simulator.deliver import Stats, deliver
 from app.stack.process import free_port
-from app.supervisor import Stack
+from app.supervisor import Stack, supervise_until_stopped
 from projections.migrate import quote_ident
 
 
@@ -193,20 +193,10 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
 
 def _keep_up(stack: Stack, settings: Settings) -> None:
     """`orderly demo --keep`: the stack and the console stay up on the demo's data until Ctrl-C."""
-    stopping = False
-
-    def request_stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     print(f"\nthe stack stays up on the demo's data (namespace {settings.namespace}); Ctrl-C stops it\n"
           f"  console:     {stack.admin_url}/  (admin token: {settings.admin_token})\n"
           f"  admin API:   curl -H 'Authorization: Bearer {settings.admin_token}' {stack.admin_url}/api/overview\n"
           f"  ingest:      {stack.ingest_url}\n"
           f"  commands:    orderly parked | gaps | inspect GATEWAY ID | effects list (found via .orderly/stack.json)",
           flush=True)
-    while not stopping:
-        stack.supervise_once()
-        time.sleep(0.2)
+    supervise_until_stopped(stack)

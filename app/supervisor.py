@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,9 @@ class Stack:
         self.postgres.stop()
 
 
-def run_dev(settings: Settings) -> int:
-    stack = Stack(settings)
+def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: None) -> None:
+    """Keep the stack's processes running until SIGTERM or Ctrl-C; ``started`` runs once the
+    handlers are in place (a signal before them would kill the supervisor with its children)."""
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -196,13 +198,22 @@ def run_dev(settings: Settings) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    try:
+    started()
+    while not stopping:
+        stack.supervise_once()
+        time.sleep(0.2)
+
+
+def run_dev(settings: Settings) -> int:
+    stack = Stack(settings)
+
+    def started() -> None:
         stack.start()
         print(json.dumps(stack.describe(), indent=2), flush=True)
         print(f"stack description written to {stack.stack_file}; Ctrl-C stops", flush=True)
-        while not stopping:
-            stack.supervise_once()
-            time.sleep(0.2)
+
+    try:
+        supervise_until_stopped(stack, started)
     finally:
         stack.stop()
     return 0
