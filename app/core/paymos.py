@@ -15,6 +15,7 @@ gateway-docs/paymos-events.ru.txt, summarised in DESIGN.md §2.3).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -76,6 +77,7 @@ def _validate(data: Any) -> None:
 AMOUNT_FIELD = re.compile(r"(?:^|_)(?:amount|net|fee)(?:_|$)")
 
 
+@functools.lru_cache(maxsize=1024)  # called per field of every event; a body's field names are few
 def is_amount(name: str) -> bool:
     return AMOUNT_FIELD.search(name) is not None
 
