@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from bench import e2e, ingest, latency, replay, state, worker
+from bench import decide, e2e, ingest, latency, replay, state, worker
 
-BENCHES = {"ingest": ingest.main, "worker": worker.main, "e2e": e2e.main, "latency": latency.main,
-           "replay": replay.main, "state": state.main}
+BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, "e2e": e2e.main,
+           "latency": latency.main, "replay": replay.main, "state": state.main}
 
 
 def main(argv: list[str]) -> int:
