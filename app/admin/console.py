@@ -111,8 +111,10 @@ async def login(request: web.Request) -> web.StreamResponse:
 async def logout(request: web.Request) -> web.StreamResponse:
     """Ends the session here too: its nonce is recorded, so a copy of the cookie is refused."""
     admin = request.app[ADMIN]
-    async with admin.db() as conn:
-        await conn.execute(END_SESSION, auth.session_name(request[SESSION]))
+    session = request.get(SESSION)
+    if session is not None:  # signed in with a bearer token instead: no session to end
+        async with admin.db() as conn:
+            await conn.execute(END_SESSION, auth.session_name(session))
     response = redirect("/login")
     response.del_cookie(auth.SESSION_COOKIE, path="/")
     return response

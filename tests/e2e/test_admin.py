@@ -531,6 +531,8 @@ async def test_hostile_parameters_get_a_4xx_with_the_reason_never_a_5xx(scenario
         for path in ("/api/effects/%00/retry", "/api/quarantine/%00/redrive"):
             async with http.post(f"{pipe.admin}{path}") as resp:
                 assert resp.status == 400, (path, resp.status)
+        async with http.post(f"{pipe.admin}/logout", allow_redirects=False) as resp:  # a bearer has no session
+            assert resp.status == 303
     jar = aiohttp.CookieJar(unsafe=True)
     async with aiohttp.ClientSession(cookie_jar=jar) as http:
         for target in ("/\t/evil.example", "/\n/x", "/%0a", "https:evil.example", "/\x7f/x", "/ok\x00"):
