@@ -125,7 +125,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
 async def overview(request: web.Request) -> web.Response:
     body = await overview_body(request.app[ADMIN])
     template = "counts.html" if request.query.get("partial") == "counts" else "overview.html"
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         recent = await queries.search(conn, limit=10)
     return render(request, template, o=body, outcomes=OUTCOMES, recent=recent["items"])
 
@@ -136,7 +136,7 @@ async def resources(request: web.Request) -> web.Response:
     if gateway is not None and registry.find(gateway) is None:
         gateway = None
     try:
-        async with request.app[ADMIN].db().acquire() as conn:
+        async with request.app[ADMIN].db() as conn:
             found = await queries.search(conn, gateway, q.get("status") or None, (q.get("q") or "")[:200] or None,
                                          50, q.get("cursor") or None)
     except queries.BadCursor as exc:
@@ -151,7 +151,7 @@ async def resource(request: web.Request) -> web.Response:
     gateway, resource_id = request.match_info["gateway"], path_id(request, "resource_id")
     body = None
     if registry.find(gateway) is not None:
-        async with request.app[ADMIN].db().acquire() as conn:
+        async with request.app[ADMIN].db() as conn:
             body = await queries.resource(conn, gateway, resource_id)
     if body is None:
         return render(request, "message.html", status=404, title="Not found",
@@ -161,14 +161,14 @@ async def resource(request: web.Request) -> web.Response:
 
 
 async def parked(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         items = await queries.parked(conn)
     settings = request.app[ADMIN].settings
     return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s)
 
 
 async def gaps(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         items = await queries.gaps(conn)
     return render(request, "gaps.html", items=items,
                   backfill_after_s=request.app[ADMIN].settings.gap_backfill_after_s)
@@ -176,14 +176,14 @@ async def gaps(request: web.Request) -> web.Response:
 
 async def quarantine_list(request: web.Request) -> web.Response:
     stage = text_param(request, "stage")
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         items = await quarantine.listing(conn, stage, None, 200)
     return render(request, "quarantine.html", items=items, stage=stage or "")
 
 
 async def quarantine_one(request: web.Request) -> web.Response:
     delivery_id = path_id(request, "delivery_id")
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         found = await quarantine.one(conn, delivery_id)
     if found is None:
         return render(request, "message.html", status=404, title="Not found",
@@ -200,14 +200,14 @@ async def effects(request: web.Request) -> web.Response:
     state = request.query.get("state", "dead")
     if state not in queries.EFFECT_STATES:
         state = "dead"
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         items = await queries.effects(conn, state, 200)
         counts = await queries.overview(conn)
     return render(request, "effects.html", items=items, state=state, counts=counts)
 
 
 async def audit(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         items = await queries.audit_log(conn, 200)
     return render(request, "audit.html", items=items)
 

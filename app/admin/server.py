@@ -127,7 +127,7 @@ class Admin:
             await self._kafka_admin.start()
         assert self._kafka_admin is not None
         n, ns = self.names, self.settings.namespace
-        async with self.db().acquire() as conn:
+        async with self.db() as conn:
             stored = await queries.sink_positions(conn)
         sinks: dict[tuple[str, str], dict[int, int]] = {}
         for consumer_name, topic, partition, offset in stored:
@@ -182,9 +182,6 @@ class Pooled:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.pool.release(self.conn)
-
-    def acquire(self) -> Pooled:  # the pool's own spelling, for the callers that use it
-        return self
 
 
 ADMIN: web.AppKey[Admin] = web.AppKey("admin", Admin)
@@ -368,7 +365,7 @@ def _gateway(value: str | None, required: bool = False) -> str | None:
 
 
 async def overview_body(admin: Admin) -> dict[str, Any]:
-    async with admin.db().acquire() as conn:
+    async with admin.db() as conn:
         counts = await queries.overview(conn)
     projector = [g for g in admin.lag["groups"] if g["group"] == "projector"]
     return {**counts, "consumer_lag": admin.lag["groups"], "lag_error": admin.lag.get("error"),
@@ -386,7 +383,7 @@ async def api_resource(request: web.Request) -> web.Response:
     error = id_error("resource_id", resource_id)
     if error:
         return problem(400, error)
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         body = await queries.resource(conn, gateway, resource_id)
     return json_response(body) if body is not None else problem(404, f"no {gateway} resource {resource_id!r}")
 
@@ -394,7 +391,7 @@ async def api_resource(request: web.Request) -> web.Response:
 async def api_search(request: web.Request) -> web.Response:
     q = request.query
     try:
-        async with request.app[ADMIN].db().acquire() as conn:
+        async with request.app[ADMIN].db() as conn:
             found = await queries.search(conn, _gateway(q.get("gateway")), text_param(request, "status"),
                                          text_param(request, "q"), _limit(request),
                                          text_param(request, "cursor", 2000))
@@ -404,12 +401,12 @@ async def api_search(request: web.Request) -> web.Response:
 
 
 async def api_parked(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         return json_response({"items": await queries.parked(conn, _limit(request, 200))})
 
 
 async def api_gaps(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         return json_response({"items": await queries.gaps(conn, _limit(request, 200))})
 
 
@@ -417,7 +414,7 @@ async def api_quarantine(request: web.Request) -> web.Response:
     from projections import quarantine
 
     stage = text_param(request, "stage")
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         rows = await quarantine.listing(conn, stage, _gateway(request.query.get("gateway")), _limit(request))
     return json_response({"items": rows})
 
@@ -426,7 +423,7 @@ async def api_quarantined(request: web.Request) -> web.Response:
     from projections import quarantine
 
     delivery_id = path_id(request, "delivery_id")
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         found = await quarantine.one(conn, delivery_id)
     if found is None:
         return problem(404, f"no quarantined record {delivery_id!r}")
@@ -472,7 +469,7 @@ async def api_effects(request: web.Request) -> web.Response:
     state = request.query.get("state", "dead")  # what the on-call engineer asks first, as in the console
     if state not in queries.EFFECT_STATES:
         return problem(400, f"state must be one of {', '.join(queries.EFFECT_STATES)}")
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         return json_response({"items": await queries.effects(conn, state, _limit(request, 100))})
 
 
@@ -495,7 +492,7 @@ async def api_fetch(request: web.Request) -> web.Response:
 
 
 async def api_audit(request: web.Request) -> web.Response:
-    async with request.app[ADMIN].db().acquire() as conn:
+    async with request.app[ADMIN].db() as conn:
         return json_response({"items": await queries.audit_log(conn, _limit(request))})
 
 
