@@ -18,7 +18,14 @@ from app.simulator.deliver import Chaos, deliver
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", choices=[*registry.GATEWAYS, "all"], default="all")
-    parser.add_argument("--target", required=True, help="the ingest's base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--target", help="the ingest's base URL, e.g. http://127.0.0.1:8080 (required unless "
+                                         "--check, where it sends the checked histories through that stack)")
+    parser.add_argument("--check", action="store_true",
+                        help="run seeded histories through the pure core (or, with --target, the stack) and compare "
+                             "them with an oracle built from the gateway documents; exit 0 only if all match")
+    parser.add_argument("--histories", type=int, default=1000, help="with --check: histories per gateway")
+    parser.add_argument("--tag", default=None,
+                        help="with --check --target: prefix of the resource ids (default: from the clock)")
     parser.add_argument("--count", type=int, default=50, help="resources per kind")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--api-port", type=int, default=0, help="serve the gateways' GET APIs here (0 = not)")
@@ -57,4 +64,10 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.check:
+        from app.simulator.check import command
+
+        return command(settings, args)
+    if not args.target:
+        raise SystemExit("orderly simulate: --target is required (or --check)")
     return asyncio.run(_simulate(settings, args))

@@ -1,0 +1,130 @@
+"""`orderly simulate --check`: seeded histories through the pure core against the oracle built from the
+gateway documents — 10,000 per gateway must all match, and a core rule broken on purpose must be
+caught, printed with a seed that reproduces it, and shrunk to a few deliveries."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from app import cli
+from app.core import card, paymos, pg
+from app.gateways.registry import GATEWAYS
+from app.simulator import check, histories
+
+PER_GATEWAY = 10_000
+
+
+def test_ten_thousand_histories_per_gateway_match_the_oracle() -> None:
+    out = io.StringIO()
+    total, bad = check.run(["card", "paymos", "pg"], PER_GATEWAY, 1, out)
+    assert out.getvalue().splitlines()[-1] == f"check: histories={3 * PER_GATEWAY} mismatches=0", out.getvalue()[:3000]
+    assert (total, bad) == (3 * PER_GATEWAY, 0)
+
+
+def _features(gateway: str, count: int) -> Counter[str]:
+    seen: Counter[str] = Counter()
+    for seed in range(count):
+        h = histories.make(gateway, seed)
+        webhooks = [d.event for d in h.deliveries if d.source == "webhook"]
+        firsts = list(dict.fromkeys(webhooks))
+        want = check.expected(h)
+        seen.update({
+            "duplicate": len(webhooks) != len(firsts), "reordered": firsts != sorted(firsts),
+            "lost": len(set(webhooks)) < len(h.events), "fetch": any(d.source == "fetch" for d in h.deliveries),
+            "late correlation": any(d.source == "correlation" and i > 0 for i, d in enumerate(h.deliveries)),
+            "no correlation": bool(h.correlations) and not any(d.source == "correlation" for d in h.deliveries),
+            "parked at the end": bool(want.parked), "gap open": bool(want.gaps),
+            "stale": len(want.rows) < len(firsts),
+        })
+    return seen
+
+
+@pytest.mark.parametrize(("gateway", "features"), [
+    ("pg", ["duplicate", "reordered", "lost", "fetch", "late correlation", "no correlation", "parked at the end",
+            "gap open"]),
+    ("card", ["duplicate", "reordered", "lost", "fetch"]),
+    ("paymos", ["duplicate", "reordered"]),
+])
+def test_histories_exercise_what_the_documents_warn_about(gateway: str, features: list[str]) -> None:
+    seen = _features(gateway, 1000)
+    assert [f for f in features if not seen[f]] == [], seen
+
+
+@pytest.mark.parametrize("gateway", ["pg", "card", "paymos"])
+def test_every_webhook_body_passes_the_ingest_typed_check(gateway: str) -> None:
+    for seed in range(300):
+        for d in histories.make(gateway, seed, tag="x").deliveries:
+            if d.source == "webhook":
+                route = GATEWAYS[gateway].adapter.route(d.body)
+                assert route.resource_key == f"{gateway}:{d.resource}", (seed, route.quarantine_reason)
+
+
+def test_the_same_seed_gives_the_same_history() -> None:
+    for gateway in ("pg", "card", "paymos"):
+        assert histories.make(gateway, 42) == histories.make(gateway, 42)
+        assert histories.make(gateway, 42) != histories.make(gateway, 43)
+
+
+def _command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = cli.main(["simulate", "--check", *argv])
+    return code, capsys.readouterr().out
+
+
+def test_the_command_prints_the_count_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _command(capsys, "--histories", "200", "--seed", "5")
+    assert (code, out.splitlines()[-1]) == (0, "check: histories=600 mismatches=0")
+
+
+def _broken_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card reducer ignores partial refunds (a refund below the payment's captures)."""
+    reduce = card.reduce
+
+    def wrong(events: list[card.CardEvent]) -> card.Reduced:
+        captured = sum(e.amount_minor for e in events if e.kind == "captured")
+        return reduce([e for e in events if not (e.kind == "refunded" and e.amount_minor < captured)])
+
+    monkeypatch.setattr(card, "reduce", wrong)
+
+
+def _broken_pg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pg deposit guard forgets the stored version: a stale snapshot applies."""
+    guard = pg._guard_deposit
+
+    def wrong(state: dict[str, Any], body: dict[str, Any], d: Any, outcome: str) -> Any:
+        state["version"] = None
+        return guard(state, body, d, outcome)
+
+    monkeypatch.setattr(pg, "_guard_deposit", wrong)
+
+
+def _broken_paymos(monkeypatch: pytest.MonkeyPatch) -> None:
+    """paymos refuses withdrawal.completion_rewound out of completed (the reorg the document names)."""
+    monkeypatch.setattr(paymos, "REORGS", paymos.REORGS - {"withdrawal.completion_rewound"})
+
+
+@pytest.mark.parametrize(("gateway", "breaks"), [("card", _broken_card), ("pg", _broken_pg),
+                                                 ("paymos", _broken_paymos)])
+def test_a_broken_rule_is_caught_reproduced_by_its_seed_and_shrunk(
+        gateway: str, breaks: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    breaks(monkeypatch)
+    code, out = _command(capsys, "--gateway", gateway, "--histories", "300", "--seed", "1")
+    found = re.search(r"MISMATCH \w+ seed=(\d+) \((\d+) deliveries, shrunk to (\d+)\)", out)
+    assert code == 1 and found is not None, out[-2000:]
+    mismatches = int(out.splitlines()[-1].rpartition("=")[2])
+    assert 0 < mismatches <= 300
+    seed, shrunk = found.group(1), int(found.group(3))
+    assert 1 <= shrunk <= 4, out[:3000]
+    first = out[found.start():].split("\n  MISMATCH")[0].split("\n  more")[0].split("\ncheck:")[0]
+
+    code, again = _command(capsys, "--gateway", gateway, "--histories", "1", "--seed", seed)
+    assert (code, again.splitlines()[-1]) == (1, "check: histories=1 mismatches=1")
+    assert again[again.index("MISMATCH"):].split("\ncheck:")[0] == first  # the same history, the same difference
+
+    monkeypatch.undo()  # the rule restored: the same seed passes
+    code, fixed = _command(capsys, "--gateway", gateway, "--histories", "1", "--seed", seed)
+    assert (code, fixed.splitlines()[-1]) == (0, "check: histories=1 mismatches=0")
