@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -137,9 +138,12 @@ class Fetcher:
             self.metrics.fetches.labels("card", "unusable").inc()
             self.metrics.set_aside.labels("fetcher", "card").inc()
             return 0
+        # each fetch is a delivery of its own: an unchanged answer has the same event id (a duplicate,
+        # shown in the timeline as one), never the same delivery id (the worker would take it for
+        # the first one appended again and decide it "synced" once more)
+        delivery_id = f"fetch-{orjson.loads(body)['id']}~{uuid.uuid4().hex[:12]}"
         await self.producer.send_and_wait(names(self.settings.namespace).raw, f"card:{ref}".encode(), body,
-                                          raw_headers("card", f"fetch-{orjson.loads(body)['id']}",
-                                                      int(time.time() * 1000), source="fetch"))
+                                          raw_headers("card", delivery_id, int(time.time() * 1000), source="fetch"))
         self.metrics.fetches.labels("card", "synced").inc()
         return 1
 

@@ -1,0 +1,202 @@
+"""card rules end to end (issue #19): HTTP → Kafka → worker → PostgreSQL → merchant stub, with the
+gateway's GET /payments/{ref} served by a stub, for two rules of gateway-docs/card-gateway-order-playbook.txt
+(DESIGN.md §2.2) no other test drives through the pipeline:
+
+- "gateway_event_id set to sync plus the payment ref plus the fetched state and totals, so a
+  repeated fetch of an unchanged payment collides with the unique constraint and does nothing";
+- "selects payments holding a parked event whose received_at is older than 60 seconds": with the
+  default ORDERLY_FETCH_PARKED_AFTER_S (not overridden here), measured in real time from the park.
+
+This module's pipeline keeps the default fetch-after setting; only the fetcher's look interval is
+shortened (0.5 s instead of 30 s) so the fetch is observed within half a second of becoming due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from app.settings import TABLE, Settings
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from tests.pipeline import Running, running_pipeline
+from tests.support import make_settings, read_topic, serve_in_thread
+from topics.catalog import names
+
+PLAYBOOK_FETCH_AFTER_S = 60.0  # the playbook: "received_at is older than 60 seconds"
+FETCH_INTERVAL_S = 0.5
+
+
+@dataclass
+class CardApi:
+    """The card gateway's GET /payments/{ref}: a scripted answer per payment, and when each was asked."""
+
+    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    asked_at: dict[str, list[float]] = field(default_factory=dict)  # wall-clock seconds of each GET
+    url: str = ""
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[CardApi]:
+    gw = CardApi()
+
+    async def get_payment(request: web.Request) -> web.Response:
+        ref = request.match_info["ref"]
+        gw.calls[ref] += 1
+        gw.asked_at.setdefault(ref, []).append(time.time())
+        if ref not in gw.payments:
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response(gw.payments[ref])
+
+    app = web.Application()
+    app.router.add_get("/payments/{ref}", get_payment)
+    with serve_in_thread(app) as url:
+        gw.url = url
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    # fetch_parked_after_s is left at its default: that default is what test_default_fetch_after_60_s proves
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"cr{uuid.uuid4().hex[:8]}",
+                      card_api_url=api.url, fetch_interval_s=FETCH_INTERVAL_S)
+    with running_pipeline(s, tmp_path_factory.mktemp("card-rules")) as running:
+        yield running
+
+
+def card_event(ref: str, eid: str, kind: str, second: int, amount: int) -> bytes:
+    return orjson.dumps({"id": eid, "type": f"payment.{kind}", "payment_ref": ref, "sequence": None,
+                         "occurred_at": f"2026-11-29T10:02:{15 + second:02d}.123Z", "amount_minor": amount,
+                         "currency": "EUR"})
+
+
+def answer(ref: str, state: str, authorised: int, captured: int, refunded: int) -> dict[str, Any]:
+    return {"payment_ref": ref, "state": state, "authorised_minor": authorised, "captured_minor": captured,
+            "refunded_minor": refunded, "currency": "EUR"}
+
+
+async def until(what: str, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not reached in {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+async def fetch_now(pipe: Running, ref: str) -> None:
+    """The admin API's fetch-now (DESIGN §3.1): the fetcher asks GET /payments/{ref} once."""
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {pipe.settings.admin_token}"}) as http, \
+            http.post(f"{pipe.admin}/api/resources/card/{ref}/fetch") as resp:
+        assert resp.status == 200, await resp.text()
+
+
+async def decisions(pipe: Running, ref: str) -> list[tuple[str | None, str]]:
+    """(event id, outcome) of every decision the worker made for the payment, in log order."""
+    records = await read_topic(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).decisions)
+    found = [orjson.loads(r.value) for r in records if r.key == f"card:{ref}".encode()]
+    return [(d["event_id"], d["outcome"]) for d in sorted(found, key=lambda d: d["seq"])]
+
+
+async def synced_rows(pipe: Running, ref: str) -> list[str]:
+    conn = await pipe.connect()
+    try:
+        return [r["gateway_event_id"] for r in await conn.fetch(
+            "SELECT gateway_event_id FROM card_events WHERE payment_ref = $1 AND source = 'fetch' "
+            "ORDER BY gateway_event_id", ref)]
+    finally:
+        await conn.close()
+
+
+async def delivered(pipe: Running, ref: str, keys: list[str]) -> dict[str, int]:
+    """Deliveries at the merchant stub of every effect key of ``ref``, once each of ``keys`` arrived."""
+    stub = pipe.stub.deliveries
+    await until(f"the stub received {keys}", lambda: all(stub[k] for k in keys))
+    return {k: n for k, n in stub.items() if f":{ref}:" in k}
+
+
+def test_the_fetch_after_default_is_the_playbooks_60_s() -> None:
+    row = next(r for r in TABLE if r.field == "fetch_parked_after_s")
+    assert (row.env, row.default) == ("ORDERLY_FETCH_PARKED_AFTER_S", PLAYBOOK_FETCH_AFTER_S)
+    minimal = {"ORDERLY_KAFKA": "k:9092", "ORDERLY_POSTGRES_DSN": "postgresql://x", "ORDERLY_SECRET_PG": "a",
+               "ORDERLY_SECRET_CARD": "whsec_YQ==", "ORDERLY_SECRET_PAYMOS": "c", "ORDERLY_API_TOKEN": "t"}
+    assert Settings.from_env(minimal).fetch_parked_after_s == PLAYBOOK_FETCH_AFTER_S
+
+
+async def test_an_unchanged_repeated_fetch_is_a_duplicate(pipe: Running, api: CardApi) -> None:
+    ref = f"pay_dup{uuid.uuid4().hex[:8]}"
+    await pipe.post("card", card_event(ref, f"{ref}_a", "authorised", 0, 6000))
+    await pipe.wait_for(lambda c: c.fetchval(
+        "SELECT state = 'authorised' FROM card_payments WHERE payment_ref = $1", ref))
+    captured_id = f"sync_{ref}_captured_6000_6000_0"  # the playbook: sync + ref + fetched state and totals
+    api.payments[ref] = answer(ref, "captured", 6000, 6000, 0)
+    await fetch_now(pipe, ref)
+    await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT 1 FROM card_payments WHERE payment_ref = $1 AND state = 'captured' AND captured_minor = 6000", ref))
+    assert await synced_rows(pipe, ref) == [captured_id]
+
+    # the same answer again: it collides with the first and does nothing
+    await fetch_now(pipe, ref)
+    await until("the second GET", lambda: api.calls[ref] == 2)
+
+    # the timeline (webhook_events: one row per delivery) shows the second fetch as a duplicate
+    async def three_deliveries(c: Any) -> list[tuple[str, str]] | None:
+        rows = await c.fetch("SELECT event_id, outcome FROM webhook_events WHERE resource_id = $1 "
+                             "ORDER BY received_at, delivery_id", ref)
+        return [(r["event_id"], r["outcome"]) for r in rows] if len(rows) >= 3 else None
+    assert await pipe.wait_for(three_deliveries) == [
+        (f"{ref}_a", "applied"), (captured_id, "synced"), (captured_id, "duplicate")]
+    assert await decisions(pipe, ref) == [(f"{ref}_a", "applied"), (captured_id, "synced"), (captured_id, "duplicate")]
+    assert await synced_rows(pipe, ref) == [captured_id]
+    payment = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM card_payments WHERE payment_ref = $1", ref))
+    assert (payment["state"], payment["authorised_minor"], payment["captured_minor"], payment["refunded_minor"]) == (
+        "captured", 6000, 6000, 0)
+    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}
+
+    # a changed answer is a new synced event, and the new base
+    refunded_id = f"sync_{ref}_refunded_6000_6000_6000"
+    api.payments[ref] = answer(ref, "refunded", 6000, 6000, 6000)
+    await fetch_now(pipe, ref)
+    await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT 1 FROM card_payments WHERE payment_ref = $1 AND state = 'refunded' AND refunded_minor = 6000", ref))
+    assert await synced_rows(pipe, ref) == [captured_id, refunded_id]
+    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_refunded"]) == {
+        f"card:{ref}:mark_order_paid": 1, f"card:{ref}:mark_order_refunded": 1}
+    assert api.calls[ref] == 3
+
+
+async def test_default_fetch_after_60_s(pipe: Running, api: CardApi) -> None:
+    """A capture whose authorisation never arrives parks; with the default setting the payment is not
+    fetched until its parked event's received_at is 60 s old, and is fetched then (real time)."""
+    assert pipe.settings.fetch_parked_after_s == PLAYBOOK_FETCH_AFTER_S  # the default, not overridden
+    ref = f"pay_wait{uuid.uuid4().hex[:8]}"
+    api.payments[ref] = answer(ref, "captured", 7000, 7000, 0)
+    posted = time.time()
+    await pipe.post("card", card_event(ref, f"{ref}_c", "captured", 1, 7000))
+    parked = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT received_at FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
+    parked_at = parked["received_at"].timestamp()
+    assert posted - 1 <= parked_at <= time.time()
+    # the fetcher looks every 0.5 s: it has had ~110 chances to ask too early by the time it asks
+    await until("the fetch of the parked payment", lambda: api.calls[ref] >= 1, timeout=PLAYBOOK_FETCH_AFTER_S + 30)
+    first = api.asked_at[ref][0]
+    assert first - parked_at >= PLAYBOOK_FETCH_AFTER_S, f"fetched {first - parked_at:.1f} s after the park"
+    assert first - parked_at < PLAYBOOK_FETCH_AFTER_S + 10, f"fetched {first - parked_at:.1f} s after the park"
+    row = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT * FROM card_payments WHERE payment_ref = $1 AND captured_minor = 7000", ref))
+    assert (row["state"], row["authorised_minor"]) == ("captured", 7000)
+    assert await synced_rows(pipe, ref) == [f"sync_{ref}_captured_7000_7000_0"]
+    # the synced base covers the parked capture: nothing is parked any more, so no further fetch
+    await pipe.wait_for(lambda c: c.fetchval(
+        "SELECT count(*) = 0 FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
+    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}
