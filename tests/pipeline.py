@@ -51,6 +51,10 @@ class EffectsStub:
     concurrent: int = 0
     max_concurrent: int = 0  # the most validly signed requests open at once
     first_at: dict[str, float] = field(default_factory=dict)  # monotonic time of each key's first 2xx
+    # called (in the stub's thread) with each validly signed request's key once it is counted in
+    # ``requests``; True: the connection is dropped with no answer at all (e.g. after the hook has
+    # killed the effects worker that sent it: a merchant that did the work, a sender that never heard)
+    on_request: Callable[[str], bool] | None = None
 
     def behave(self, fail_first: int = 0, refuse_with: int | None = None, hold_s: float = 0.0) -> None:
         """From now on: fail the next ``fail_first`` requests, refuse all, or hold each open."""
@@ -79,6 +83,10 @@ def effects_stub(secret: str, fail_first: int = 0) -> Iterator[EffectsStub]:
             return web.Response(status=400, text=why)
         key = request.headers["webhook-id"]
         stub.requests[key] += 1
+        if stub.on_request is not None and stub.on_request(key):
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=204)  # never written: the connection is closed
         stub.seen += 1
         stub.concurrent += 1
         stub.max_concurrent = max(stub.max_concurrent, stub.concurrent)
