@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,13 +30,20 @@ browser:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
 
+# Debian's libfaketime, for the end-to-end test that starts the projector four days ahead (the
+# default gap-backfill limit, tests/e2e/test_rules_pg.py): installed once, like the browser.
+faketime:
+	@command -v faketime >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends faketime; }
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup browser
+test: setup browser faketime
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)
