@@ -20,6 +20,7 @@ from app.simulator.lifecycles import Emitted, Truth
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pg_events import AMOUNT, deposit, withdrawal
+from tests.pg_truth import deposit_truth
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings, read_topic, serve_in_thread
 from topics.catalog import names
@@ -83,25 +84,54 @@ async def balance(pipe: Running, user: str) -> int:
         await conn.close()
 
 
-async def delivered(pipe: Running, keys: list[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(pipe.stub.deliveries[k] for k in keys):
+async def delivered(pipe: Running, resource: str, expected: list[str], timeout: float = 30) -> None:
+    """The merchant received exactly ``expected`` for ``resource``, each once: every key awaited at
+    the stub, and no other key of the resource decided (the effects table) or delivered."""
+    deadline = time.monotonic() + timeout
+    while not all(pipe.stub.deliveries[k] for k in expected):
+        assert time.monotonic() < deadline, {k: pipe.stub.deliveries[k] for k in expected}
         await asyncio.sleep(0.2)
-    assert {k: pipe.stub.deliveries[k] for k in keys} == dict.fromkeys(keys, 1)
+    keys = await effect_keys(pipe, resource)
+    assert keys == sorted(expected)
+    assert {k: pipe.stub.deliveries[k] for k in {*keys, *expected}} == dict.fromkeys(expected, 1)
+
+
+async def ledger_matches(pipe: Running, dep: str, expected: dict[str, int], user: str | None = None) -> None:
+    """The user's ledger is exactly ``expected`` (entry key -> amount), every entry from ``dep``;
+    call it after ``delivered``, so a wrong entry has had the time to be written."""
+    want = {k: (amount, dep) for k, amount in expected.items()}
+    conn = await pipe.connect()
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            found = {r["entry_key"]: (r["amount_minor"], r["source_id"]) for r in await conn.fetch(
+                "SELECT * FROM ledger_entries WHERE user_id = $1", user or f"usr_{dep}")}
+            if found == want or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+    assert found == want
+
+
+async def case_a(pipe: Running, dep: str) -> None:
+    await correlate(pipe, dep)
+    bodies = [deposit(dep, 7, "slip_received"), deposit(dep, 9, "settled"), deposit(dep, 6, "expired")]
+    await post(pipe, *bodies)
+    assert await outcomes(pipe, dep, 3) == ["applied", "applied", "stale"]
+    row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM pg_deposits WHERE pg_deposit_id = $1", dep))
+    assert (row["status"], row["pg_version"], row["credited_user_at"] is not None) == ("settled", 9, True)
+    # slip_received takes the switch's default branch (a snapshot effect keyed on the event); the
+    # stale expiry none (no show_late_slip)
+    truth = deposit_truth(bodies)
+    assert truth.effects == [f"evt_{dep}_v7:update_order_status", f"deposit:{dep}:credit_user",
+                             f"deposit:{dep}:release_goods"]
+    await delivered(pipe, dep, truth.effects)
+    await ledger_matches(pipe, dep, {f"deposit:{dep}:credit_user": AMOUNT})
 
 
 async def test_case_a_expired_after_settled(pipe: Running) -> None:
-    await correlate(pipe, "dep_a")
-    await post(pipe, deposit("dep_a", 7, "slip_received"), deposit("dep_a", 9, "settled"),
-               deposit("dep_a", 6, "expired"))
-    assert await outcomes(pipe, "dep_a", 3) == ["applied", "applied", "stale"]
-    row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM pg_deposits WHERE pg_deposit_id = 'dep_a'"))
-    assert (row["status"], row["pg_version"], row["credited_user_at"] is not None) == ("settled", 9, True)
-    # slip_received takes the switch's default branch (a snapshot effect keyed on the event)
-    assert await effect_keys(pipe, "dep_a") == ["deposit:dep_a:credit_user", "deposit:dep_a:release_goods",
-                                                "evt_dep_a_v7:update_order_status"]
-    assert await balance(pipe, "usr_dep_a") == AMOUNT
-    await delivered(pipe, ["deposit:dep_a:credit_user", "deposit:dep_a:release_goods"])
+    await case_a(pipe, "dep_a")
 
 
 async def test_case_b_settled_after_reversed(pipe: Running) -> None:
@@ -110,8 +140,9 @@ async def test_case_b_settled_after_reversed(pipe: Running) -> None:
     assert await outcomes(pipe, "dep_b", 2) == ["applied", "stale"]
     row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM pg_deposits WHERE pg_deposit_id = 'dep_b'"))
     assert (row["status"], row["credited_user_at"]) == ("reversed", None)
-    assert await effect_keys(pipe, "dep_b") == []
-    assert await balance(pipe, "usr_dep_b") == 0
+    # reversed without a credit debits nothing and holds nothing; the stale settlement credits nothing
+    await delivered(pipe, "dep_b", [])
+    await ledger_matches(pipe, "dep_b", {})
 
 
 async def test_case_c_withdrawal_filled_out_of_order(pipe: Running) -> None:
@@ -126,8 +157,7 @@ async def test_case_c_withdrawal_filled_out_of_order(pipe: Running) -> None:
     fills = await pipe.wait_for(lambda c: c.fetch("SELECT leg_ref FROM pg_withdrawal_fills WHERE "
                                                   "pg_withdrawal_id = 'wdr_c' ORDER BY leg_ref"))
     assert [f["leg_ref"] for f in fills] == ["leg_c1", "leg_c2", "leg_c3"]
-    assert await effect_keys(pipe, "wdr_c") == ["withdrawal:wdr_c:close_payout"]
-    await delivered(pipe, ["withdrawal:wdr_c:close_payout"])
+    await delivered(pipe, "wdr_c", ["withdrawal:wdr_c:close_payout"])
 
 
 async def test_attribute_only_update_and_duplicate_delivery(pipe: Running) -> None:
@@ -138,17 +168,44 @@ async def test_attribute_only_update_and_duplicate_delivery(pipe: Running) -> No
     row = await pipe.wait_for(lambda c: c.fetchrow(
         "SELECT * FROM pg_deposits WHERE pg_deposit_id = 'dep_d' AND pg_version = 10"))
     assert row["status"] == "settled"
-    assert await effect_keys(pipe, "dep_d") == ["deposit:dep_d:credit_user", "deposit:dep_d:release_goods"]
-    assert await balance(pipe, "usr_dep_d") == AMOUNT
+    # the attribute change is applied and emits nothing: the one-shot effects are keyed on the deposit
+    await delivered(pipe, "dep_d", ["deposit:dep_d:credit_user", "deposit:dep_d:release_goods"])
+    await ledger_matches(pipe, "dep_d", {"deposit:dep_d:credit_user": AMOUNT})
 
 
 async def test_late_slip_after_expiry(pipe: Running) -> None:
     await correlate(pipe, "dep_e")
     await post(pipe, deposit("dep_e", 6, "expired", event_id="evt_e6"), deposit("dep_e", 9, "settled"))
     assert await outcomes(pipe, "dep_e", 2) == ["applied", "applied"]
-    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) >= 3 FROM effects WHERE resource_id = 'dep_e'"))
-    assert await effect_keys(pipe, "dep_e") == ["deposit:dep_e:credit_user", "deposit:dep_e:release_goods",
-                                                "evt_e6:show_late_slip"]
+    await delivered(pipe, "dep_e", ["evt_e6:show_late_slip", "deposit:dep_e:credit_user",
+                                    "deposit:dep_e:release_goods"])
+    payload = await pipe.wait_for(lambda c: c.fetchval(
+        "SELECT payload FROM effects WHERE dedupe_key = 'evt_e6:show_late_slip'"))
+    assert orjson.loads(payload) == {"order_id": "ord_dep_e", "until": "2026-11-30T10:04:41Z"}
+    await ledger_matches(pipe, "dep_e", {"deposit:dep_e:credit_user": AMOUNT})
+
+
+async def test_expiry_and_cancellation_without_a_late_slip_fail_the_order(pipe: Running) -> None:
+    """The document's expired/canceled branch: a terminal expiry (or no late_slip_accepted_until)
+    fails the order, with cancel_reason_code or 'expired' as the reason; keyed on the event."""
+    await correlate(pipe, "dep_x1")
+    await correlate(pipe, "dep_x2")
+    await post(pipe, deposit("dep_x1", 2, "pending"), deposit("dep_x1", 6, "expired", is_terminal=True),
+               deposit("dep_x2", 6, "canceled", late_slip_accepted_until=None, cancel_reason_code="user_cancelled"))
+    assert await outcomes(pipe, "dep_x1", 2) == ["applied", "applied"]
+    assert await outcomes(pipe, "dep_x2", 1) == ["applied"]
+    await delivered(pipe, "dep_x1", ["evt_dep_x1_v2:update_order_status", "evt_dep_x1_v6:fail_order"])
+    await delivered(pipe, "dep_x2", ["evt_dep_x2_v6:fail_order"])
+    conn = await pipe.connect()
+    try:
+        reasons = {r["dedupe_key"]: orjson.loads(r["payload"]) for r in await conn.fetch(
+            "SELECT dedupe_key, payload FROM effects WHERE type = 'fail_order' AND resource_id = ANY($1)",
+            ["dep_x1", "dep_x2"])}
+    finally:
+        await conn.close()
+    assert reasons == {"evt_dep_x1_v6:fail_order": {"order_id": "ord_dep_x1", "reason": "expired"},
+                       "evt_dep_x2_v6:fail_order": {"order_id": "ord_dep_x2", "reason": "user_cancelled"}}
+    await ledger_matches(pipe, "dep_x1", {})
 
 
 async def test_overpayment_flag_from_a_stale_event(pipe: Running) -> None:
@@ -160,6 +217,7 @@ async def test_overpayment_flag_from_a_stale_event(pipe: Running) -> None:
     row = await pipe.wait_for(lambda c: c.fetchrow(
         "SELECT * FROM pg_deposit_overpayment_flags WHERE claim_id = 'clm_f'"))
     assert (row["pg_deposit_id"], row["observed_deposit_version"], row["amount_minor"]) == ("dep_f", 11, 2000)
+    await delivered(pipe, "dep_f", [])  # the flag is kept; the stale settlement still credits nothing
 
 
 async def test_webhook_before_correlation_is_parked_visibly(pipe: Running) -> None:
@@ -172,8 +230,8 @@ async def test_webhook_before_correlation_is_parked_visibly(pipe: Running) -> No
     assert await balance(pipe, "usr_dep_g") == 0
     await correlate(pipe, "dep_g")
     assert await outcomes(pipe, "dep_g", 1) == ["unparked"]
-    await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM ledger_entries WHERE user_id = 'usr_dep_g'"))
-    assert await balance(pipe, "usr_dep_g") == AMOUNT
+    await delivered(pipe, "dep_g", ["deposit:dep_g:credit_user", "deposit:dep_g:release_goods"])
+    await ledger_matches(pipe, "dep_g", {"deposit:dep_g:credit_user": AMOUNT})
     status, body = await pipe.resource("pg", "dep_g")
     assert status == 200 and body["state"]["status"] == "settled" and body["parked"] == 0
     [delivery] = [d for d in body["timeline"] if d["event_type"] == "deposit.settled"]
@@ -182,8 +240,8 @@ async def test_webhook_before_correlation_is_parked_visibly(pipe: Running) -> No
 
 
 async def test_timeline_of_case_a(pipe: Running) -> None:
-    await test_case_a_expired_after_settled(pipe) if not await effect_keys(pipe, "dep_a") else None
-    status, body = await pipe.resource("pg", "dep_a")
+    await case_a(pipe, "dep_ta")  # its own deposit: the test runs alone or in any order
+    status, body = await pipe.resource("pg", "dep_ta")
     assert status == 200
     assert (await pipe.resource("pg", "dep_nope"))[0] == 404
     assert body["state"]["pg_version"] == 9
@@ -239,16 +297,16 @@ def test_any_order_and_duplication_over_http(pipe: Running, data: st.DataObject)
             "SELECT * FROM pg_deposits WHERE pg_deposit_id = $1 AND pg_version = $2", dep, 2 * len(statuses) - 1))
         assert row["status"] == final_status
         deliveries = len(order) - order.count(None)
-        await pipe.wait_for(lambda c: c.fetchval(
-            "SELECT count(*) >= $2 FROM webhook_events WHERE resource_id = $1 AND outcome <> 'parked' "
-            "AND event_type <> 'correlation.registered'", dep, deliveries))
-        keys = await effect_keys(pipe, dep) if final_status != "expired" else []
-        truth = AMOUNT if final_status == "settled" else 0
-        assert await balance(pipe, f"usr_{dep}") == truth
-        one_shot = [k for k in keys if k.startswith("deposit:")]
-        assert len(one_shot) == len(set(one_shot))
-        if final_status == "settled":
-            assert f"deposit:{dep}:credit_user" in one_shot
+        decided = await pipe.wait_for(lambda c: c.fetchval(
+            "SELECT count(*) FROM webhook_events WHERE resource_id = $1 AND outcome <> 'parked' "
+            "AND event_type <> 'correlation.registered' HAVING count(*) >= $2", dep, deliveries))
+        assert decided == deliveries  # one decision per delivery, none twice
+        # the posts are sequential, so the log order is ``order``; where the correlation stands
+        # in it changes nothing (parked events are applied in log order)
+        truth = deposit_truth([ev for ev in order if ev is not None])
+        await delivered(pipe, dep, truth.effects)
+        await ledger_matches(pipe, dep, truth.ledger)
+        assert await balance(pipe, f"usr_{dep}") == (AMOUNT if final_status == "settled" else 0)
 
     asyncio.run(scenario())
 
@@ -266,4 +324,6 @@ async def test_a_gap_older_than_the_limit_is_backfilled_from_the_gateway(pipe: R
     assert row["pg_version"] == 3
     await pipe.wait_for(lambda c: c.fetchval(
         "SELECT count(*) = 0 FROM pg_sequence_gaps WHERE start_seq > $1 AND start_seq <= $2", base, base + 3))
-    assert await balance(pipe, "usr_dep_bf") == AMOUNT
+    truth = deposit_truth([deposit("dep_bf", 1, "pending", sequence=base), *withheld])
+    await delivered(pipe, "dep_bf", truth.effects)
+    await ledger_matches(pipe, "dep_bf", {"deposit:dep_bf:credit_user": AMOUNT})
