@@ -205,7 +205,9 @@ COMMANDS = {
     "replay": (cmd_replay, "rebuild state, topics and read models from orderly.raw into a fresh namespace "
                            "and report every difference from the live one"),
     "simulate": (cmd_simulate, "the gateway simulator against an ingest: signed deliveries with retries, "
-                               "duplicates and reordering; optionally serves the gateways' GET APIs"),
+                               "duplicates and reordering; optionally serves the gateways' GET APIs; with --check, "
+                               "seeded histories through the pure core (or --target's stack) against an oracle "
+                               "built from the gateway documents"),
     "admin": (cmd_admin, "the admin API and the browser console on their own port (ORDERLY_ADMIN_PORT), "
                          "behind ORDERLY_ADMIN_TOKEN"),
     "inspect": (cmd_inspect, "one resource: its state, its decision timeline and its effects"),
