@@ -5,16 +5,20 @@ caught, printed with a seed that reproduces it, and shrunk to a few deliveries."
 from __future__ import annotations
 
 import io
+import random
 import re
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 
 from app import cli
 from app.core import card, paymos, pg
 from app.gateways.registry import GATEWAYS
 from app.simulator import check, histories
+from app.simulator.truths import T0_MS, iso
 
 PER_GATEWAY = 10_000
 
@@ -128,3 +132,34 @@ def test_a_broken_rule_is_caught_reproduced_by_its_seed_and_shrunk(
     monkeypatch.undo()  # the rule restored: the same seed passes
     code, fixed = _command(capsys, "--gateway", gateway, "--histories", "1", "--seed", seed)
     assert (code, fixed.splitlines()[-1]) == (0, "check: histories=1 mismatches=0")
+
+
+def _card_event(ref: str, n: int, kind: str, amount: int, at_ms: int) -> histories.Event:
+    body = orjson.dumps({"id": f"evt_{ref}_{n}", "type": f"payment.{kind}", "payment_ref": ref, "sequence": None,
+                         "occurred_at": iso(at_ms), "amount_minor": amount, "currency": "EUR"})
+    return histories.Event(ref, body, at_ms, {"id": f"evt_{ref}_{n}", "kind": kind, "amount": amount})
+
+
+def test_a_refund_equal_to_the_captures_seen_so_far_reads_as_fully_refunded_on_the_way() -> None:
+    """The playbook's pay_8c21 with its second capture late: authorised 12000, captured 8000 and 3500,
+    refunded 8000. Until the 3500 arrives the events say "fully refunded", so mark_order_refunded goes
+    out and cannot be taken back, though the payment ends captured with 8000 of 11500 refunded. The
+    oracle expects it as an effect of a passing state (counted apart as transient)."""
+    t = T0_MS
+    events = [_card_event("pay_8c21", 0, "authorised", 12000, t), _card_event("pay_8c21", 1, "captured", 8000, t + 1),
+              _card_event("pay_8c21", 2, "captured", 3500, t + 2000), _card_event("pay_8c21", 3, "refunded", 8000,
+                                                                                   t + 4000)]
+    arrival = [0, 1, 3, 2]  # the second capture after the refund
+    history = histories.History("card", 0, events, [
+        histories.Delivery("webhook", "pay_8c21", events[i].body, t + 10_000 * k, i) for k, i in enumerate(arrival)])
+    want = check.expected(history)
+    assert want.rows == {"pay_8c21": {"state": "captured", "authorised_minor": 12000, "captured_minor": 11500,
+                                      "refunded_minor": 8000}}
+    assert want.effects == {("card:pay_8c21:mark_order_paid", "mark_order_paid", None),
+                            ("card:pay_8c21:mark_order_refunded", "mark_order_refunded", None)}
+    assert want.transient == {"card:pay_8c21:mark_order_refunded"}
+    assert want.differences(check.observed(history, random.Random(0))) == []
+    in_order = replace(history, deliveries=[replace(d, event=i, body=events[i].body) for i, d in
+                                            zip(range(4), history.deliveries, strict=True)])
+    assert check.expected(in_order).effects == {("card:pay_8c21:mark_order_paid", "mark_order_paid", None)}
+    assert check.expected(in_order).differences(check.observed(in_order, random.Random(0))) == []
