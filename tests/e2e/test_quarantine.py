@@ -107,7 +107,9 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
         assert [outcome for _, outcome in asyncio.run(timeline("dep_qi"))] == ["quarantined"]
 
         # the sweeper (every 2 s here) never appends a set-aside record again by itself
-        time.sleep(8)  # past ORDERLY_SWEEP_AFTER_S, the worker's commit interval and a few sweeps
+        # not a wait: an absence is checked, over a span past ORDERLY_SWEEP_AFTER_S, the worker's
+        # commit interval and a few sweeps
+        time.sleep(8)
         raw = asyncio.run(read_topic(s.kafka_bootstrap, names(s.namespace).raw))
         copies = [r.headers.get("delivery_id") for r in raw]
         assert copies.count("poison-w") == 1 and copies.count("poison-p") == 1

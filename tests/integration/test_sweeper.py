@@ -65,13 +65,13 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
         assert await sweeper.sweep() == 0  # not again within ORDERLY_SWEEP_AFTER_S
         copies = [r.headers["delivery_id"] for r in await read_topic(s.kafka_bootstrap, n.raw)]
         assert sorted(copies) == ["d0", "d1", "d1", "d2", "d2"]
-        await asyncio.sleep(2.1)
+        await asyncio.sleep(2.1)  # not a wait: ORDERLY_SWEEP_AFTER_S (2 s) must pass for a second sweep
         await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
                            "VALUES ('d1', 'pg', now(), 'applied')")
         assert await sweeper.sweep() == 1  # d2 still has none
         await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
                            "VALUES ('d2', 'pg', now(), 'applied')")
-        await asyncio.sleep(2.1)
+        await asyncio.sleep(2.1)  # the same: past ORDERLY_SWEEP_AFTER_S, d2 would be due again
         assert await sweeper.sweep() == 0
         ends = await pool.fetch("SELECT partition, next_offset FROM projector_offsets WHERE consumer = 'sweeper' "
                                 "AND topic = $1", n.raw)
