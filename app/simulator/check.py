@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 
@@ -64,6 +64,20 @@ def records(history: History) -> list[Incoming]:
     return out
 
 
+def card_row_breaks(row: dict[str, Any]) -> set[str]:
+    """What a card_payments row breaks of the table's CHECKs and the playbook's states (every row the
+    projector would write, not only the last: a passing row refused by PostgreSQL stalls nothing
+    but is lost)."""
+    broken = set()
+    if not 0 <= row["refunded_minor"] <= row["captured_minor"]:
+        broken.add(f"card_payments {row['payment_ref']}: refunded {row['refunded_minor']} above captured "
+                   f"{row['captured_minor']}")
+    if (row["state"] == "refunded") != (0 < row["refunded_minor"] == row["captured_minor"]):
+        broken.add(f"card_payments {row['payment_ref']}: state {row['state']} with captured {row['captured_minor']}"
+                   f" and refunded {row['refunded_minor']}")
+    return broken
+
+
 def observed(history: History, batch_sizes: random.Random) -> Outcome:
     """What the core decides for ``history``, as the read models and the merchant would see it."""
     store: dict[bytes, bytes] = {}
@@ -84,6 +98,8 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
                 sequences.append((decision["sequence"], decision["received_at_ms"]))
             if decision.get("error") and decision["outcome"] == "quarantined":
                 got.facts.add(("quarantined", f"{decision['event_id']}: {decision['error']}"))
+            if decision["row"] is not None and decision["table"] == "card_payments":
+                got.broken |= card_row_breaks(decision["row"])
             if decision["row"] is not None and decision["table"] in ROW_FIELDS:
                 got.rows[decision["resource_id"]] = {k: decision["row"].get(k) for k in ROW_FIELDS[decision["table"]]}
             for effect in decision["effects"]:

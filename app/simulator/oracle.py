@@ -41,10 +41,11 @@ class Outcome:
     parked: dict[str, int] = field(default_factory=dict)  # resource -> events still waiting
     gaps: set[tuple[int, int]] = field(default_factory=set)  # (missing sequence, first seen ms)
     transient: set[str] = field(default_factory=set)  # expected effects the end state did not earn
+    broken: set[str] = field(default_factory=set)  # rows on the way that break a read model's CHECK
 
     def differences(self, other: Outcome) -> list[str]:
         out = []
-        for name in ("rows", "effects", "facts", "parked", "gaps"):
+        for name in ("rows", "effects", "facts", "parked", "gaps", "broken"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 if isinstance(mine, set):

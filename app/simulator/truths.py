@@ -65,7 +65,9 @@ def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, d
                        credited_amount_minor=received - fee)
         if status in ("expired", "canceled"):
             late = status == "expired" and (n + 1 < len(path) or rng.random() < 0.5)
-            obj.update(is_terminal=not late, late_slip_accepted_until=iso(clock + DAY) if late else None)
+            # a terminal one may still carry the window it had (passed): is_terminal decides
+            until = iso(clock + DAY) if late else iso(clock - 1) if rng.random() < 0.5 else None
+            obj.update(is_terminal=not late, late_slip_accepted_until=until)
             if status == "canceled":
                 obj["cancel_reason_code"] = "merchant_request"
         if status == "under_review":

@@ -4,11 +4,13 @@ caught, printed with a seed that reproduces it, and shrunk to a few deliveries."
 
 from __future__ import annotations
 
+import importlib
 import io
 import random
 import re
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -163,3 +165,42 @@ def test_a_refund_equal_to_the_captures_seen_so_far_reads_as_fully_refunded_on_t
                                             zip(range(4), history.deliveries, strict=True)])
     assert check.expected(in_order).effects == {("card:pay_8c21:mark_order_paid", "mark_order_paid", None)}
     assert check.expected(in_order).differences(check.observed(in_order, random.Random(0))) == []
+
+
+# One rule of the documents broken at a time in the core's source (old text -> new text): the check
+# must catch each within 1,000 histories, with a history it shrinks to at most 4 deliveries.
+MUTANTS = [
+    ("pg", "app/core/pg.py", 'amount = obj["amount_received_minor"]', 'amount = obj["credited_amount_minor"]'),
+    ("pg", "app/core/pg.py", 'if state["credited_amount"] is None or state["reversed_at_ms"] is not None:',
+     'if state["reversed_at_ms"] is not None:'),
+    ("pg", "app/core/pg.py", 'if obj.get("is_terminal") is False and obj.get("late_slip_accepted_until"):',
+     'if obj.get("late_slip_accepted_until"):'),
+    ("pg", "app/core/pg.py", 'obj.get("status") == "settled" and obj.get("remaining_minor") == 0 and ', ""),
+    ("pg", "app/core/pg.py", "for p in parked:", "for p in reversed(parked):"),
+    ("pg", "app/core/gaps.py", "[replace(gap, end=seq - 1)]", "[replace(gap, end=seq)]"),
+    ("card", "app/core/card.py", 'over = ev.kind == "refunded" and', "over = False and"),
+    ("card", "app/core/card.py", "covered = [p for p in pending if key(p) < key(ev)]", "covered = []"),
+    ("card", "app/core/card.py", '"captured": {"captured": "captured", "refunded": "captured"}',
+     '"captured": {"refunded": "captured"}'),
+    ("paymos", "app/core/paymos.py", 'if event_type == "invoice.paid_late":', "if False:"),
+    ("paymos", "app/core/paymos.py", 'slot = "credit" if name in ("invoice_paid", "invoice_paid_over") else None',
+     "slot = None"),
+    ("paymos", "app/core/paymos.py", 'return event_type in REORGS or data["status"] == current["status"]',
+     "return event_type in REORGS"),
+    ("paymos", "app/core/paymos.py", '"reorged": 0, "confirmed": 2,', '"reorged": 2, "confirmed": 0,'),
+]
+
+
+@pytest.mark.parametrize(("gateway", "path", "old", "new"), MUTANTS, ids=[f"{m[0]}:{m[2][:40]}" for m in MUTANTS])
+def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new: str) -> None:
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    source = (Path(__file__).resolve().parents[2] / path).read_text()
+    assert source.count(old) == 1
+    exec(compile(source.replace(old, new), path, "exec"), module.__dict__)  # the module, one rule changed
+    try:
+        report = check.check_gateway(gateway, 1000, 1, keep=1)
+    finally:
+        exec(compile(source, path, "exec"), module.__dict__)
+    assert report.mismatches, f"{path}: {old!r} -> {new!r} went unnoticed"
+    assert 1 <= len(report.mismatches[0][1].deliveries) <= 4
+    assert check.mismatch(report.mismatches[0][0]) == []  # restored: the same history matches again
