@@ -5,8 +5,9 @@ of orderly.raw with the headers the ingest, the fetcher or the correlation endpo
 records are decided by ``plan_batch`` in batches of random size, and a dict stands for the worker's
 table (each resource's serialised state between batches). From the records the plan sends, the
 run keeps what the read models and the merchant would see: each resource's last row, the effects
-(dedupe key, type, amount), the facts, the parked count in the final state, and the open pg gaps
-the projector would fold from the decisions (app/core/gaps.py).
+(dedupe key, type, amount), the facts, the parked count in the final state, the open pg gaps
+the projector would fold from the decisions (app/core/gaps.py), and any card row on the way that
+card_payments' CHECKs would refuse.
 
 History ``i`` of ``--seed S`` is the history of seed ``S + i``, so a mismatch printed with its seed
 is reproduced alone by ``--seed <that seed> --histories 1``. A mismatching history is shrunk

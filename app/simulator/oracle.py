@@ -14,8 +14,9 @@ it), never a key the core computes.
 - card: the payment is the truth of its captures and refunds: a fetched answer is the truth of
   every event created before it, and the events the gateway delivered after it apply on top in
   the playbook's way (in true order; an event that cannot apply yet waits). Effects are what
-  that end state earned: `mark_order_paid` once captured, `mark_order_refunded` once fully refunded,
-  `release_authorisation` once voided.
+  that end state earned (`mark_order_paid` once captured, `mark_order_refunded` once fully
+  refunded, `release_authorisation` once voided), plus what a state the deliveries showed on the
+  way earned: a one-shot effect is not taken back (see ``card``; counted apart as ``transient``).
 - paymos: the document's state machine in true order: a snapshot older than the current one is
   stale; out of a terminal state only the named reorgs (or the same status) move, anything else
   waits for its reorg; `paid_late` is one note per invoice; one credit per invoice (paid or
