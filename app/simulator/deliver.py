@@ -43,6 +43,13 @@ class Stats:
     retries: Counter[str] = field(default_factory=Counter)
     duplicates: Counter[str] = field(default_factory=Counter)
     given_up: Counter[str] = field(default_factory=Counter)
+    delivered: set[bytes] = field(default_factory=set)  # the bodies accepted at least once
+    given_up_on: list[Emitted] = field(default_factory=list)
+
+    @property
+    def lost(self) -> frozenset[bytes]:
+        """The bodies the gateway gave up on that no other delivery of the same event brought."""
+        return frozenset(e.body for e in self.given_up_on) - self.delivered
 
 
 async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng: random.Random,
@@ -80,6 +87,7 @@ async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng:
                     ok = False
             if ok:
                 stats.accepted[e.gateway] += 1
+                stats.delivered.add(e.body)
             elif attempt <= len(RETRY_S):
                 stats.retries[e.gateway] += 1
                 async with lock:
@@ -87,6 +95,7 @@ async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng:
                                            False))
             else:
                 stats.given_up[e.gateway] += 1
+                stats.given_up_on.append(e)
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         await asyncio.gather(*(worker(http) for _ in range(concurrency)))

@@ -1,0 +1,143 @@
+"""The simulator's gateway APIs in their three fetch modes, and the documents' expectation the demo
+checks the read models against (app/simulator/expected.py, independent of app/core)."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+import pytest
+
+from app.simulator import api, lifecycles
+from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
+from tests.support import serve_in_thread
+
+
+def get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def card_event(n: int, kind: str, ms: int, amount: int) -> dict[str, Any]:
+    seconds, millis = divmod(ms, 1000)
+    return {"id": f"evt_{n}", "type": f"payment.{kind}", "payment_ref": "pay_8c21", "sequence": None,
+            "occurred_at": f"2026-11-29T10:02:{seconds:02d}.{millis:03d}Z", "amount_minor": amount,
+            "currency": "EUR"}
+
+
+def generated(seed: int) -> tuple[lifecycles.Truth, list[lifecycles.Emitted]]:
+    rng = random.Random(seed)
+    truth = lifecycles.Truth()
+    return truth, (lifecycles.pg(rng, 60, 20, truth) + lifecycles.card(rng, 60, truth)
+                   + lifecycles.paymos(rng, 30, truth))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_with_every_event_delivered_the_reducers_alone_reach_the_gateways_truth(seed: int) -> None:
+    truth, events = generated(seed)
+    shuffled = random.Random(seed).sample(events, len(events))  # arrival order is no input of the reducers
+    for order in (events, shuffled):
+        want = expected(order, truth.correlations)
+        assert want.pg_deposits == truth.pg_deposits
+        assert want.pg_withdrawals == truth.pg_withdrawals
+        assert want.balances == truth.balances
+        assert want.card == {k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()}
+        assert want.paymos == truth.paymos
+
+
+def test_the_playbooks_pay_8c21_parks_the_over_refund_until_the_second_capture() -> None:
+    # the playbook: auth 12000, captures 8000 then 3500; a refund of 3500 between the captures applies,
+    # one of 10000 in the same gap parks until the 3500 capture lands; totals 11500 captured, 10000 refunded
+    events = [card_event(1, "authorised", 0, 12000), card_event(2, "captured", 1000, 8000),
+              card_event(3, "refunded", 2000, 10000), card_event(4, "captured", 3000, 3500)]
+    for arrival in (events, events[::-1], [events[2], events[0], events[3], events[1]]):
+        assert card_reduce(arrival) == {"state": "captured", "authorised_minor": 12000, "captured_minor": 11500,
+                                        "refunded_minor": 10000, "parked": []}
+    assert card_reduce([events[0], events[1], card_event(3, "refunded", 2000, 3500)])["refunded_minor"] == 3500
+    # an auto-capture sharing the authorisation's millisecond: the rank keeps captured after authorised
+    same_ms = [card_event(2, "captured", 0, 12000), card_event(1, "authorised", 0, 12000),
+               card_event(3, "refunded", 0, 12000)]
+    assert card_reduce(same_ms)["state"] == "refunded"
+
+
+def test_events_that_never_came_leave_the_others_parked_where_the_applied_ones_end() -> None:
+    auth, capture, refund = (card_event(1, "authorised", 0, 5000), card_event(2, "captured", 10, 5000),
+                             card_event(3, "refunded", 20, 5000))
+    assert card_reduce([capture, refund]) == {"state": "created", "authorised_minor": 0, "captured_minor": 0,
+                                              "refunded_minor": 0, "parked": ["evt_2", "evt_3"]}
+    assert card_reduce([auth, refund]) == {"state": "authorised", "authorised_minor": 5000, "captured_minor": 0,
+                                           "refunded_minor": 0, "parked": ["evt_3"]}
+    truth, events = generated(3)
+    ref = next(k for k, v in truth.card.items() if v["state"] == "refunded")
+    lost = frozenset(e.body for e in events if e.resource == ref and b"payment.authorised" in e.body)
+    assert expected(events, truth.correlations, lost).card[ref] == ("created", 0, 0)
+
+
+def test_a_synced_answer_is_the_new_base_and_later_events_apply_on_top() -> None:
+    capture = card_event(2, "captured", 1000, 4000)
+    base = {"payment_ref": "pay_8c21", "state": "authorised", "authorised_minor": 4000, "captured_minor": 0,
+            "refunded_minor": 0, "currency": "EUR"}
+    at = occurred_ms(capture["occurred_at"])
+    # fetched before the capture occurred: the capture applies on top of the answer
+    early = [Fetched("pay_8c21", base, at - 1)]
+    assert card_reduce([capture], early) == {"state": "captured", "authorised_minor": 4000, "captured_minor": 4000,
+                                             "refunded_minor": 0, "parked": []}
+    # fetched after it: what the gateway reported covers the events still waiting
+    late = [Fetched("pay_8c21", base, at + 1)]
+    assert card_reduce([capture], late) == {"state": "authorised", "authorised_minor": 4000, "captured_minor": 0,
+                                            "refunded_minor": 0, "parked": []}
+
+
+def test_the_404_api_answers_nothing_and_counts_every_request() -> None:
+    truth, events = generated(5)
+    app = api.build(truth, events, "404")
+    with serve_in_thread(app) as url:
+        paths = ["/payments/pay_sim0", "/payments/pay_sim1", "/v1/pay/events?since_sequence=0",
+                 "/v1/pay/deposits/dep_sim0", "/v1/pay/withdrawals/wdr_sim0", "/v1/pay/balance"]
+        assert [get(url + p)[0] for p in paths] == [404] * 6
+    served = app[api.SERVED]
+    assert (served.count("card GET /payments/{ref}"), served.count("card GET /payments/{ref}", 404)) == (2, 2)
+    assert sum(served.requests.values()) == 6 and served.card_answers == []
+
+
+def test_the_truth_api_answers_the_final_state_and_records_what_it_answered() -> None:
+    truth, events = generated(5)
+    app = api.build(truth, events)
+    with serve_in_thread(app) as url:
+        assert get(f"{url}/payments/pay_sim4") == (200, truth.card["pay_sim4"])
+        assert get(f"{url}/payments/pay_nope")[0] == 404
+        status, page = get(f"{url}/v1/pay/events?since_sequence=0&limit=1000")
+    pg_count = sum(1 for e in events if e.gateway == "pg")
+    assert status == 200 and [b["sequence"] for b in page["data"]] == list(range(1, pg_count + 1))
+    served = app[api.SERVED]
+    assert [(f.ref, f.answer) for f in served.card_answers] == [("pay_sim4", truth.card["pay_sim4"])]
+    assert served.requests == {("card GET /payments/{ref}", 200): 1, ("card GET /payments/{ref}", 404): 1,
+                               ("pg GET /v1/pay/events", 200): 1}
+
+
+def test_the_stale_api_answers_one_event_behind() -> None:
+    truth, events = generated(5)
+    app = api.build(truth, events, "stale")
+    refs = sorted(truth.card)[:10]
+    with serve_in_thread(app) as url:
+        answers = {ref: get(f"{url}/payments/{ref}") for ref in refs}
+        status, page = get(f"{url}/v1/pay/events?since_sequence=0&limit=1000")
+    for ref, (code, body) in answers.items():
+        bodies = [orjson.loads(e.body) for e in events if e.resource == ref]
+        before = card_reduce(bodies[:-1])
+        assert code == 200 and body == {"payment_ref": ref, "currency": "EUR",
+                                        **{k: before[k] for k in ("state", "authorised_minor", "captured_minor",
+                                                                  "refunded_minor")}}
+        assert (body["state"], body["captured_minor"], body["refunded_minor"]) != (
+            truth.card[ref]["state"], truth.card[ref]["captured_minor"], truth.card[ref]["refunded_minor"])
+    pg_count = sum(1 for e in events if e.gateway == "pg")
+    assert status == 200 and [b["sequence"] for b in page["data"]] == list(range(1, pg_count))  # the newest held back
+    with pytest.raises(ValueError, match="fetch_api"):
+        api.build(truth, events, "sometimes")
