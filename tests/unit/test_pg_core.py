@@ -13,6 +13,7 @@ from app.core.dispatch import Incoming, plan_batch
 from app.core.model import Decision, Delivery
 from app.core.pg import apply_correlation, apply_event
 from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
+from tests.pg_truth import deposit_truth
 from topics.catalog import names
 from topics.records import H_CHECKED, correlation_headers, raw_headers
 
@@ -220,6 +221,11 @@ def test_any_order_with_duplicates_ends_in_the_gateways_final_state(case: tuple[
     assert state["object"] == final["data"]["object"]
     keys = effects(out)
     assert len(keys) == len(set(keys)), "an effect was emitted twice"
+    # exactly what the gateway's document derives from the webhooks in log order (tests/pg_truth.py)
+    derived = deposit_truth([e for e in order if isinstance(e, bytes)])
+    assert keys == derived.effects
+    assert {e.dedupe_key: e.payload["amount_minor"] * (-1 if e.type == "debit_user" else 1)
+            for d in out for e in d.effects if e.type in ("credit_user", "debit_user")} == derived.ledger
     # one-shot effects at most once; the user's balance equals the truth
     truth = AMOUNT if final["data"]["object"]["status"] == "settled" else 0
     assert balance(out) == truth
