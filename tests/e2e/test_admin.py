@@ -457,6 +457,7 @@ def test_every_command_has_help_and_the_program_a_version() -> None:
     assert version.returncode == 0 and re.fullmatch(r"orderly \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout
 
 
+@pytest.mark.timeout(120)  # about 3x its duration (13.5 s and the module's 16 s set-up, measured alone)
 def test_schemathesis_finds_no_server_error_in_the_admin_api(scenario: Scenario, tmp_path: Path) -> None:
     pipe = scenario.pipe
     report = tmp_path / "report"

@@ -4,6 +4,7 @@ card_events out — the playbook's pay_8c21 walk-through over HTTP with real Kaf
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ class CardGateway:
     payments: dict[str, dict[str, Any]] = field(default_factory=dict)
     fail_first: dict[str, int] = field(default_factory=dict)  # 503s before the real answer
     calls: Counter[str] = field(default_factory=Counter)
+    answers: dict[str, list[int]] = field(default_factory=dict)  # the status of each answer, per payment
     url: str = ""
 
 
@@ -37,10 +39,14 @@ def gateway() -> Iterator[CardGateway]:
     async def get_payment(request: web.Request) -> web.Response:
         ref = request.match_info["ref"]
         gw.calls[ref] += 1
+        answers = gw.answers.setdefault(ref, [])
         if gw.calls[ref] <= gw.fail_first.get(ref, 0):
+            answers.append(503)
             return web.Response(status=503)
         if ref not in gw.payments:
+            answers.append(404)
             return web.json_response({"error": "not found"}, status=404)
+        answers.append(200)
         return web.json_response(gw.payments[ref])
 
     app = web.Application()
@@ -155,8 +161,10 @@ async def test_withheld_authorisation_is_fetched_and_synced(pipe: Running, gatew
     synced = await pipe.wait_for(lambda c: c.fetch(
         "SELECT gateway_event_id, source, applied_at FROM card_events WHERE payment_ref = $1 AND source = 'fetch'",
         ref))
-    assert synced[0]["gateway_event_id"] == f"sync_{ref}_captured_9000_9000_0" and synced[0]["applied_at"]
-    assert gateway.calls[ref] >= 3
+    assert [(s["gateway_event_id"], s["applied_at"] is not None) for s in synced] == \
+        [(f"sync_{ref}_captured_9000_9000_0", True)]
+    # asked until answered: two 503s, then the payment (a later pass may ask again, and gets it again)
+    assert gateway.answers[ref][:3] == [503, 503, 200] and set(gateway.answers[ref][3:]) <= {200}
     # the parked capture is covered by the synced base, so nothing is parked any more
     await pipe.wait_for(lambda c: c.fetchval(
         "SELECT count(*) = 0 FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
@@ -166,11 +174,11 @@ async def test_unknown_payment_is_never_corrupted_by_a_404(pipe: Running, gatewa
     ref = "pay_ghost"
     await post(pipe, card_event(ref, "g_r", "refunded", 1, 100))  # a refund with nothing captured: parks
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM card_events WHERE payment_ref = $1", ref))
-    for _ in range(100):
-        if gateway.calls[ref] >= 2:
-            break
+    deadline = time.monotonic() + 10
+    while gateway.calls[ref] < 2:  # asked, and asked again on the next pass: each time a 404
+        assert time.monotonic() < deadline, gateway.answers.get(ref)
         await asyncio.sleep(0.1)
-    assert gateway.calls[ref] >= 2  # asked, and asked again on the next pass
+    assert set(gateway.answers[ref]) == {404}
     conn = await pipe.connect()
     try:
         assert await conn.fetchval("SELECT count(*) FROM card_payments WHERE payment_ref = $1", ref) == 0

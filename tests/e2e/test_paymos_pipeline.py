@@ -43,6 +43,7 @@ async def settled(pipe: Running, rid: str, deliveries: int) -> list[str]:
         rows = await c.fetch("SELECT outcome FROM webhook_events WHERE resource_id = $1 ORDER BY received_at", rid)
         return [r["outcome"] for r in rows] if len(rows) >= deliveries else None
     result: list[str] = await pipe.wait_for(check)
+    assert len(result) == deliveries, result  # one decision per delivery, none twice
     return result
 
 
