@@ -84,11 +84,17 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from app.demo import Size, run_demo
+    from app.demo import Size, fetch_apis_argument, run_demo
 
     scale = args.scale if hasattr(args, "scale") else 1.0
     size = Size(*(max(1, int(n * scale)) for n in (200, 60, 200, 80)))
-    return _embedded_stack(lambda: run_demo(dev_settings(), size, keep=getattr(args, "keep", False)))
+    try:
+        fetch_apis = fetch_apis_argument(getattr(args, "fetch_api", "404,truth"))
+    except ValueError as exc:
+        print(f"orderly demo: --fetch-api: {exc}", file=sys.stderr)
+        return 2
+    return _embedded_stack(lambda: run_demo(dev_settings(), size, keep=getattr(args, "keep", False),
+                                            fetch_apis=fetch_apis))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -193,8 +199,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "dev": (cmd_dev, "embedded Kafka + PostgreSQL and every process, data in .orderly/"),
-    "demo": (cmd_demo, "the embedded stack driven by the gateway simulator; exit 0 only if every read model "
-                       "matches the gateways' truth"),
+    "demo": (cmd_demo, "the embedded stack driven by the gateway simulator, with the gateways' GET APIs answering "
+                       "404 (the reducers alone) and then the truth; exit 0 only if every read model matches what "
+                       "the gateways' documents expect"),
     "ingest": (cmd_ingest, "the HTTP ingest (webhooks, correlations, health, metrics)"),
     "worker": (cmd_worker, "the Faust stream processor: version guard, reducers, parking, effects"),
     "projector": (cmd_projector, "writes the PostgreSQL read models from orderly.decisions"),
@@ -240,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
             command.add_argument("--keep", action="store_true",
                                  help="after the truth table, keep the stack and the console running and print "
                                       "the console's URL and admin token (Ctrl-C stops)")
+            command.add_argument("--fetch-api", default="404,truth", metavar="MODES",
+                                 help="one pass per mode, comma-separated, of how the gateways' GET APIs answer the "
+                                      "fetcher: 404 (never: the reducers alone), truth (the final state), stale (one "
+                                      "event behind); default 404,truth")
         if name == "inspect":
             from app.admin.commands import add_inspect
 

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=50, help="resources per kind")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--api-port", type=int, default=0, help="serve the gateways' GET APIs here (0 = not)")
+    parser.add_argument("--fetch-api", choices=api.FETCH_APIS, default="truth",
+                        help="how the served GET APIs answer: truth (the final state), 404 (never), stale (one event "
+                             "behind)")
     parser.add_argument("--time-scale", type=float, default=1 / 40, help="gateway ms -> real ms")
 
 
@@ -41,7 +44,7 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
             events += declared.simulate(rng, args.count, truth)
     runner = None
     if args.api_port:
-        runner = web.AppRunner(api.build(truth, events), access_log=None)
+        runner = web.AppRunner(api.build(truth, events, args.fetch_api), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.api_port).start()
     try:
