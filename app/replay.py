@@ -37,6 +37,7 @@ from app.settings import Settings
 from app.worker import changelog_topic
 from projections.migrate import quote_ident
 from topics.catalog import REQUEST_BYTES, names
+from topics.records import H_DELIVERY_ID
 
 Merged = dict[int, list[tuple[bytes, bytes, list[tuple[str, bytes]]]]]  # partition -> (key, value, headers)
 PROCESSES = ("projector", "effects")  # the worker's part is rebuild(), in this process
@@ -82,6 +83,12 @@ async def merged_log(live: Settings) -> Merged:
     raw = await _read_all(live.kafka_bootstrap, names(live.namespace).raw, live.partitions)
     return {partition: [(m.key, m.value, list(m.headers)) for m in messages]
             for partition, messages in sorted(raw.items())}
+
+
+def deliveries(merged: Merged) -> int:
+    """The deliveries the log holds, each one timeline row: a record appended again (a backfill or
+    a card fetch repeated after a crash, the sweeper's re-append) keeps the delivery id of the first."""
+    return len({dict(headers).get(H_DELIVERY_ID) for records in merged.values() for _, _, headers in records})
 
 
 async def unmigrated_correlations(live: Settings) -> bool:
@@ -300,6 +307,7 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     started = time.monotonic()
     merged = asyncio.run(merged_log(live))
     copied = asyncio.run(copy_log(target, merged))
+    expected = deliveries(merged)  # what the rebuilt timeline holds once every copied record is projected
     rebuilt_at = time.monotonic()
     decided = rebuild(target, merged)
     rebuild_s = time.monotonic() - rebuilt_at
@@ -318,7 +326,7 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
         while time.monotonic() < deadline:
             done = asyncio.run(_count(target, "SELECT count(*) FROM webhook_events"))
             effects = asyncio.run(_count(target, "SELECT count(*) FROM effects"))
-            if done >= copied and effects >= live_effects:
+            if done >= expected and effects >= live_effects:
                 break
             time.sleep(0.5)
         time.sleep(1.0)  # let the effects recorder take its last batch
