@@ -38,8 +38,14 @@ log = logging.getLogger("orderly.fetcher")
 
 PARKED_CARD_PAYMENTS = """
 SELECT payment_ref FROM card_events WHERE applied_at IS NULL AND source = 'webhook'
+   AND payment_ref <> ALL($2::text[])
  GROUP BY payment_ref HAVING min(received_at) < now() - make_interval(secs => $1)
  ORDER BY min(received_at) LIMIT 500"""
+# A payment the gateway answered the same way as last time (404, an error, an unchanged state) is
+# asked again after twice the wait, up to an hour: 500 payments that no answer resolves (a sender
+# inventing refs with a leaked secret, say) would otherwise take every pass's 500 places for ever,
+# the newer parked payments behind them never fetched.
+MAX_BACKOFF_S = 3600.0
 STATES = {"created", "authorised", "captured", "refunded", "voided"}
 
 
@@ -73,6 +79,7 @@ class Fetcher:
         self.pool: asyncpg.Pool | None = None
         self.http: aiohttp.ClientSession | None = None
         self._next_slot = 0.0
+        self._unchanged: dict[str, tuple[str, int, float]] = {}  # ref -> (last answer, repeats, next due)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -118,30 +125,46 @@ class Fetcher:
         assert self.pool is not None
         if not self.settings.card_api_url:
             return 0
+        now = time.monotonic()
+        waiting = [ref for ref, (_, _, due) in self._unchanged.items() if due > now]
         refs = [r["payment_ref"] for r in await self.pool.fetch(PARKED_CARD_PAYMENTS,
-                                                                self.settings.fetch_parked_after_s)]
+                                                                self.settings.fetch_parked_after_s, waiting)]
+        for ref in set(self._unchanged) - set(waiting) - set(refs):
+            del self._unchanged[ref]  # no longer parked: forgotten
         appended = 0
         for ref in refs:
             appended += await self.sync_card_payment(ref)
+        self.metrics.backing_off.set(len(waiting))
         return appended
+
+    def _answered(self, ref: str, answer: str) -> None:
+        """Remember what the gateway said about ``ref``; the same answer again doubles the wait."""
+        last, repeats, _ = self._unchanged.get(ref, ("", -1, 0.0))
+        repeats = repeats + 1 if answer == last else 0
+        wait = min(self.settings.fetch_parked_after_s * 2 ** repeats, MAX_BACKOFF_S) if repeats else 0.0
+        self._unchanged[ref] = (answer, repeats, time.monotonic() + wait)
 
     async def sync_card_payment(self, ref: str) -> int:
         """Fetch one card payment and append the gateway's answer as a synced event; returns 1 if
         appended, 0 if the gateway did not answer usefully (logged and counted)."""
         answer = await self.fetch_payment(ref)
         if answer is None:
+            self._answered(ref, "no answer")
             return 0
         try:
             body = synced_event(ref, answer, int(time.time() * 1000))
         except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
             log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc)
             self.metrics.fetches.labels("card", "unusable").inc()
+            self._answered(ref, "unusable")
             self.metrics.set_aside.labels("fetcher", "card").inc()
             return 0
         # each fetch is a delivery of its own: an unchanged answer has the same event id (a duplicate,
         # shown in the timeline as one), never the same delivery id (the worker would take it for
         # the first one appended again and decide it "synced" once more)
-        delivery_id = f"fetch-{orjson.loads(body)['id']}~{uuid.uuid4().hex[:12]}"
+        event_id = orjson.loads(body)["id"]
+        self._answered(ref, event_id)
+        delivery_id = f"fetch-{event_id}~{uuid.uuid4().hex[:12]}"
         await self.producer.send_and_wait(names(self.settings.namespace).raw, f"card:{ref}".encode(), body,
                                           raw_headers("card", delivery_id, int(time.time() * 1000), source="fetch"))
         self.metrics.fetches.labels("card", "synced").inc()

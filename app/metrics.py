@@ -152,6 +152,9 @@ class FetcherMetrics(_Metrics):
         self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
                                "(synced, not_found, error, unusable)", ["gateway", "outcome"], registry=self.registry)
         self.set_aside = self.set_aside_counter()
+        self.backing_off = Gauge("orderly_fetcher_card_backing_off", "Parked card payments not asked again yet: "
+                                 "the gateway's last answers were the same (the wait doubles, up to an hour)",
+                                 registry=self.registry)
         self.reappended = Counter("orderly_sweeper_reappended", "Stored records with no decision after "
                                   "ORDERLY_SWEEP_AFTER_S, appended again", ["topic"], registry=self.registry)
 

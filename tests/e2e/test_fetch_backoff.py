@@ -1,0 +1,80 @@
+"""The card fetcher backs off a payment the gateway keeps answering the same way (here 404): it is
+asked again after twice the wait each time, so payments no answer resolves cannot take every pass
+and starve the payments parked after them (app/fetcher.py, MAX_BACKOFF_S)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from tests.e2e.test_rules_card import CardApi, answer, card_event, until
+from tests.pipeline import Running, running_pipeline
+from tests.support import make_settings, serve_in_thread
+
+PARKED_AFTER_S = 1.0
+INTERVAL_S = 0.25
+
+
+@pytest.fixture
+def api() -> Iterator[CardApi]:
+    gw = CardApi()
+
+    async def get_payment(request: web.Request) -> web.Response:
+        ref = request.match_info["ref"]
+        gw.calls[ref] += 1
+        gw.asked_at.setdefault(ref, []).append(time.monotonic())
+        if ref not in gw.payments:
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response(gw.payments[ref])
+
+    app = web.Application()
+    app.router.add_get("/payments/{ref}", get_payment)
+    with serve_in_thread(app) as url:
+        gw.url = url
+        yield gw
+
+
+@pytest.fixture
+def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi, tmp_path: Path) -> Iterator[Running]:
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"fb{uuid.uuid4().hex[:8]}", card_api_url=api.url,
+                      fetch_parked_after_s=PARKED_AFTER_S, fetch_interval_s=INTERVAL_S)
+    with running_pipeline(s, tmp_path) as running:
+        yield running
+
+
+@pytest.mark.timeout(120)
+async def test_a_payment_answered_404_again_is_asked_after_doubling_waits(pipe: Running, api: CardApi) -> None:
+    stuck = f"pay_gone{uuid.uuid4().hex[:6]}"
+    await pipe.post("card", card_event(stuck, f"{stuck}_c", "captured", 1, 5000))  # no authorisation: parks
+    await until("four GETs of the payment that answers 404", lambda: api.calls[stuck] >= 4, timeout=60)
+    at = api.asked_at[stuck]
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    # without the backoff the fetcher asks on every pass, 0.25 s apart; with it the second ask comes
+    # on the next pass, then after 2 s, then after 4 s (PARKED_AFTER_S * 2^repeats)
+    assert gaps[0] < 2 * PARKED_AFTER_S, gaps
+    assert 2 * PARKED_AFTER_S <= gaps[1] < 2 * PARKED_AFTER_S + 2, gaps
+    assert 4 * PARKED_AFTER_S <= gaps[2] < 4 * PARKED_AFTER_S + 2, gaps
+
+    # a payment parked while the first one waits out its backoff is fetched as soon as it is due
+    fresh = f"pay_new{uuid.uuid4().hex[:6]}"
+    api.payments[fresh] = answer(fresh, "captured", 3000, 3000, 0)
+    posted = time.monotonic()
+    await pipe.post("card", card_event(fresh, f"{fresh}_c", "captured", 1, 3000))
+    await until("the fresh payment's fetch", lambda: api.calls[fresh] >= 1, timeout=30)
+    assert api.asked_at[fresh][0] - posted < PARKED_AFTER_S + 3
+    row = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT state, captured_minor FROM card_payments WHERE payment_ref = $1 AND captured_minor = 3000", fresh))
+    assert (row["state"], row["captured_minor"]) == ("captured", 3000)
+    # and it is not asked again: the synced base covered its parked capture
+    calls = api.calls[fresh]
+    await asyncio.sleep(3 * INTERVAL_S + PARKED_AFTER_S)  # passes that would ask again, if it were still parked
+    assert api.calls[fresh] == calls
