@@ -1,0 +1,278 @@
+"""What the every-process chaos test is made of: the simulator's three gateways as seeded traffic
+with its truth, a gateway-like poster at a steady rate, a seeded killer of the Orderly processes,
+and the checks of the end state against the truth.
+
+The traffic: every event of app/simulator/lifecycles.py's pg, card and paymos generators, each
+gateway's events in creation order with a local reordering window, some redelivered later, each
+deposit's correlation around its first webhook (sometimes after it: parked until it arrives).
+A few events are never delivered (the gateway gave up), so the truth is reached only through the
+fetcher: pg events missing from the sequence are backfilled from ``GET /v1/pay/events`` once their
+gap is old, and a card payment whose authorisation never came holds a parked capture until the
+fetcher asks ``GET /payments/{ref}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from app.simulator import lifecycles
+from tests.pipeline import Running
+from tests.support import signed_headers
+
+REORDER = 8  # how many positions of its gateway's stream a delivery may move
+REDELIVERED = 0.05  # deliveries sent again later (the gateway did not see the 200)
+PG_WITHHELD = 0.004  # pg events never delivered: backfilled by the fetcher
+CARD_WITHHELD = 0.01  # card payments whose authorisation is never delivered: fetched
+
+
+@dataclass(frozen=True)
+class Delivery:
+    kind: str  # "webhook" | "correlation"
+    gateway: str
+    resource: str
+    body: bytes
+
+
+@dataclass
+class Traffic:
+    truth: lifecycles.Truth
+    events: list[lifecycles.Emitted]  # everything the gateways emitted (their GET APIs serve it)
+    deliveries: list[Delivery]  # what the poster sends, in order
+    withheld_pg: set[str]  # event ids of pg events never delivered
+    withheld_card: set[str]  # payment refs whose authorisation is never delivered
+
+    def webhooks(self) -> int:
+        return sum(1 for d in self.deliveries if d.kind == "webhook")
+
+
+def traffic(seed: int, deposits: int, withdrawals: int, payments: int, paymos_per_kind: int) -> Traffic:
+    rng = random.Random(seed)
+    truth = lifecycles.Truth()
+    pg = lifecycles.pg(rng, deposits, withdrawals, truth)
+    card = lifecycles.card(rng, payments, truth)
+    paymos = lifecycles.paymos(rng, paymos_per_kind, truth)
+    # pg: never the last tenth of the sequence, so a later event shows the gap
+    withheld_pg = {orjson.loads(e.body)["id"] for e in rng.sample(pg[: len(pg) * 9 // 10], int(len(pg) * PG_WITHHELD))}
+    by_payment: dict[str, list[lifecycles.Emitted]] = {}
+    for e in card:
+        by_payment.setdefault(e.resource, []).append(e)
+    several = sorted(ref for ref, evs in by_payment.items() if len(evs) > 1)
+    withheld_card = set(rng.sample(several, int(len(by_payment) * CARD_WITHHELD)))
+    # (gateway, event id): ids are the gateway's own, pg's and paymos's withdrawals share some
+    withheld_ids = {("pg", i) for i in withheld_pg} | {("card", orjson.loads(by_payment[ref][0].body)["id"])
+                                                        for ref in withheld_card}
+
+    keyed: list[tuple[float, Delivery]] = []
+    first_position: dict[str, float] = {}
+    for stream in (pg, card, paymos):
+        for i, e in enumerate(stream):
+            if (e.gateway, orjson.loads(e.body).get("id")) in withheld_ids:
+                continue
+            position = (i + rng.uniform(0, REORDER)) / len(stream)  # the three gateways side by side
+            delivery = Delivery("webhook", e.gateway, e.resource, e.body)
+            keyed.append((position, delivery))
+            if e.gateway == "pg":
+                first_position.setdefault(e.resource, position)
+            if rng.random() < REDELIVERED:
+                keyed.append((position + rng.uniform(0, 200) / len(stream), delivery))
+    for dep, body in truth.correlations.items():
+        # the merchant stores the mapping when its create call returns: mostly before the first
+        # webhook, sometimes after
+        at = first_position.get(dep, 0.0) + rng.uniform(-30, 5) / len(pg)
+        keyed.append((at, Delivery("correlation", "pg", dep, orjson.dumps(body))))
+    keyed.sort(key=lambda k: k[0])
+    return Traffic(truth, pg + card + paymos, [d for _, d in keyed], withheld_pg, withheld_card)
+
+
+@dataclass
+class Poster:
+    """Delivers like a gateway, at a steady rate with at most ``concurrency`` requests open: a
+    delivery not answered 200 (a refused connection while the ingest is down, 503 while it cannot
+    append, a connection cut by a kill) is retried until it is."""
+
+    url: str
+    pipe: Running
+    deliveries: list[Delivery]
+    acked: list[str] = field(default_factory=list)  # delivery ids the ingest answered 200 with
+    attempts: Counter[str] = field(default_factory=Counter)  # requests sent per gateway (correlations apart)
+    failures: Counter[str] = field(default_factory=Counter)  # "refused" | "503" | "cut"
+    done: int = 0
+
+    async def run(self, rate_per_s: float, concurrency: int = 16, limit_s: float = 400) -> None:
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        for d in self.deliveries:
+            queue.put_nowait(d)
+        started, sent = time.monotonic(), [0]
+        timeout = aiohttp.ClientTimeout(total=15)
+        async with asyncio.timeout(limit_s), aiohttp.ClientSession(timeout=timeout) as http:
+            await asyncio.gather(*(self._sender(http, queue, started, sent, rate_per_s) for _ in range(concurrency)))
+
+    async def _sender(self, http: aiohttp.ClientSession, queue: asyncio.Queue[Delivery], started: float,
+                      sent: list[int], rate_per_s: float) -> None:
+        s = self.pipe.settings
+        while True:
+            try:
+                d = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            slot = started + sent[0] / rate_per_s  # the steady rate: the n-th delivery not before n / rate
+            sent[0] += 1
+            if (wait := slot - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            if d.kind == "webhook":
+                method, url = "POST", f"{self.url}/webhooks/{d.gateway}"
+            else:
+                method, url = "PUT", f"{self.url}/correlations/pg/deposits/{d.resource}"
+            while True:
+                headers = (signed_headers(d.gateway, d.body, s) if d.kind == "webhook"
+                           else {"Authorization": f"Bearer {s.api_token}"})
+                self.attempts[d.gateway if d.kind == "webhook" else "correlation"] += 1
+                try:
+                    async with http.request(method, url, data=d.body, headers=headers) as resp:
+                        answer = await resp.json()
+                        if resp.status == 200:
+                            assert not answer.get("quarantined"), answer
+                            if d.kind == "webhook":
+                                self.acked.append(answer["delivery_id"])
+                            break
+                        assert resp.status == 503, (resp.status, answer)  # nothing but "not stored, retry"
+                        self.failures["503"] += 1
+                except aiohttp.ClientConnectorError:
+                    self.failures["refused"] += 1
+                except (aiohttp.ClientError, TimeoutError):
+                    self.failures["cut"] += 1  # the ingest died with the request open
+                await asyncio.sleep(0.25)
+            self.done += 1
+
+
+KILLED = ("ingest", "worker", "projector", "effects", "fetcher")
+
+
+@dataclass
+class Killer:
+    """kill -9 of a seeded choice of process at seeded moments 2-5 s apart, each started again at
+    once (what its supervisor does); the ingest comes back on the same port."""
+
+    pipe: Running
+    rng: random.Random
+    kills: dict[str, list[float]] = field(default_factory=dict)  # process -> monotonic kill times
+    restarts: Counter[str] = field(default_factory=Counter)  # processes that exited on their own
+
+    async def run(self, until: asyncio.Event) -> None:
+        procs = self.pipe.pipeline.procs
+        order: list[str] = []
+        while True:
+            try:
+                await asyncio.wait_for(until.wait(), self.rng.uniform(2.0, 5.0))
+                return
+            except TimeoutError:
+                pass
+            if not order:  # every process once per round, in a seeded order
+                order = self.rng.sample(KILLED, len(KILLED))
+            name = order.pop()
+            proc = procs.pop(name)
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            self.kills.setdefault(name, []).append(time.monotonic())
+            await asyncio.to_thread(proc.wait)
+            self.pipe.pipeline.start(name)
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """A process that exited on its own (stalled, Kafka lost) is started again, counted."""
+        while not stop.is_set():
+            for name, proc in list(self.pipe.pipeline.procs.items()):
+                if proc.poll() is not None:
+                    self.restarts[name] += 1
+                    self.pipe.pipeline.start(name)
+            await asyncio.sleep(0.5)
+
+
+async def wait_until(check: Any, limit_s: float, what: str, explain: Any = None) -> float:
+    """Poll ``check`` until it is true; seconds it took. On time-out ``explain()`` says what is missing."""
+    started = time.monotonic()
+    while not await check():
+        if time.monotonic() - started > limit_s:
+            why = f": {await explain()}" if explain else ""
+            raise AssertionError(f"{what}: not reached in {limit_s:.0f} s{why}")
+        await asyncio.sleep(0.5)
+    return time.monotonic() - started
+
+
+async def undecided(conn: asyncpg.Connection, acked: list[str]) -> int:
+    """Acknowledged deliveries without their decision in the timeline, or still parked."""
+    decided = await conn.fetchval(
+        "SELECT count(*) FROM webhook_events WHERE delivery_id = ANY($1::text[]) AND outcome <> 'parked'", acked)
+    return len(set(acked)) - int(decided)
+
+
+async def read_models(conn: asyncpg.Connection, t: lifecycles.Truth) -> dict[str, tuple[Any, Any]]:
+    """Each read model next to its truth: name -> (have, want)."""
+    async def rows(sql: str) -> dict[str, Any]:
+        return {r[0]: tuple(r[1:]) if len(r) > 2 else r[1] for r in await conn.fetch(sql)}
+
+    balances = await rows("SELECT user_id, balance_minor FROM user_balances")
+    paymos: dict[str, Any] = {}
+    for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits"):
+        paymos.update(await rows(f"SELECT id, status FROM {table}"))
+    return {
+        "pg deposits": (await rows("SELECT pg_deposit_id, status FROM pg_deposits"), t.pg_deposits),
+        "pg withdrawals": (await rows("SELECT pg_withdrawal_id, status, filled_minor, remaining_minor "
+                                      "FROM pg_withdrawals"), t.pg_withdrawals),
+        "user balances": ({u: b for u, b in balances.items() if b or u in t.balances},
+                          {u: b for u, b in t.balances.items() if b or u in balances}),
+        "card payments": (await rows("SELECT payment_ref, state, authorised_minor, captured_minor, refunded_minor "
+                                     "FROM card_payments"),
+                          {r: (p["state"], p["authorised_minor"], p["captured_minor"], p["refunded_minor"])
+                           for r, p in t.card.items()}),
+        "paymos": (paymos, t.paymos),
+    }
+
+
+async def differences(conn: asyncpg.Connection, t: lifecycles.Truth) -> dict[str, Any]:
+    """Per read model: how many rows differ from the truth, and a few of them (have, want)."""
+    found: dict[str, Any] = {}
+    for name, (have, want) in (await read_models(conn, t)).items():
+        wrong = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        if wrong:
+            found[name] = (len(wrong), [(k, have.get(k), want.get(k)) for k in wrong[:5]])
+    return found
+
+
+async def matches_truth(conn: asyncpg.Connection, t: lifecycles.Truth) -> bool:
+    return all(have == want for have, want in (await read_models(conn, t)).values())
+
+
+async def assert_matches_truth(conn: asyncpg.Connection, t: lifecycles.Truth) -> None:
+    for name, (have, want) in (await read_models(conn, t)).items():
+        wrong = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        assert not wrong, (f"{name}: {len(wrong)} differ from the truth, e.g. "
+                           f"{[(k, have.get(k), want.get(k)) for k in wrong[:5]]}")
+    assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE outcome = 'parked'") == 0
+    # the ledger and the balances agree, and a source has at most one credit and one debit
+    assert await conn.fetchval(
+        "SELECT count(*) FROM user_balances b WHERE balance_minor <> "
+        "(SELECT coalesce(sum(amount_minor), 0) FROM ledger_entries l WHERE l.user_id = b.user_id)") == 0
+    assert await conn.fetchval(
+        "SELECT count(*) FROM (SELECT source_id, sign(amount_minor) FROM ledger_entries "
+        "GROUP BY 1, 2 HAVING count(*) > 1) x") == 0
+
+
+def replay(pipe: Running, into: str, limit_s: float = 240) -> str:
+    """`orderly replay --into NS` as an operator runs it; its output (the command must exit 0)."""
+    result = subprocess.run([sys.executable, "-m", "app.cli", "replay", "--into", into], env=pipe.pipeline.env,
+                            capture_output=True, text=True, timeout=limit_s, check=False)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
