@@ -250,9 +250,16 @@ async def test_timeline_of_case_a(pipe: Running) -> None:
                         ("deposit.settled", "applied", 2), ("deposit.expired", "stale", 0)]
 
 
+def sequence_base() -> int:
+    """A sequence number above every one an earlier test of the module sent: the sequence is global
+    per merchant, so a gap opens only above the highest seen (microseconds since the epoch, which
+    grow from one test to the next in whatever order they run)."""
+    return time.time_ns() // 1000
+
+
 async def test_sequence_gap_is_recorded_and_backfilled_after_the_limit(pipe: Running) -> None:
     await correlate(pipe, "dep_s")
-    base = 10_000_000
+    base = sequence_base()
     await post(pipe, deposit("dep_s", 1, "pending", sequence=base), deposit("dep_s", 4, "pending", sequence=base + 3))
     gap = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM pg_sequence_gaps WHERE start_seq = $1", base + 1))
     assert gap["end_seq"] == base + 2
@@ -313,7 +320,7 @@ def test_any_order_and_duplication_over_http(pipe: Running, data: st.DataObject)
 
 async def test_a_gap_older_than_the_limit_is_backfilled_from_the_gateway(pipe: Running) -> None:
     await correlate(pipe, "dep_bf")
-    base = 20_000_000
+    base = sequence_base()
     withheld = [deposit("dep_bf", 2, "slip_received", sequence=base + 1),
                 deposit("dep_bf", 3, "settled", sequence=base + 2)]
     API_EVENTS.extend(Emitted("pg", "dep_bf", body, 0) for body in withheld)  # the gateway has them; we never got them
