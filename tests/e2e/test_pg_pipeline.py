@@ -324,7 +324,11 @@ async def test_a_gap_older_than_the_limit_is_backfilled_from_the_gateway(pipe: R
     withheld = [deposit("dep_bf", 2, "slip_received", sequence=base + 1),
                 deposit("dep_bf", 3, "settled", sequence=base + 2)]
     API_EVENTS.extend(Emitted("pg", "dep_bf", body, 0) for body in withheld)  # the gateway has them; we never got them
-    await post(pipe, deposit("dep_bf", 1, "pending", sequence=base), deposit("dep_x", 1, "pending", sequence=base + 3))
+    # one after the other: the two land on different partitions, and when this test runs first the
+    # projector starts tracking at whichever number it sees first (a higher one would hide the gap)
+    await post(pipe, deposit("dep_bf", 1, "pending", sequence=base))
+    await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM pg_deposits WHERE pg_deposit_id = 'dep_bf'"))
+    await post(pipe, deposit("dep_x", 1, "pending", sequence=base + 3))
     # 2 s later the gap is due: a backfill request, the fetcher asks the gateway, the events arrive
     row = await pipe.wait_for(lambda c: c.fetchrow(
         "SELECT * FROM pg_deposits WHERE pg_deposit_id = 'dep_bf' AND status = 'settled'"), timeout=90)
