@@ -1,6 +1,6 @@
 """The whole pipeline under crashes while more than 10,000 pg requests flow: the worker, the
 projector and the effects worker are each kill -9'd at seeded moments and restarted, and the broker
-is kill -9'd and restarted once. Afterwards every acknowledged webhook is in orderly.raw, every
+is kill -9'd and restarted once (exactly-once). Afterwards every acknowledged webhook is in orderly.raw, every
 read model and balance equals the gateway's truth, and the merchant received every effect.
 
 A second test runs two workers sharing the partitions and kills one for good: the other takes
@@ -81,7 +81,9 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
     broker.stop()
 
 
-@pytest.fixture(params=["at_least_once", "exactly_once"])
+# At-least-once, the default, has every process kill -9'd during three gateways' traffic in
+# test_every_process_kill9.py; here the broker kill runs in the other guarantee (the suite's budget).
+@pytest.fixture(params=["exactly_once"])
 def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgres: PostgresServer,
                 tmp_path: Path) -> Iterator[Running]:
     s = make_settings(own_broker.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}",
