@@ -41,8 +41,9 @@ SELECT payment_ref FROM card_events WHERE applied_at IS NULL AND source = 'webho
    AND payment_ref <> ALL($2::text[])
  GROUP BY payment_ref HAVING min(received_at) < now() - make_interval(secs => $1)
  ORDER BY min(received_at) LIMIT 500"""
-# A payment the gateway answered the same way as last time (404, an error, an unchanged state) is
-# asked again after twice the wait, up to an hour: 500 payments that no answer resolves (a sender
+# A payment the gateway answered the same way as last time (404, an unusable or an unchanged answer)
+# is asked again after twice the wait, up to an hour (errors and timeouts do not count: an outage of
+# the API must not push every parked payment back once it is over): 500 payments that no answer resolves (a sender
 # inventing refs with a leaked secret, say) would otherwise take every pass's 500 places for ever,
 # the newer parked payments behind them never fetched.
 MAX_BACKOFF_S = 3600.0
@@ -113,6 +114,7 @@ class Fetcher:
                         return body
                     if resp.status == 404:
                         self.metrics.fetches.labels("card", "not_found").inc()
+                        self._answered(ref, "not found")
                         return None
                     self.metrics.fetches.labels("card", "error").inc()
             except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -148,8 +150,7 @@ class Fetcher:
         """Fetch one card payment and append the gateway's answer as a synced event; returns 1 if
         appended, 0 if the gateway did not answer usefully (logged and counted)."""
         answer = await self.fetch_payment(ref)
-        if answer is None:
-            self._answered(ref, "no answer")
+        if answer is None:  # a 404 was remembered; an error or a timeout is the API's, not the payment's
             return 0
         try:
             body = synced_event(ref, answer, int(time.time() * 1000))

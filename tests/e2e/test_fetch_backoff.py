@@ -22,6 +22,7 @@ from tests.support import make_settings, serve_in_thread
 
 PARKED_AFTER_S = 1.0
 INTERVAL_S = 0.25
+FAILING: set[str] = set()  # payments whose GET answers 503: the API's trouble, not the payment's
 
 
 @pytest.fixture
@@ -32,6 +33,8 @@ def api() -> Iterator[CardApi]:
         ref = request.match_info["ref"]
         gw.calls[ref] += 1
         gw.asked_at.setdefault(ref, []).append(time.monotonic())
+        if ref in FAILING:
+            return web.json_response({"error": "unavailable"}, status=503)
         if ref not in gw.payments:
             return web.json_response({"error": "not found"}, status=404)
         return web.json_response(gw.payments[ref])
@@ -78,3 +81,22 @@ async def test_a_payment_answered_404_again_is_asked_after_doubling_waits(pipe: 
     calls = api.calls[fresh]
     await asyncio.sleep(3 * INTERVAL_S + PARKED_AFTER_S)  # passes that would ask again, if it were still parked
     assert api.calls[fresh] == calls
+
+
+@pytest.mark.timeout(120)
+async def test_errors_of_the_api_do_not_lengthen_the_wait(pipe: Running, api: CardApi) -> None:
+    ref = f"pay_err{uuid.uuid4().hex[:6]}"
+    FAILING.add(ref)
+    await pipe.post("card", card_event(ref, f"{ref}_c", "captured", 1, 5000))
+    # each pass asks 3 times (0.4 s, 0.8 s apart); the next pass follows within a look interval
+    await until("four passes of GETs answered 503", lambda: api.calls[ref] >= 12, timeout=60)
+    at = api.asked_at[ref]
+    between_passes = [at[i + 1] - at[i] for i in (2, 5, 8)]
+    # 1.6 s after the third try, then the next look; a doubling wait would add 2 s, then 4 s
+    assert all(gap < 3.0 for gap in between_passes), between_passes
+    # once the API is back the payment is fetched and synced at the next pass
+    FAILING.discard(ref)
+    api.payments[ref] = answer(ref, "captured", 5000, 5000, 0)
+    row = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT state FROM card_payments WHERE payment_ref = $1 AND captured_minor = 5000", ref), timeout=30)
+    assert row["state"] == "captured"
