@@ -101,8 +101,8 @@ def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path
         assert card_column(no_help, "synced") == 0
         # answering the truth, every payment the API answered holds one synced event
         fetched = fetches(helped)
-        assert fetched["synced"] == fetched["answered"] <= fetched["requests"], fetched
-        assert card_column(helped, "synced") >= fetched["synced"]
+        assert 0 < fetched["synced"] == fetched["answered"] <= fetched["requests"], fetched
+        assert card_column(helped, "synced") >= fetched["synced"]  # a decision per payment synced, at least
 
         # kept up: the console URL and the token are printed, and they work on the demo's data
         admin_url = f"http://127.0.0.1:{ports['admin']}"

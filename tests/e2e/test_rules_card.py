@@ -122,6 +122,9 @@ async def delivered(pipe: Running, ref: str, keys: list[str]) -> dict[str, int]:
     """Deliveries at the merchant stub of every effect key of ``ref``, once each of ``keys`` arrived."""
     stub = pipe.stub.deliveries
     await until(f"the stub received {keys}", lambda: all(stub[k] for k in keys))
+    # counted once the effects worker marked every one delivered: a repeat would have gone out by then
+    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 0 FROM effects WHERE resource_id = $1 AND "
+                                             "delivered_at IS NULL", ref))
     return {k: n for k, n in stub.items() if f":{ref}:" in k}
 
 
