@@ -80,6 +80,16 @@ def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, d
         if flag is not None:
             obj["overpayment"] = flag
         out.append((clock, f"deposit.{'updated' if n and path[n - 1] == status else status}", obj))
+    if rng.random() < 0.15:
+        # a snapshot with a version already used, under an event id of its own (a gateway bug the
+        # guard must absorb: apply iff version > stored, so whichever of the two the log holds first wins)
+        at, _, twin = rng.choice(out)
+        same: dict[str, Any] = {"id": dep, "object": "deposit", "version": twin["version"], "status": "under_review",
+                                "ordered_amount_minor": ordered,
+                                "review": {"reasons": [{"display_th": "ตรวจสอบ", "display_en": "Check"}]}}
+        if "overpayment" in twin:
+            same["overpayment"] = twin["overpayment"]
+        out.append((at + rng.randrange(1, 60_000), "deposit.under_review", same))
     return out
 
 
@@ -161,9 +171,21 @@ def card_truth(events: list[Event], before_ms: int | None = None) -> dict[str, A
             "captured_minor": captured, "refunded_minor": refunded, "currency": "EUR"}
 
 
-def card(rng: random.Random, seed: int, stem: str) -> History:
-    from app.fetcher import synced_event
+def synced_event(ref: str, answer: dict[str, Any], at_ms: int) -> bytes:
+    """The gateway's GET /payments answer as the fetcher appends it, written from DESIGN §2.2 (not
+    from app/fetcher.py; tests/unit/test_simulate_check.py holds the two equal): a `synced` event
+    whose id is derived from the ref, the state and the totals."""
+    totals = [answer["authorised_minor"], answer["captured_minor"], answer["refunded_minor"]]
+    return orjson.dumps({
+        "id": f"sync_{ref}_{answer['state']}_{totals[0]}_{totals[1]}_{totals[2]}", "type": "synced",
+        "payment_ref": ref, "sequence": None,
+        "occurred_at": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat().replace("+00:00", "Z"),
+        "amount_minor": 0, "currency": answer["currency"],
+        "synced": {"state": answer["state"], "authorised_minor": totals[0], "captured_minor": totals[1],
+                   "refunded_minor": totals[2]}})
 
+
+def card(rng: random.Random, seed: int, stem: str) -> History:
     ref, clock, auth = f"pay_{stem}", T0_MS + rng.randrange(0, 60_000), rng.randrange(1_000, 100_000)
     steps = [("authorised", auth)]
     if rng.random() < 0.15:

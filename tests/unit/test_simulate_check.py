@@ -170,6 +170,10 @@ def test_a_refund_equal_to_the_captures_seen_so_far_reads_as_fully_refunded_on_t
 # One rule of the documents broken at a time in the core's source (old text -> new text): the check
 # must catch each within 1,000 histories, with a history it shrinks to at most 4 deliveries.
 MUTANTS = [
+    ("pg", "app/core/pg.py", 'if state["version"] is not None and obj["version"] <= state["version"]:\n'
+                             '        return decide(d, STALE, facts=facts, error=error, **common)',
+     'if state["version"] is not None and obj["version"] < state["version"]:\n'
+     '        return decide(d, STALE, facts=facts, error=error, **common)'),
     ("pg", "app/core/pg.py", 'amount = obj["amount_received_minor"]', 'amount = obj["credited_amount_minor"]'),
     ("pg", "app/core/pg.py", 'if state["credited_amount"] is None or state["reversed_at_ms"] is not None:',
      'if state["reversed_at_ms"] is not None:'),
@@ -206,3 +210,16 @@ def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new
     assert report.mismatches, f"{path}: {old!r} -> {new!r} went unnoticed"
     assert 1 <= len(report.mismatches[0][1].deliveries) <= 4
     assert check.mismatch(report.mismatches[0][0]) == []  # restored: the same history matches again
+
+
+def test_the_simulated_fetch_is_what_the_fetcher_appends() -> None:
+    """The histories build synced events from DESIGN §2.2 themselves; the fetcher must agree."""
+    from app.fetcher import synced_event as fetchers
+    from app.simulator.truths import synced_event as simulators
+
+    for answer in ({"payment_ref": "pay_1", "state": "captured", "authorised_minor": 9000, "captured_minor": 8000,
+                    "refunded_minor": 0, "currency": "EUR"},
+                   {"payment_ref": "pay_2", "state": "refunded", "authorised_minor": 1, "captured_minor": 1,
+                    "refunded_minor": 1, "currency": "USD"}):
+        at = 1_796_000_123_456
+        assert simulators(str(answer["payment_ref"]), answer, at) == fetchers(str(answer["payment_ref"]), answer, at)
