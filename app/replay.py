@@ -88,7 +88,8 @@ async def merged_log(live: Settings) -> Merged:
 def deliveries(merged: Merged) -> int:
     """The deliveries the log holds, each one timeline row: a record appended again (a backfill or
     a card fetch repeated after a crash, the sweeper's re-append) keeps the delivery id of the first."""
-    return len({dict(headers).get(H_DELIVERY_ID) for records in merged.values() for _, _, headers in records})
+    ids = [dict(headers).get(H_DELIVERY_ID) for records in merged.values() for _, _, headers in records]
+    return len(set(ids)) - (None in ids) + ids.count(None)  # a record without an id is one of its own
 
 
 async def unmigrated_correlations(live: Settings) -> bool:
@@ -323,10 +324,14 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     try:
         deadline = time.monotonic() + limit_s
         live_effects = asyncio.run(_count(live, "SELECT count(*) FROM effects"))
-        while time.monotonic() < deadline:
+        while True:
             done = asyncio.run(_count(target, "SELECT count(*) FROM webhook_events"))
             effects = asyncio.run(_count(target, "SELECT count(*) FROM effects"))
             if done >= expected and effects >= live_effects:
+                break
+            if time.monotonic() > deadline:  # the differences below then include what was not rebuilt yet
+                print(f"replay: not caught up within {limit_s:.0f} s: {done} of {expected} deliveries decided, "
+                      f"{effects} of {live_effects} effects recorded", file=sys.stderr)
                 break
             time.sleep(0.5)
         time.sleep(1.0)  # let the effects recorder take its last batch
