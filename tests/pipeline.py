@@ -5,6 +5,7 @@ deliveries."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from app.admin.server import create_app as create_admin
 from app.bootstrap import prepare
 from app.settings import Settings
+from app.stack.process import free_port
 from projections.migrate import quote_ident
 from tests.support import ServedIngest, serve_in_thread, serve_ingest, signed_headers
 
@@ -258,3 +260,45 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -
         admin = stack.enter_context(serve_in_thread(create_admin(settings)))
         yield Running(settings, pipeline, ingest, stub, admin)
         assert not stub.rejected, f"badly signed effect deliveries: {stub.rejected[:5]}"
+
+
+LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime (make test installs it)
+
+
+@dataclass
+class PastIngest:
+    """`orderly ingest` as a process of its own whose wall clock runs ``seconds_behind`` behind
+    (libfaketime; its monotonic clock stays real): what it receives is stamped as received that long
+    ago, which is how a test meets a limit of 60 s or 4 days without waiting it out."""
+
+    name: str
+    url: str
+    seconds_behind: int
+
+    async def post(self, gateway: str, settings: Settings, *bodies: bytes) -> None:
+        async with aiohttp.ClientSession() as http:
+            for body in bodies:  # signed at the time the ingest believes it is (it refuses |now - t| > 300 s)
+                headers = signed_headers(gateway, body, settings, now=time.time() - self.seconds_behind)
+                async with http.post(f"{self.url}/webhooks/{gateway}", data=body, headers=headers) as resp:
+                    assert resp.status == 200, await resp.text()
+
+
+async def start_past_ingest(pipe: Running, seconds_behind: int) -> PastIngest:
+    found = glob.glob(LIBFAKETIME)
+    assert found, f"libfaketime is not installed ({LIBFAKETIME}): `make faketime` (make test does it)"
+    name, port = f"ingest-{seconds_behind}s", free_port()
+    pipe.pipeline.start(name, command="ingest", ORDERLY_INGEST_PORT=str(port), LD_PRELOAD=found[0],
+                        FAKETIME=f"-{seconds_behind}", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    ingest = PastIngest(name, f"http://127.0.0.1:{port}", seconds_behind)
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as http:
+        while True:
+            pipe.pipeline.assert_alive()
+            try:
+                async with http.get(f"{ingest.url}/readyz") as resp:
+                    if resp.status == 200:
+                        return ingest
+            except aiohttp.ClientConnectionError:
+                pass
+            assert time.monotonic() < deadline, pipe.pipeline.log(name)[-3000:]
+            await asyncio.sleep(0.2)

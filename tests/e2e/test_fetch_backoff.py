@@ -9,7 +9,6 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -25,7 +24,7 @@ INTERVAL_S = 0.25
 FAILING: set[str] = set()  # payments whose GET answers 503: the API's trouble, not the payment's
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def api() -> Iterator[CardApi]:
     gw = CardApi()
 
@@ -46,11 +45,12 @@ def api() -> Iterator[CardApi]:
         yield gw
 
 
-@pytest.fixture
-def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi, tmp_path: Path) -> Iterator[Running]:
+@pytest.fixture(scope="module")
+def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"fb{uuid.uuid4().hex[:8]}", card_api_url=api.url,
                       fetch_parked_after_s=PARKED_AFTER_S, fetch_interval_s=INTERVAL_S)
-    with running_pipeline(s, tmp_path) as running:
+    with running_pipeline(s, tmp_path_factory.mktemp("fetch-backoff")) as running:
         yield running
 
 

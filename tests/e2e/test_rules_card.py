@@ -5,7 +5,8 @@ gateway's GET /payments/{ref} served by a stub, for two rules of gateway-docs/ca
 - "gateway_event_id set to sync plus the payment ref plus the fetched state and totals, so a
   repeated fetch of an unchanged payment collides with the unique constraint and does nothing";
 - "selects payments holding a parked event whose received_at is older than 60 seconds": with the
-  default ORDERLY_FETCH_PARKED_AFTER_S (not overridden here), measured in real time from the park.
+  default ORDERLY_FETCH_PARKED_AFTER_S (not overridden here), the parked events received by ingests
+  whose clocks run 65 s and 45 s behind (libfaketime), so the test waits ~15 s, not 60.
 
 This module's pipeline keeps the default fetch-after setting; only the fetcher's look interval is
 shortened (0.5 s instead of 30 s) so the fetch is observed within half a second of becoming due.
@@ -29,7 +30,7 @@ from aiohttp import web
 from app.settings import TABLE, Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.pipeline import Running, running_pipeline
+from tests.pipeline import Running, running_pipeline, start_past_ingest
 from tests.support import make_settings, read_topic, serve_in_thread
 from topics.catalog import names
 
@@ -179,27 +180,37 @@ async def test_an_unchanged_repeated_fetch_is_a_duplicate(pipe: Running, api: Ca
 
 
 async def test_default_fetch_after_60_s(pipe: Running, api: CardApi) -> None:
-    """A capture whose authorisation never arrives parks; with the default setting the payment is not
-    fetched until its parked event's received_at is 60 s old, and is fetched then (real time)."""
+    """With the default setting a payment is fetched once its parked event's received_at is 60 s old,
+    and not before: one capture is received by an ingest whose clock runs 65 s behind (parked 65 s
+    "ago": fetched at the next look), another by one 45 s behind (fetched only ~15 s later)."""
     assert pipe.settings.fetch_parked_after_s == PLAYBOOK_FETCH_AFTER_S  # the default, not overridden
-    ref = f"pay_wait{uuid.uuid4().hex[:8]}"
-    api.payments[ref] = answer(ref, "captured", 7000, 7000, 0)
-    posted = time.time()
-    await pipe.post("card", card_event(ref, f"{ref}_c", "captured", 1, 7000))
-    parked = await pipe.wait_for(lambda c: c.fetchrow(
-        "SELECT received_at FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
-    parked_at = parked["received_at"].timestamp()
-    assert posted - 1 <= parked_at <= time.time()
-    # the fetcher looks every 0.5 s: it has had ~110 chances to ask too early by the time it asks
-    await until("the fetch of the parked payment", lambda: api.calls[ref] >= 1, timeout=PLAYBOOK_FETCH_AFTER_S + 30)
-    first = api.asked_at[ref][0]
-    assert first - parked_at >= PLAYBOOK_FETCH_AFTER_S, f"fetched {first - parked_at:.1f} s after the park"
-    assert first - parked_at < PLAYBOOK_FETCH_AFTER_S + 10, f"fetched {first - parked_at:.1f} s after the park"
-    row = await pipe.wait_for(lambda c: c.fetchrow(
-        "SELECT * FROM card_payments WHERE payment_ref = $1 AND captured_minor = 7000", ref))
-    assert (row["state"], row["authorised_minor"]) == ("captured", 7000)
-    assert await synced_rows(pipe, ref) == [f"sync_{ref}_captured_7000_7000_0"]
-    # the synced base covers the parked capture: nothing is parked any more, so no further fetch
-    await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT count(*) = 0 FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
-    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}
+    late, early = await asyncio.gather(start_past_ingest(pipe, 65), start_past_ingest(pipe, 45))
+    try:
+        old, young = f"pay_old{uuid.uuid4().hex[:8]}", f"pay_young{uuid.uuid4().hex[:8]}"
+        api.payments[old] = answer(old, "captured", 7000, 7000, 0)
+        api.payments[young] = answer(young, "captured", 4000, 4000, 0)
+        await late.post("card", pipe.settings, card_event(old, f"{old}_c", "captured", 1, 7000))
+        await early.post("card", pipe.settings, card_event(young, f"{young}_c", "captured", 1, 4000))
+        async def both_parked(c: Any) -> list[Any] | None:
+            rows = await c.fetch("SELECT payment_ref, received_at FROM card_events WHERE payment_ref = ANY($1::text[]) "
+                                 "AND applied_at IS NULL", [old, young])
+            return rows if len(rows) == 2 else None
+        parked_at = {r["payment_ref"]: r["received_at"].timestamp() for r in await pipe.wait_for(both_parked)}
+        assert 64 <= time.time() - parked_at[old] <= 75 and 44 <= time.time() - parked_at[young] <= 55, parked_at
+        # the fetcher looks every 0.5 s: the old one is due at once, the young one once it is 60 s old
+        await until("the fetch of the payment parked 65 s ago", lambda: api.calls[old] >= 1, timeout=30)
+        await until("the fetch of the payment parked 45 s ago", lambda: api.calls[young] >= 1, timeout=60)
+        for ref in (old, young):
+            age = api.asked_at[ref][0] - parked_at[ref]
+            assert PLAYBOOK_FETCH_AFTER_S <= age < PLAYBOOK_FETCH_AFTER_S + 10, f"{ref} fetched {age:.1f} s after park"
+        for ref, amount in ((old, 7000), (young, 4000)):
+            async def synced(c: Any, ref: str = ref, amount: int = amount) -> Any:
+                return await c.fetchrow("SELECT * FROM card_payments WHERE payment_ref = $1 AND captured_minor = $2",
+                                        ref, amount)
+            row = await pipe.wait_for(synced)
+            assert (row["state"], row["authorised_minor"]) == ("captured", amount)
+            assert await synced_rows(pipe, ref) == [f"sync_{ref}_captured_{amount}_{amount}_0"]
+            assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}
+    finally:
+        for ingest in (late, early):
+            pipe.pipeline.terminate(ingest.name)

@@ -18,8 +18,6 @@ gateway-docs/pg-event-order-version-guard.txt and DESIGN.md §1/§2.1.
 from __future__ import annotations
 
 import asyncio
-import glob
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,18 +29,15 @@ import orjson
 import pytest
 from aiohttp import web
 
-from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
 from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
-from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic, serve_in_thread, signed_headers
+from tests.pipeline import Running, running_pipeline, start_past_ingest
+from tests.support import make_settings, read_topic, serve_in_thread
 from topics.catalog import names
 from topics.records import DECISIONS, Decision
 
 FOUR_DAYS_S = 4 * 24 * 3600  # "Only a gap still open after 4 days means something is genuinely lost"
-LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime (make test installs it)
 
 
 @dataclass
@@ -207,49 +202,13 @@ async def test_balance_transactions_are_deduped_on_their_id_and_summed_never_fro
 
 # --- gaps: the default limit of 4 days ----------------------------------------------------------
 
-@dataclass
-class PastIngest:
-    """`orderly ingest` as a process of its own whose wall clock runs ``hours_behind`` behind (libfaketime;
-    its monotonic clock stays real): what it receives is stamped as received that long ago."""
-
-    url: str
-    hours_behind: int
-
-    async def post(self, settings: Settings, *bodies: bytes) -> None:
-        async with aiohttp.ClientSession() as http:
-            for body in bodies:  # signed at the time the ingest believes it is (it refuses |now - t| > 300 s)
-                headers = signed_headers("pg", body, settings, now=time.time() - self.hours_behind * 3600)
-                async with http.post(f"{self.url}/webhooks/pg", data=body, headers=headers) as resp:
-                    assert resp.status == 200, await resp.text()
-
-
-async def start_past_ingest(pipe: Running, hours_behind: int) -> PastIngest:
-    found = glob.glob(LIBFAKETIME)
-    assert found, f"libfaketime is not installed ({LIBFAKETIME}): `make faketime` (make test does it)"
-    port = free_port()
-    pipe.pipeline.start(f"ingest-{hours_behind}h", command="ingest", ORDERLY_INGEST_PORT=str(port),
-                        LD_PRELOAD=found[0], FAKETIME=f"-{hours_behind}h", FAKETIME_DONT_FAKE_MONOTONIC="1")
-    ingest = PastIngest(f"http://127.0.0.1:{port}", hours_behind)
-    deadline = time.monotonic() + 60
-    async with aiohttp.ClientSession() as http:
-        while True:
-            pipe.pipeline.assert_alive()
-            try:
-                async with http.get(f"{ingest.url}/readyz") as resp:
-                    if resp.status == 200:
-                        return ingest
-            except aiohttp.ClientConnectionError:
-                pass
-            assert time.monotonic() < deadline, pipe.pipeline.log(f"ingest-{hours_behind}h")[-3000:]
-            await asyncio.sleep(0.2)
-
-
 async def test_with_the_default_limit_a_gap_older_than_4_days_is_backfilled_and_a_younger_one_is_not(
         rig: Rig) -> None:
     pipe, api = rig.pipe, rig.api
     assert pipe.settings.gap_backfill_after_s == FOUR_DAYS_S  # the fixture's settings: the default
     # one hour either side of the limit: gaps first seen 97 h and 95 h ago
-    older, younger = await asyncio.gather(start_past_ingest(pipe, 4 * 24 + 1), start_past_ingest(pipe, 4 * 24 - 1))
+    older, younger = await asyncio.gather(start_past_ingest(pipe, (4 * 24 + 1) * 3600),
+                                           start_past_ingest(pipe, (4 * 24 - 1) * 3600))
     try:
         await correlate(pipe, "dep_old")
         await correlate(pipe, "dep_young")
@@ -260,12 +219,12 @@ async def test_with_the_default_limit_a_gap_older_than_4_days_is_backfilled_and_
         lost_young = deposit("dep_young", 2, "settled", sequence=base + 4)
         api.events += [*lost_old, lost_young]  # the gateway has them; their webhooks never reached us
 
-        await older.post(pipe.settings, deposit("dep_old", 1, "pending", sequence=base),
+        await older.post("pg", pipe.settings, deposit("dep_old", 1, "pending", sequence=base),
                          withdrawal("wdr_gap", 1, "filling", 0, sequence=base + 3))
         old = await pipe.wait_for(lambda c: c.fetchrow(
             "SELECT *, extract(epoch FROM now() - first_seen_at) / 3600 AS age_h FROM pg_sequence_gaps "
             "WHERE start_seq = $1", base + 1))
-        await younger.post(pipe.settings, deposit("dep_young", 1, "pending", sequence=base + 5))
+        await younger.post("pg", pipe.settings, deposit("dep_young", 1, "pending", sequence=base + 5))
         young = await pipe.wait_for(lambda c: c.fetchrow(
             "SELECT *, extract(epoch FROM now() - first_seen_at) / 3600 AS age_h FROM pg_sequence_gaps "
             "WHERE start_seq = $1", base + 4))
@@ -309,4 +268,4 @@ async def test_with_the_default_limit_a_gap_older_than_4_days_is_backfilled_and_
         assert (young_dep["status"], young_dep["pg_version"]) == ("pending", 1)
     finally:
         for ingest in (older, younger):
-            pipe.pipeline.terminate(f"ingest-{ingest.hours_behind}h")
+            pipe.pipeline.terminate(ingest.name)
