@@ -6,58 +6,27 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
+from tests.card_api import CardApi, serve_card_api
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, serve_in_thread
-
-
-@dataclass
-class CardGateway:
-    """The card gateway's GET /payments/{ref}, with a scripted answer per payment."""
-
-    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
-    fail_first: dict[str, int] = field(default_factory=dict)  # 503s before the real answer
-    calls: Counter[str] = field(default_factory=Counter)
-    answers: dict[str, list[int]] = field(default_factory=dict)  # the status of each answer, per payment
-    url: str = ""
+from tests.support import make_settings
 
 
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[CardGateway]:
-    gw = CardGateway()
-
-    async def get_payment(request: web.Request) -> web.Response:
-        ref = request.match_info["ref"]
-        gw.calls[ref] += 1
-        answers = gw.answers.setdefault(ref, [])
-        if gw.calls[ref] <= gw.fail_first.get(ref, 0):
-            answers.append(503)
-            return web.Response(status=503)
-        if ref not in gw.payments:
-            answers.append(404)
-            return web.json_response({"error": "not found"}, status=404)
-        answers.append(200)
-        return web.json_response(gw.payments[ref])
-
-    app = web.Application()
-    app.router.add_get("/payments/{ref}", get_payment)
-    with serve_in_thread(app) as url:
-        gw.url = url
-        yield gw
+def gateway() -> Iterator[CardApi]:
+    with serve_card_api() as api:
+        yield api
 
 
 @pytest.fixture(scope="module")
-def pipe(kafka: KafkaBroker, postgres: PostgresServer, gateway: CardGateway,
+def pipe(kafka: KafkaBroker, postgres: PostgresServer, gateway: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"card{uuid.uuid4().hex[:8]}",
                       card_api_url=gateway.url, fetch_parked_after_s=2.0, fetch_interval_s=0.5)
@@ -149,7 +118,7 @@ async def test_full_refund_moves_to_refunded_and_rows_come_back_after_deletion(p
         await conn.close()
 
 
-async def test_withheld_authorisation_is_fetched_and_synced(pipe: Running, gateway: CardGateway) -> None:
+async def test_withheld_authorisation_is_fetched_and_synced(pipe: Running, gateway: CardApi) -> None:
     ref = "pay_fetch"
     gateway.payments[ref] = {"payment_ref": ref, "state": "captured", "authorised_minor": 9000,
                              "captured_minor": 9000, "refunded_minor": 0, "currency": "EUR"}
@@ -170,7 +139,7 @@ async def test_withheld_authorisation_is_fetched_and_synced(pipe: Running, gatew
         "SELECT count(*) = 0 FROM card_events WHERE payment_ref = $1 AND applied_at IS NULL", ref))
 
 
-async def test_unknown_payment_is_never_corrupted_by_a_404(pipe: Running, gateway: CardGateway) -> None:
+async def test_unknown_payment_is_never_corrupted_by_a_404(pipe: Running, gateway: CardApi) -> None:
     ref = "pay_ghost"
     await post(pipe, card_event(ref, "g_r", "refunded", 1, 100))  # a refund with nothing captured: parks
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM card_events WHERE payment_ref = $1", ref))

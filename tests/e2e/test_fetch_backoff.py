@@ -11,38 +11,22 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from aiohttp import web
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.e2e.test_rules_card import CardApi, answer, card_event, until
+from tests.card_api import CardApi, answer, serve_card_api
+from tests.e2e.test_rules_card import card_event, until
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, serve_in_thread
+from tests.support import make_settings
 
 PARKED_AFTER_S = 1.0
 INTERVAL_S = 0.25
-FAILING: set[str] = set()  # payments whose GET answers 503: the API's trouble, not the payment's
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[CardApi]:
-    gw = CardApi()
-
-    async def get_payment(request: web.Request) -> web.Response:
-        ref = request.match_info["ref"]
-        gw.calls[ref] += 1
-        gw.asked_at.setdefault(ref, []).append(time.monotonic())
-        if ref in FAILING:
-            return web.json_response({"error": "unavailable"}, status=503)
-        if ref not in gw.payments:
-            return web.json_response({"error": "not found"}, status=404)
-        return web.json_response(gw.payments[ref])
-
-    app = web.Application()
-    app.router.add_get("/payments/{ref}", get_payment)
-    with serve_in_thread(app) as url:
-        gw.url = url
-        yield gw
+    with serve_card_api() as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +54,7 @@ async def test_a_payment_answered_404_again_is_asked_after_doubling_waits(pipe: 
     # a payment parked while the first one waits out its backoff is fetched as soon as it is due
     fresh = f"pay_new{uuid.uuid4().hex[:6]}"
     api.payments[fresh] = answer(fresh, "captured", 3000, 3000, 0)
-    posted = time.monotonic()
+    posted = time.time()
     await pipe.post("card", card_event(fresh, f"{fresh}_c", "captured", 1, 3000))
     await until("the fresh payment's fetch", lambda: api.calls[fresh] >= 1, timeout=30)
     assert api.asked_at[fresh][0] - posted < PARKED_AFTER_S + 3
@@ -86,7 +70,7 @@ async def test_a_payment_answered_404_again_is_asked_after_doubling_waits(pipe: 
 @pytest.mark.timeout(120)
 async def test_errors_of_the_api_do_not_lengthen_the_wait(pipe: Running, api: CardApi) -> None:
     ref = f"pay_err{uuid.uuid4().hex[:6]}"
-    FAILING.add(ref)
+    api.failing.add(ref)  # the API's trouble, not the payment's
     await pipe.post("card", card_event(ref, f"{ref}_c", "captured", 1, 5000))
     # each pass asks 3 times (0.4 s, 0.8 s apart); the next pass follows within a look interval
     await until("four passes of GETs answered 503", lambda: api.calls[ref] >= 12, timeout=60)
@@ -95,7 +79,7 @@ async def test_errors_of_the_api_do_not_lengthen_the_wait(pipe: Running, api: Ca
     # 1.6 s after the third try, then the next look; a doubling wait would add 2 s, then 4 s
     assert all(gap < 3.0 for gap in between_passes), between_passes
     # once the API is back the payment is fetched and synced at the next pass
-    FAILING.discard(ref)
+    api.failing.discard(ref)
     api.payments[ref] = answer(ref, "captured", 5000, 5000, 0)
     row = await pipe.wait_for(lambda c: c.fetchrow(
         "SELECT state FROM card_payments WHERE payment_ref = $1 AND captured_minor = 5000", ref), timeout=30)

@@ -17,54 +17,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
 from app.settings import TABLE, Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
+from tests.card_api import CardApi, answer, serve_card_api
 from tests.pipeline import Running, running_pipeline, start_past_ingest
-from tests.support import make_settings, read_topic, serve_in_thread
+from tests.support import make_settings, read_topic
 from topics.catalog import names
 
 PLAYBOOK_FETCH_AFTER_S = 60.0  # the playbook: "received_at is older than 60 seconds"
 FETCH_INTERVAL_S = 0.5
 
 
-@dataclass
-class CardApi:
-    """The card gateway's GET /payments/{ref}: a scripted answer per payment, and when each was asked."""
-
-    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
-    calls: Counter[str] = field(default_factory=Counter)
-    asked_at: dict[str, list[float]] = field(default_factory=dict)  # wall-clock seconds of each GET
-    url: str = ""
-
-
 @pytest.fixture(scope="module")
 def api() -> Iterator[CardApi]:
-    gw = CardApi()
-
-    async def get_payment(request: web.Request) -> web.Response:
-        ref = request.match_info["ref"]
-        gw.calls[ref] += 1
-        gw.asked_at.setdefault(ref, []).append(time.time())
-        if ref not in gw.payments:
-            return web.json_response({"error": "not found"}, status=404)
-        return web.json_response(gw.payments[ref])
-
-    app = web.Application()
-    app.router.add_get("/payments/{ref}", get_payment)
-    with serve_in_thread(app) as url:
-        gw.url = url
-        yield gw
+    with serve_card_api() as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +56,6 @@ def card_event(ref: str, eid: str, kind: str, second: int, amount: int) -> bytes
     return orjson.dumps({"id": eid, "type": f"payment.{kind}", "payment_ref": ref, "sequence": None,
                          "occurred_at": f"2026-11-29T10:02:{15 + second:02d}.123Z", "amount_minor": amount,
                          "currency": "EUR"})
-
-
-def answer(ref: str, state: str, authorised: int, captured: int, refunded: int) -> dict[str, Any]:
-    return {"payment_ref": ref, "state": state, "authorised_minor": authorised, "captured_minor": captured,
-            "refunded_minor": refunded, "currency": "EUR"}
 
 
 async def until(what: str, ready: Callable[[], bool], timeout: float = 60.0) -> None:
