@@ -210,6 +210,19 @@ class Running:
                     answers.append(await resp.json())
         return answers
 
+    async def correlate(self, deps: list[str]) -> None:
+        """Register each pg deposit's merchant mapping (order ``o_<dep>``, user ``u_<dep>``) and wait
+        until the worker has them all, so the deposits that follow are not parked a while."""
+        async with aiohttp.ClientSession() as http:
+            for dep in deps:
+                async with http.put(f"{self.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
+                        {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
+                        headers={"Authorization": f"Bearer {self.settings.api_token}"}) as resp:
+                    assert resp.status == 200, await resp.text()
+        await self.wait_for(lambda c: c.fetchval(
+            "SELECT count(*) = $2 FROM webhook_events WHERE resource_id = ANY($1) "
+            "AND event_type = 'correlation.registered'", deps, len(deps)))
+
     async def canary(self, dep: str, timeout: float = 30.0) -> float:
         """A pg deposit's correlation and settlement through the ingest; seconds until its read-model
         row says settled (the pipeline still decides and projects)."""

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from app.stack.kafka import KafkaBroker
@@ -42,16 +41,7 @@ def restart_effects(pipe: Running, **env: str) -> None:
 async def settle_deposits(pipe: Running, prefix: str, count: int) -> list[str]:
     """``count`` correlated deposits settled through the ingest; their effects' dedupe keys."""
     deps = [f"dep_{prefix}{i}" for i in range(count)]
-    async with aiohttp.ClientSession() as http:
-        for dep in deps:
-            async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
-                    {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-                    headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
-                assert resp.status == 200, await resp.text()
-    # the worker has every mapping before the deposits arrive (else they would be parked a while)
-    await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT count(*) = $2 FROM webhook_events WHERE resource_id = ANY($1) "
-        "AND event_type = 'correlation.registered'", deps, count))
+    await pipe.correlate(deps)
     await pipe.post("pg", *(deposit(dep, 3, "settled") for dep in deps))
     return sorted(f"deposit:{dep}:{kind}" for dep in deps for kind in EFFECT_KINDS)
 

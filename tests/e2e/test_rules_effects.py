@@ -16,8 +16,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
-import orjson
 import pytest
 
 from app.stack.kafka import KafkaBroker
@@ -40,15 +38,7 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.
 
 async def settle(pipe: Running, deps: list[str]) -> list[str]:
     """Correlated deposits settled through the ingest; the dedupe keys the document gives them."""
-    async with aiohttp.ClientSession() as http:
-        for dep in deps:
-            async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
-                    {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-                    headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
-                assert resp.status == 200, await resp.text()
-    await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT count(*) = $2 FROM webhook_events WHERE resource_id = ANY($1) "
-        "AND event_type = 'correlation.registered'", deps, len(deps)))
+    await pipe.correlate(deps)
     await pipe.post("pg", *(deposit(dep, 3, "settled") for dep in deps))
     # settled: credit the end user, release the goods, each under deposit:{id}:{type}
     return sorted(f"deposit:{dep}:{kind}" for dep in deps for kind in ("credit_user", "release_goods"))
