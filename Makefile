@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime prometheus dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,13 +37,20 @@ faketime:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends faketime; }
 
+# Debian's Prometheus (with promtool), for the test that runs it against the stack with docker/'s
+# scrape config, alert rules and dashboard queries (tests/e2e/test_prometheus.py): installed once.
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup browser faketime
+test: setup browser faketime prometheus
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)
