@@ -259,7 +259,9 @@ class Running:
 
 
 @contextmanager
-def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -> Iterator[Running]:
+def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
+                     metrics_ports: Mapping[str, int] | None = None) -> Iterator[Running]:
+    """``metrics_ports``: the ORDERLY_METRICS_PORT of each process named (others serve none)."""
     with ExitStack() as stack:
         assert settings.effects_secret, "the effects stub verifies signatures: ORDERLY_EFFECTS_SECRET is needed"
         stub = stack.enter_context(effects_stub(settings.effects_secret, stub_fail_first))
@@ -267,7 +269,8 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0) -
         asyncio.run(prepare(settings))
         pipeline = Pipeline(settings, logs)
         for name in PROCESSES:
-            pipeline.start(name)
+            port = (metrics_ports or {}).get(name)
+            pipeline.start(name, **({"ORDERLY_METRICS_PORT": str(port)} if port else {}))
         stack.callback(pipeline.stop)
         ingest = stack.enter_context(serve_ingest(settings))
         admin = stack.enter_context(serve_in_thread(create_admin(settings)))
