@@ -36,6 +36,14 @@ def use_event_loop(name: str) -> None:
         raise SystemExit(f"ORDERLY_LOOP must be uvloop or asyncio, not {name!r}")
 
 
+def use_logging(settings: Settings) -> None:
+    """The process's log lines as ORDERLY_LOG_FORMAT says (app/logs.py), with its secrets kept out."""
+    from app import logs
+
+    logs.protect(logs.secrets_of(settings))
+    logs.configure(settings.log_format)
+
+
 def tune_gc(threshold: int) -> None:
     """Collect the young generation every ``threshold`` allocations instead of every 700, after
     moving what start-up built out of the collector's sight (gc.freeze). These processes allocate
@@ -53,6 +61,7 @@ def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | 
     from app.bootstrap import prepare
 
     settings = _production_settings()
+    use_logging(settings)
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
         logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
@@ -80,7 +89,9 @@ def _embedded_stack(run: Callable[[], int]) -> int:
 def cmd_dev(args: argparse.Namespace) -> int:
     from app.supervisor import run_dev
 
-    return _embedded_stack(lambda: run_dev(dev_settings()))
+    settings = dev_settings()
+    use_logging(settings)
+    return _embedded_stack(lambda: run_dev(settings))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -274,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    from app import logs
+
+    logs.configure("text")  # until a process has its settings (use_logging)
     try:
         return COMMANDS[args.command][0](args)
     except SettingsError as exc:

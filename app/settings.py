@@ -122,8 +122,13 @@ _ROWS = (
     Setting("data_dir", "ORDERLY_DATA_DIR", Directory(), Path(".orderly"),
             "where `orderly dev` keeps Kafka and PostgreSQL data"),
     Setting("metrics_port", "ORDERLY_METRICS_PORT", Integer(minimum=0), 0,
-            "`/metrics` port of worker, projector, effects (`0`: off); `orderly dev` gives them the ingest "
-            "port + 1, +2, … (a free port if that one is taken)"),
+            "`/metrics` port of ingest, worker, projector, effects, fetcher (`0`: off; the admin serves it on "
+            "its own port); `orderly dev` gives each a port of its own (a free port if that one is taken)"),
+    Setting("metrics_host", "ORDERLY_METRICS_HOST", Text(what="a host name or address"), "127.0.0.1",
+            "address every process's `/metrics` binds (`0.0.0.0` for a Prometheus on another host or container)"),
+    Setting("log_format", "ORDERLY_LOG_FORMAT", Choice(("text", "json")), "text",
+            "log lines of every process: `json` (one object a line: timestamp, level, logger, message, gateway, "
+            "delivery_id, resource_id) or `text`"),
     Setting("gap_backfill_after_s", "ORDERLY_GAP_BACKFILL_AFTER_S", Number(), 4 * 24 * 3600.0,
             "age in seconds at which an open pg sequence gap is sent to `orderly.fetch` (the pg "
             "document: a gap open 4 days is lost)"),
@@ -189,6 +194,8 @@ class Settings:
     replay_processes: int
     data_dir: Path
     metrics_port: int
+    metrics_host: str
+    log_format: str
     gap_backfill_after_s: float
     effects_max_attempts: int
     effects_lease_s: float
