@@ -51,14 +51,20 @@ def names(namespace: str = "orderly") -> TopicNames:
                       changelog=f"{namespace}-worker-resources-changelog")
 
 
-def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1) -> list[TopicSpec]:
+def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1,
+            min_insync_replicas: int | None = None) -> list[TopicSpec]:
     n = names(namespace)
     keep = {"cleanup.policy": "delete", "retention.ms": FOREVER, "retention.bytes": FOREVER}
     # The ingest accepts bodies up to 1 MiB; with headers and batch overhead a record is larger.
     big = {"max.message.bytes": str(MAX_RECORD_BYTES)}
     derived = {"max.message.bytes": str(DERIVED_RECORD_BYTES)}
     # min.insync.replicas cannot exceed the replicas there are; with 3+ replicas, 2 must ack.
-    durable = {"min.insync.replicas": "2" if replication_factor >= 3 else "1"}
+    if min_insync_replicas is None:
+        min_insync_replicas = 2 if replication_factor >= 3 else 1
+    if min_insync_replicas > replication_factor:
+        raise ValueError(f"min.insync.replicas {min_insync_replicas} exceeds the replication factor "
+                         f"{replication_factor}: no write could ever be acknowledged")
+    durable = {"min.insync.replicas": str(min_insync_replicas)}
 
     def spec(name: str, config: dict[str, str], co_partitioned: bool = True) -> TopicSpec:
         return TopicSpec(name, partitions, replication_factor, {**durable, **config}, co_partitioned)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import fcntl
+import json
 import logging
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from app.stack.jars import MAVEN_CENTRAL, LockedJar, fetch_locked, format_lock, lock_digest, read_lock, sha256_of
 from app.stack.java import find_java
@@ -27,6 +29,7 @@ from app.stack.process import (
     keep_or_move,
     port_accepts,
     port_is_free,
+    spare_port,
     sticky_ports,
     stop_process,
     wait_until,
@@ -38,6 +41,10 @@ DEFAULT_CACHE = Path.home() / ".cache" / "orderly"
 LOCK_FILE = HERE / "kafka-jars.lock"
 
 log = logging.getLogger("orderly.stack")
+# A cluster's nodes heartbeat the controllers this often and are fenced (their partitions led by
+# another replica) after this long without one (KafkaBroker._cluster_properties).
+HEARTBEAT_MS = 500
+SESSION_MS = 3000
 
 
 def ensure_jars(cache_dir: Path = DEFAULT_CACHE, version: str = KAFKA_VERSION, *,
@@ -122,23 +129,36 @@ class KafkaBroker:
     """One broker+controller process. ``data_dir`` keeps the log across restarts.
 
     The broker port is where clients find it, so it never moves: a taken one stops the start with
-    what to do. The controller port is this node's own affair and moves when it was taken while
-    the broker was down. That is safe for this single node: the voter set formatted by
-    ``--standalone`` is found again through ``controller.quorum.bootstrap.servers``, which is
-    written afresh at every start (tests/integration/test_kafka_broker.py restarts on a new one).
+    what to do. Alone (``voters`` None), the controller port is this node's own affair and moves
+    when it was taken while the broker was down. That is safe for a single node: the voter set
+    formatted by ``--standalone`` is found again through ``controller.quorum.bootstrap.servers``,
+    which is written afresh at every start (tests/integration/test_kafka_broker.py restarts on a
+    new one). In a cluster (:class:`KafkaCluster`) the voters are static, ``{node id: controller
+    port}``, and no port moves. ``replicas`` is the cluster's size: internal topics get
+    ``min(replicas, 3)`` replicas and need ``min_insync`` of them.
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, controller_port: int | None = None,
-                 heap_mb: int = 384, cache_dir: Path = DEFAULT_CACHE) -> None:
+                 heap_mb: int = 384, cache_dir: Path = DEFAULT_CACHE, node_id: int = 1,
+                 voters: dict[int, int] | None = None, cluster_id: str | None = None,
+                 min_insync: int = 1) -> None:
         self.data_dir = data_dir
         self.cache_dir = cache_dir
         self.heap_mb = heap_mb
+        self.node_id = node_id
+        self.voters = voters
+        self.cluster_id = cluster_id
+        self.replicas = min(len(voters), 3) if voters else 1
+        self.min_insync = min_insync
+        if voters is not None:
+            controller_port = voters[node_id]
         ports = sticky_ports(data_dir / "ports.json", ("broker", "controller"),
                              {"broker": port, "controller": controller_port})
         self.port = ports["broker"]
         self.controller_port = ports["controller"]
         self.controller_port_may_move = controller_port is None
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
 
     @property
     def bootstrap(self) -> str:
@@ -149,10 +169,16 @@ class KafkaBroker:
         return self.data_dir / "broker.log"
 
     def _properties(self) -> str:
+        if self.voters:
+            quorum = "controller.quorum.voters=" + ",".join(
+                f"{node}@127.0.0.1:{port}" for node, port in sorted(self.voters.items()))
+        else:
+            quorum = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}"
+        replicas, isr = self.replicas, self.min_insync
         return "\n".join([
             "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+            f"node.id={self.node_id}",
+            quorum,
             f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names=CONTROLLER",
@@ -163,13 +189,18 @@ class KafkaBroker:
             # with one partition would silently break co-partitioning.
             "auto.create.topics.enable=false",
             "num.partitions=1",
-            # One node: the internal topics cannot have more replicas than that, and
-            # transactions need their state log to accept writes with one in-sync replica.
-            "offsets.topic.replication.factor=1",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "share.coordinator.state.topic.replication.factor=1",
-            "share.coordinator.state.topic.min.isr=1",
+            # The internal topics (offsets, transactions, share groups) have as many replicas as
+            # there are nodes, up to 3, and refuse a write that fewer than min.insync.replicas
+            # hold; one node: one replica, and transactions need their state log to accept writes
+            # with one in-sync replica. A topic created without its own setting (Faust's
+            # changelog) gets the same defaults.
+            f"offsets.topic.replication.factor={replicas}",
+            f"transaction.state.log.replication.factor={replicas}",
+            f"transaction.state.log.min.isr={isr}",
+            f"share.coordinator.state.topic.replication.factor={replicas}",
+            f"share.coordinator.state.topic.min.isr={isr}",
+            f"default.replication.factor={replicas}",
+            f"min.insync.replicas={isr}",
             # Test consumers join at once instead of waiting for more members.
             "group.initial.rebalance.delay.ms=0",
             "transaction.abort.timed.out.transaction.cleanup.interval.ms=10000",
@@ -178,8 +209,27 @@ class KafkaBroker:
             # to a new index zero-filled 8 MiB (perf: 59 % of the broker's CPU went to memset when
             # namespaces are created). 256 KiB indexes still hold 21,000+ entries per segment.
             "log.index.size.max.bytes=262144",
+            *self._cluster_properties(),
             "",
         ])
+
+    def _cluster_properties(self) -> list[str]:
+        if not self.voters:
+            return []
+        return [
+            # A node that dies without a word (kill -9, a lost machine) keeps leading its
+            # partitions until the controllers stop hearing its heartbeats: that long, writes to
+            # them wait. Kafka's 9 s would outlast the ingest's append deadline (5 s).
+            f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
+            f"broker.session.timeout.ms={SESSION_MS}",
+            # a node back from a crash takes its partitions' leadership back once in sync
+            "leader.imbalance.check.interval.seconds=10",
+        ]
+
+    def _format_args(self) -> list[str]:
+        """How ``kafka-storage format`` learns the voters: from the properties (static) in a
+        cluster, ``--standalone`` alone."""
+        return [] if self.voters else ["--standalone"]
 
     def _java(self, main: str, *args: str, heap: bool = False) -> list[str]:
         libs = ensure_jars(self.cache_dir)
@@ -198,6 +248,12 @@ class KafkaBroker:
                 "-cp", f"{libs}/*", main, *args]
 
     def start(self, timeout: float = 90.0) -> None:
+        self.launch()
+        self.wait_started(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (a cluster's nodes start together: none of
+        them is ready before a majority of the voters is up)."""
         if self.proc is not None and self.proc.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -211,18 +267,19 @@ class KafkaBroker:
                                                 "kafka controller")
         elif not port_is_free(self.controller_port):
             raise PortTakenError(f"kafka: the controller port {self.controller_port} on 127.0.0.1 is in use by "
-                                 "another process; stop it or ask for another controller port")
+                                 "another process; stop it or ask for another controller port"
+                                 + (f" ({self.data_dir / 'ports.json'})" if self.voters else ""))
         props = self.data_dir / "server.properties"
         props.write_text(self._properties())
         if not (self.data_dir / "log" / "meta.properties").exists():
             result = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}",
-                           "-c", str(props), "--standalone"),
+                self._java("kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id or _cluster_id()}",
+                           "-c", str(props), *self._format_args()),
                 capture_output=True, text=True, check=False,
             )
             if result.returncode != 0:
                 raise RuntimeError(f"kafka storage format failed:\n{result.stdout}\n{result.stderr}")
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             log.write(f"[orderly] starting kafka {KAFKA_VERSION} on {find_java().describe()}\n".encode())
             log.flush()
@@ -230,7 +287,12 @@ class KafkaBroker:
                 self._java("kafka.Kafka", str(props), heap=True),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
+
+    def wait_started(self, timeout: float = 90.0) -> None:
         proc = self.proc
+        if proc is None:
+            raise RuntimeError("kafka: wait_started before launch")
+        offset = self._log_offset
 
         def started() -> bool:
             with self.log_path.open("rb") as f:
@@ -259,6 +321,62 @@ class KafkaBroker:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+
+class KafkaCluster:
+    """``size`` broker+controller nodes with a static quorum, on consecutive broker ports from
+    ``port`` (the production shape on one machine: `orderly dev --brokers 3`). Node ``i`` keeps its
+    data in ``data_dir/node-i``; the controller ports and the cluster id are fixed at the first
+    start (``data_dir/cluster.json``), as the voters' addresses are part of the metadata log."""
+
+    def __init__(self, data_dir: Path, size: int, *, port: int | None = None, heap_mb: int = 320,
+                 cache_dir: Path = DEFAULT_CACHE) -> None:
+        if size < 1:
+            raise ValueError("a Kafka cluster has at least one node")
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        known = data_dir / "cluster.json"
+        layout: dict[str, Any] = json.loads(known.read_text()) if known.exists() else {}
+        if layout and len(layout["controllers"]) != size:
+            raise ValueError(f"{data_dir} holds a cluster of {len(layout['controllers'])} Kafka nodes, not {size}: "
+                             "start it with that many, or use another data directory")
+        if not layout:
+            base = port or spare_port()
+            layout = {"cluster_id": _cluster_id(), "brokers": [base + i for i in range(size)],
+                      "controllers": [spare_port() for _ in range(size)]}
+            known.write_text(json.dumps(layout))
+        elif port is not None:
+            layout["brokers"] = [port + i for i in range(size)]
+        voters = {i + 1: p for i, p in enumerate(layout["controllers"])}
+        self.nodes = [KafkaBroker(data_dir / f"node-{i}", port=layout["brokers"][i - 1], node_id=i, voters=voters,
+                                  cluster_id=layout["cluster_id"], min_insync=2 if size >= 3 else 1,
+                                  heap_mb=heap_mb, cache_dir=cache_dir)
+                      for i in voters]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def node(self, node_id: int) -> KafkaBroker:
+        return self.nodes[node_id - 1]
+
+    def start(self, timeout: float = 120.0) -> None:
+        for node in self.nodes:
+            node.launch()
+        try:
+            for node in self.nodes:
+                node.wait_started(timeout)
+        except Exception:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 30.0) -> None:
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"node_id": n.node_id, "pid": n.pid, "port": n.port, "controller_port": n.controller_port,
+                 "data_dir": str(n.data_dir)} for n in self.nodes]
 
 
 def _cluster_id() -> str:
