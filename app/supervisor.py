@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from app.bootstrap import prepare
 from app.settings import Settings
-from app.stack.kafka import KafkaBroker
+from app.stack.kafka import KafkaBroker, KafkaCluster
 from app.stack.postgres import PostgresServer
 from app.stack.process import PortTakenError, free_port, port_accepts, port_is_free, stop_process, wait_until
 
@@ -31,7 +31,7 @@ log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
-SERVES_OWN_METRICS = ("ingest", "admin")  # on their own HTTP port
+SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
 
 
 def kafka_port(bootstrap: str) -> int:
@@ -88,18 +88,48 @@ def _wait_serving(child: Child, port: int, host: str) -> None:
 class Stack:
     """Kafka + PostgreSQL + the Orderly processes, for `orderly dev` and `orderly demo`."""
 
-    def __init__(self, settings: Settings, processes: tuple[str, ...] = PROCESSES) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, processes: tuple[str, ...] = PROCESSES, *, brokers: int = 1,
+                 workers: int = 1) -> None:
+        if brokers < 1 or workers < 1:
+            raise ValueError("a stack has at least one broker and one worker")
         self.data_dir = settings.data_dir.resolve()
-        self.kafka = KafkaBroker(self.data_dir / "kafka", port=kafka_port(settings.kafka_bootstrap))
         self.postgres = PostgresServer(self.data_dir / "postgres", port=postgres_port(settings.postgres_dsn))
+        self.kafka: KafkaBroker | KafkaCluster
+        if brokers == 1:
+            self.kafka = KafkaBroker(self.data_dir / "kafka", port=kafka_port(settings.kafka_bootstrap))
+            self.brokers = [self.kafka]
+        else:
+            # the production shape (DESIGN.md §7): every topic replicated on up to 3 nodes
+            self.kafka = KafkaCluster(self.data_dir / f"kafka-{brokers}", brokers,
+                                      port=kafka_port(settings.kafka_bootstrap))
+            self.brokers = list(self.kafka.nodes)
+            replicas = settings.replication_factor if settings.replication_factor > 1 else min(brokers, 3)
+            settings = settings.with_overrides(kafka_bootstrap=self.kafka.bootstrap, replication_factor=replicas)
+        self.settings = settings
         env = {**os.environ, **settings.to_env()}
-        # each process without an HTTP server of its own serves /metrics on the next port up
+        # One child per process; with more than one worker they are worker-1, worker-2, … in one
+        # consumer group, each with a state folder of its own (RocksDB holds a lock per partition).
+        # Every process but the admin serves /metrics on a port of its own from the ingest port + 1.
+        named: list[tuple[str, str, dict[str, str]]] = []
+        for name in processes:
+            if name == "worker" and workers > 1:
+                named += [(f"worker-{i}", name,
+                           {} if i == 1 else {"ORDERLY_DATA_DIR": str(self.data_dir / f"worker-{i}")})
+                          for i in range(1, workers + 1)]
+            else:
+                named.append((name, name, {}))
         self.children = [
-            Child(name, [sys.executable, "-m", "app.cli", name], dict(env), self.data_dir / f"{name}.log",
-                  metrics_port=settings.ingest_port + i if name not in SERVES_OWN_METRICS else 0)
-            for i, name in enumerate(processes)
+            Child(child, [sys.executable, "-m", "app.cli", command], {**env, **extra}, self.data_dir / f"{child}.log",
+                  metrics_port=settings.ingest_port + 1 + i if command not in SERVES_OWN_METRICS else 0)
+            for i, (child, command, extra) in enumerate(named)
         ]
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    @property
+    def workers(self) -> list[Child]:
+        return [c for c in self.children if c.name == "worker" or c.name.startswith("worker-")]
 
     @property
     def ingest_url(self) -> str:
@@ -110,21 +140,29 @@ class Stack:
         return f"http://{self.settings.admin_host}:{self.settings.admin_port}"
 
     def describe(self) -> dict[str, Any]:
+        host = self.settings.ingest_host
+        ingest = next((c for c in self.children if c.name == "ingest"), None)
         return {
             "namespace": self.settings.namespace,
             "ingest_url": self.ingest_url,
             "admin_url": self.admin_url if any(c.name == "admin" for c in self.children) else None,
             "postgres_dsn": self.postgres.dsn,
             "kafka_bootstrap": self.kafka.bootstrap,
-            "metrics_url": f"{self.ingest_url}/metrics",
+            "replication_factor": self.settings.replication_factor,
+            "min_insync_replicas": self.settings.min_insync,
+            "metrics_url": f"http://{host}:{ingest.metrics_port}/metrics" if ingest else None,
             "process_metrics_urls": {
-                c.name: f"http://{self.settings.ingest_host}:{c.metrics_port}/metrics"
-                for c in self.children if c.metrics_port
+                c.name: f"http://{host}:{c.metrics_port}/metrics" for c in self.children if c.metrics_port
             },
             "processes": {c.name: {"pid": c.proc.pid if c.proc else None,
-                                   "port": c.metrics_port or (self.settings.admin_port if c.name == "admin"
-                                                              else self.settings.ingest_port)}
+                                   "port": self.settings.ingest_port if c.name == "ingest"
+                                   else c.metrics_port or self.settings.admin_port,
+                                   "metrics_port": c.metrics_port or None}
                           for c in self.children},
+            "brokers": [{"node_id": b.node_id, "pid": b.pid, "port": b.port, "controller_port": b.controller_port}
+                        for b in self.brokers],
+            "workers": [{"name": c.name, "pid": c.proc.pid if c.proc else None, "metrics_port": c.metrics_port}
+                        for c in self.workers],
         }
 
     @property
@@ -204,8 +242,8 @@ def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: 
         time.sleep(0.2)
 
 
-def run_dev(settings: Settings) -> int:
-    stack = Stack(settings)
+def run_dev(settings: Settings, brokers: int = 1, workers: int = 1) -> int:
+    stack = Stack(settings, brokers=brokers, workers=workers)
 
     def started() -> None:
         stack.start()

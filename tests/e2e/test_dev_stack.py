@@ -68,12 +68,13 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     settings = dev_settings(env)
     log = tmp_path / "dev.log"
 
-    # The worker's usual /metrics port (ingest + 1) is taken, as the local end of an outgoing
-    # connection can take it: the supervisor must serve it elsewhere, not restart the worker forever.
+    # The worker's usual /metrics port (ingest + 2; the ingest's own is ingest + 1) is taken, as the
+    # local end of an outgoing connection can take it: the supervisor must serve it elsewhere, not
+    # restart the worker forever.
     squatter = socket.socket()
-    for _ in range(100):  # an ingest port whose next port is free too, so that the test can take it
+    for _ in range(100):  # an ingest port two below a free one, so that the test can take it
         try:
-            squatter.bind(("127.0.0.1", ingest_port + 1))
+            squatter.bind(("127.0.0.1", ingest_port + 2))
             break
         except OSError:
             ingest_port = free_port()
@@ -85,17 +86,25 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
         process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
         processes: dict[str, dict[str, int]] = stack.pop("processes")
+        brokers, workers = stack.pop("brokers"), stack.pop("workers")
         assert stack == {"namespace": "orderly",
                          "ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "admin_url": f"http://127.0.0.1:{admin_port}",
                          "postgres_dsn": settings.postgres_dsn,
                          "kafka_bootstrap": settings.kafka_bootstrap,
-                         "metrics_url": f"http://127.0.0.1:{ingest_port}/metrics"}
-        assert sorted(process_metrics) == ["effects", "fetcher", "projector", "worker"]
+                         "replication_factor": 1, "min_insync_replicas": 1,
+                         "metrics_url": f"http://127.0.0.1:{ingest_port + 1}/metrics"}
+        assert sorted(process_metrics) == ["effects", "fetcher", "ingest", "projector", "worker"]
         assert sorted(processes) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
         assert processes["ingest"]["port"] == ingest_port and processes["admin"]["port"] == admin_port
+        assert processes["admin"]["metrics_port"] is None  # on its own port, behind nothing
         for name, url in process_metrics.items():
-            assert url == f"http://127.0.0.1:{processes[name]['port']}/metrics"
+            assert url == f"http://127.0.0.1:{processes[name]['metrics_port']}/metrics"
+        assert [(b["node_id"], b["port"]) for b in brokers] == [(1, kafka_port)]
+        assert workers == [{"name": "worker", "pid": processes["worker"]["pid"],
+                            "metrics_port": processes["worker"]["metrics_port"]}]
+        for described in [*brokers, *workers]:
+            os.kill(described["pid"], 0)
         for described in processes.values():  # every pid named is a live process of this stack
             os.kill(described["pid"], 0)
         body = orjson.dumps({"id": "evt_1", "object": "event", "type": "deposit.pending", "sequence": 1,
@@ -113,7 +122,9 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                 assert resp.status == 200
             async with http.get(stack["metrics_url"]) as resp:
                 assert "orderly_ingest_requests_total" in await resp.text()
-            assert process_metrics["worker"] != f"http://127.0.0.1:{ingest_port + 1}/metrics"
+            assert process_metrics["worker"] != f"http://127.0.0.1:{ingest_port + 2}/metrics"
+            async with http.get(f"{stack['ingest_url']}/metrics") as resp:  # never on the webhook port
+                assert resp.status == 404
             assert "orderly_worker_partitions" in await eventually_get(http, process_metrics["worker"])
             # the admin serves behind its token on its own port; the webhook port serves no resource data
             async with http.get(f"{stack['admin_url']}/api/overview") as resp:
