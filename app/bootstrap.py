@@ -7,7 +7,9 @@ import logging
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 
+from app.kafka_client import client_options, refusal
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import migrate
@@ -21,15 +23,26 @@ log = logging.getLogger("orderly.bootstrap")
 async def prepare(settings: Settings, topics: bool = True) -> tuple[list[str], list[str]]:
     """Idempotent; returns (topics created, migrations applied). ``topics=False``: PostgreSQL only,
     for a process that must start while Kafka is away (the admin)."""
-    created = await ensure_topics(
-        settings.kafka_bootstrap,
-        catalog(settings.namespace, settings.partitions, settings.replication_factor)) if topics else []
+    created = await _ensure_topics(settings) if topics else []
     conn = await asyncpg.connect(settings.postgres_dsn)
     try:
         applied = await migrate(conn, settings.namespace)
     finally:
         await conn.close()
     return created, applied
+
+
+async def _ensure_topics(settings: Settings) -> list[str]:
+    try:
+        return await ensure_topics(settings.kafka_bootstrap,
+                                   catalog(settings.namespace, settings.partitions, settings.replication_factor),
+                                   **client_options(settings))
+    except KafkaConnectionError:
+        # aiokafka says only "Unable to bootstrap"; a broker that refuses the TLS handshake or the
+        # SASL authentication is a configuration error, said with its reason (KafkaRefusedError)
+        if (refused := await refusal(settings)) is not None:
+            raise refused from None
+        raise
 
 
 async def migrate_correlations(settings: Settings) -> int:
@@ -43,12 +56,14 @@ async def migrate_correlations(settings: Settings) -> int:
     the upgrade, and releases those in log order exactly as if the correlation had come first
     (app/core/pg.py)."""
     topic = names(settings.namespace).correlations
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000,
+                                **client_options(settings))
     await admin.start()
     try:
         if topic not in await admin.list_topics():
             return 0
-        consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False,
+                                    **client_options(settings))
         await consumer.start()
         try:
             tps = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or ())]
@@ -67,7 +82,7 @@ async def migrate_correlations(settings: Settings) -> int:
         finally:
             await consumer.stop()
         if records:
-            producer = KeyedProducer(settings.kafka_bootstrap)
+            producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
             await producer.start()
             try:
                 await producer.send_all(records)

@@ -21,6 +21,7 @@ import aiohttp
 import orjson
 from aiokafka.structs import ConsumerRecord
 
+from app.kafka_client import client_options
 from app.metrics import EffectsMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.setting_kinds import SettingsError
@@ -110,7 +111,7 @@ class EffectsWorker:
         self.metrics.concurrency.set(settings.effects_concurrency)
         self.sink = PgSink(settings, "effects", names(settings.namespace).effects, self._record,
                            set_aside=self._set_aside)
-        self.producer = KeyedProducer(settings.kafka_bootstrap)
+        self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
         self.http: aiohttp.ClientSession | None = None
         # The bound on requests in flight, across every claim of this process (DESIGN.md §3.2).
         self.slots = asyncio.Semaphore(settings.effects_concurrency)

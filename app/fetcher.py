@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError
 
 from app.gateways import pg as pg_gateway
 from app.gateways.limits import int64_error
+from app.kafka_client import client_options
 from app.metrics import FetcherMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -76,7 +77,7 @@ class Fetcher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = FetcherMetrics()
-        self.producer = KeyedProducer(settings.kafka_bootstrap)
+        self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
         self.pool: asyncpg.Pool | None = None
         self.http: aiohttp.ClientSession | None = None
         self._next_slot = 0.0
@@ -217,7 +218,8 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
     producer = fetcher.producer
     consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_committed")
+                                auto_offset_reset="earliest", isolation_level="read_committed",
+                                **client_options(settings))
     await consumer.start()
     try:
         async for message in consumer:

@@ -26,6 +26,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from app.gateways import card, registry
 from app.gateways.base import Route, SignatureError
 from app.gateways.limits import id_error
+from app.kafka_client import client_options
 from app.metrics import IngestMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -141,8 +142,9 @@ def public_reason(exc: BaseException) -> str:
 class Appender:
     """An idempotent acks=all producer shared by every request, so concurrent appends batch."""
 
-    def __init__(self, bootstrap: str, timeout_s: float, metrics: IngestMetrics) -> None:
+    def __init__(self, bootstrap: str, timeout_s: float, metrics: IngestMetrics, **client: Any) -> None:
         self.bootstrap = bootstrap
+        self.client = client  # how to reach Kafka (app/kafka_client.py)
         self.timeout_s = timeout_s
         self.metrics = metrics
         self._producer: KeyedProducer | None = None
@@ -155,7 +157,8 @@ class Appender:
         # The ingest comes up even when Kafka is down; until the producer starts it answers 503.
         delay = 0.2
         while self._producer is None:
-            producer = KeyedProducer(self.bootstrap, request_timeout_ms=max(1000, int(self.timeout_s * 1000)))
+            producer = KeyedProducer(self.bootstrap, request_timeout_ms=max(1000, int(self.timeout_s * 1000)),
+                                     **self.client)
             try:
                 await producer.start()
             except KafkaError as exc:
@@ -413,7 +416,8 @@ def create_app(settings: Settings) -> web.Application:
     metrics = IngestMetrics()
     app[SETTINGS] = settings
     app[METRICS] = metrics
-    app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics)
+    app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics,
+                                 **client_options(settings))
     app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)
     app.router.add_post("/webhooks/{gateway}", receive_webhook)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", put_correlation)

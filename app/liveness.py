@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -25,8 +26,9 @@ log = logging.getLogger("orderly.liveness")
 
 
 class Liveness:
-    def __init__(self, bootstrap: str, group_id: str, stall_s: float) -> None:
+    def __init__(self, bootstrap: str, group_id: str, stall_s: float, **client: Any) -> None:
         self.bootstrap = bootstrap
+        self.client = client  # how to reach Kafka (app/kafka_client.py)
         self.group_id = group_id
         self.stall_s = stall_s
         self.assigned: set[TopicPartition] = set()
@@ -59,8 +61,8 @@ class Liveness:
         if not tps or self.quiet_for() < self.stall_s:
             return {}
         if self._consumer is None or self._admin is None:
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self.client)
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client)
             await self._consumer.start()
             await self._admin.start()
         try:

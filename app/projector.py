@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 
 from app.core.gaps import Gap, due_for_backfill, observe
+from app.kafka_client import client_options
 from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
@@ -146,7 +147,7 @@ class Projector:
         # orderly.quarantine -> the quarantine table; what it cannot store stays in projection_errors
         # only, never in orderly.quarantine again (that would loop)
         self.quarantine = PgSink(settings, "quarantine", self.n.quarantine, quarantine.record)
-        self.producer = KeyedProducer(settings.kafka_bootstrap)
+        self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
 
     async def _set_aside(self, message: Any, reason: str) -> None:
         record = quarantine.set_aside_record(self.n, CONSUMER, message, reason)

@@ -32,6 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from app.bootstrap import prepare
 from app.core.dispatch import Incoming, Record, plan_batch
 from app.gateways import registry
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.worker import changelog_topic
@@ -59,10 +60,10 @@ def compared() -> dict[str, str]:
     return {**{t.name: t.compared for g in registry.GATEWAYS.values() for t in g.tables}, **SHARED_COMPARED}
 
 
-async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[Any]]:
+async def _read_all(bootstrap: str, topic: str, partitions: int, **client: Any) -> dict[int, list[Any]]:
     """Every record of ``topic`` up to its end at the start of the copy, per partition."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                isolation_level="read_committed", max_partition_fetch_bytes=REQUEST_BYTES)
+                                isolation_level="read_committed", max_partition_fetch_bytes=REQUEST_BYTES, **client)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]  # co-partitioned: checked at start-up
@@ -80,7 +81,7 @@ async def _read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, li
 
 async def merged_log(live: Settings) -> Merged:
     """orderly.raw per partition, in log order."""
-    raw = await _read_all(live.kafka_bootstrap, names(live.namespace).raw, live.partitions)
+    raw = await _read_all(live.kafka_bootstrap, names(live.namespace).raw, live.partitions, **client_options(live))
     return {partition: [(m.key, m.value, list(m.headers)) for m in messages]
             for partition, messages in sorted(raw.items())}
 
@@ -94,7 +95,7 @@ def deliveries(merged: Merged) -> int:
 
 async def unmigrated_correlations(live: Settings) -> bool:
     """Whether a pre-0.2 correlations topic still holds what the log lacks (`orderly migrate` moves it)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=live.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=live.kafka_bootstrap, **client_options(live))
     await admin.start()
     try:
         return names(live.namespace).correlations in await admin.list_topics()
@@ -104,7 +105,7 @@ async def unmigrated_correlations(live: Settings) -> bool:
 
 async def copy_log(target: Settings, merged: Merged) -> int:
     """The merged log into ``NS.raw``: the rebuilt namespace keeps its own log."""
-    producer = KeyedProducer(target.kafka_bootstrap)
+    producer = KeyedProducer(target.kafka_bootstrap, **client_options(target))
     await producer.start()
     try:
         records = [(names(target.namespace).raw, key, value, headers)
@@ -205,7 +206,7 @@ def _rebuild_forked(answer: Any, target: Settings, partitions: list[int]) -> Non
 async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list[int]) -> int:
     n = names(target.namespace)
     changelog = changelog_topic(target.namespace)
-    producer = KeyedProducer(target.kafka_bootstrap)
+    producer = KeyedProducer(target.kafka_bootstrap, **client_options(target))
     await producer.start()
     decided = 0
     try:
@@ -258,7 +259,7 @@ async def ensure_changelog(target: Settings) -> str:
 async def _commit_worker_offsets(target: Settings, ends: dict[int, int]) -> None:
     n = names(target.namespace)
     consumer = AIOKafkaConsumer(bootstrap_servers=target.kafka_bootstrap, group_id=f"{target.namespace}-worker",
-                                enable_auto_commit=False)
+                                enable_auto_commit=False, **client_options(target))
     await consumer.start()
     try:
         offsets = {TopicPartition(n.raw, p): end for p, end in ends.items() if end}

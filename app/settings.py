@@ -84,6 +84,30 @@ _ROWS = (
             "partitions of every co-partitioned topic"),
     Setting("replication_factor", "ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1,
             "topic replication factor"),
+    # How every producer, consumer, admin client and the Faust worker reach Kafka (app/kafka_client.py,
+    # which also refuses inconsistent combinations at start-up).
+    Setting("kafka_security_protocol", "ORDERLY_KAFKA_SECURITY_PROTOCOL",
+            Choice(("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")), "plaintext",
+            "how clients talk to Kafka: TLS (`ssl`, `sasl_ssl`) and/or SASL authentication (`sasl_*`)"),
+    Setting("kafka_sasl_mechanism", "ORDERLY_KAFKA_SASL_MECHANISM",
+            Maybe(Choice(("plain", "scram-sha-256", "scram-sha-512"))), None,
+            "SASL mechanism (required with `sasl_*`)"),
+    Setting("kafka_sasl_username", "ORDERLY_KAFKA_SASL_USERNAME", Maybe(Text()), None,
+            "SASL user name (required with `sasl_*`)"),
+    Setting("kafka_sasl_password", "ORDERLY_KAFKA_SASL_PASSWORD", Maybe(Text()), None,
+            "SASL password (required with `sasl_*`)", is_secret=True),
+    Setting("kafka_ssl_cafile", "ORDERLY_KAFKA_SSL_CAFILE", Maybe(Text(what="a PEM file path")), None,
+            "CA certificates the brokers' certificates are checked against (`ssl`, `sasl_ssl`); unset: the "
+            "system's"),
+    Setting("kafka_ssl_certfile", "ORDERLY_KAFKA_SSL_CERTFILE", Maybe(Text(what="a PEM file path")), None,
+            "client certificate chain for brokers that require one (mutual TLS); may hold the key too"),
+    Setting("kafka_ssl_keyfile", "ORDERLY_KAFKA_SSL_KEYFILE", Maybe(Text(what="a PEM file path")), None,
+            "the client certificate's private key, if not in `ORDERLY_KAFKA_SSL_CERTFILE`"),
+    Setting("kafka_ssl_key_password", "ORDERLY_KAFKA_SSL_KEY_PASSWORD", Maybe(Text()), None,
+            "password of an encrypted client key", is_secret=True),
+    Setting("kafka_ssl_check_hostname", "ORDERLY_KAFKA_SSL_CHECK_HOSTNAME", Flag(), True,
+            "the broker certificate must name the host connected to (`0` only for certificates without the "
+            "right names; the chain is still verified)"),
     # It prefixes topic names (Kafka takes [A-Za-z0-9._-]) and is a PostgreSQL schema name.
     Setting("namespace", "ORDERLY_NAMESPACE",
             Text(r"[A-Za-z][A-Za-z0-9_]*", "ASCII letters, digits and '_', starting with a letter"),
@@ -176,6 +200,15 @@ class Settings:
     effects_concurrency: int
     partitions: int
     replication_factor: int
+    kafka_security_protocol: str
+    kafka_sasl_mechanism: str | None
+    kafka_sasl_username: str | None
+    kafka_sasl_password: str | None
+    kafka_ssl_cafile: str | None
+    kafka_ssl_certfile: str | None
+    kafka_ssl_keyfile: str | None
+    kafka_ssl_key_password: str | None
+    kafka_ssl_check_hostname: bool
     namespace: str
     ingest_host: str
     ingest_port: int
@@ -236,7 +269,12 @@ class Settings:
                 values.setdefault(row.field, {})[row.key] = value
         if errors:
             raise SettingsError("\n".join(errors))
-        return cls(**values)
+        settings = cls(**values)
+        from app.kafka_client import security_errors  # the Kafka security rows' combinations and files
+
+        if problems := security_errors(settings):
+            raise SettingsError("\n".join(problems))
+        return settings
 
     def with_overrides(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]

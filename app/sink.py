@@ -22,6 +22,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
 from app.core.pacing import busy_pause
+from app.kafka_client import client_options
 from app.settings import Settings
 from projections import sql
 from projections.bulk import Conn, printable
@@ -73,7 +74,8 @@ class PgSink:
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU
             fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,
-            max_partition_fetch_bytes=REQUEST_BYTES)  # never a record too large to read
+            max_partition_fetch_bytes=REQUEST_BYTES,  # never a record too large to read
+            **client_options(self.settings))
         self.consumer.subscribe([self.topic], listener=_Resume(self))
         await self.consumer.start()
 

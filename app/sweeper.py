@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from topics.catalog import REQUEST_BYTES, names
@@ -52,10 +53,12 @@ class Sweeper:
     async def start(self) -> None:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
                                          max_partition_fetch_bytes=REQUEST_BYTES,
-                                         isolation_level="read_committed")  # end offsets: what the projector can read
+                                         isolation_level="read_committed",  # end offsets: what the projector can read
+                                         **client_options(self.settings))
         await self.consumer.start()
         self.consumer.assign(self.tps)
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
+                                         **client_options(self.settings))
         await self.admin.start()
         stored = {(r["topic"], r["partition"]): r["next_offset"] for r in await self.pool.fetch(
             "SELECT topic, partition, next_offset FROM projector_offsets WHERE consumer = $1", CONSUMER)}

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from app.bootstrap import prepare
 from app.core import pg
 from app.core.model import Delivery
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.replay import ensure_changelog
 from app.settings import Settings, dev_settings
@@ -65,7 +66,7 @@ def template_state() -> bytes:
 async def fill_changelog(settings: Settings) -> tuple[str, int]:
     topic = await ensure_changelog(settings)
     template = template_state()
-    producer = KeyedProducer(settings.kafka_bootstrap)
+    producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
     await producer.start()
     written = 0
     try:
@@ -86,7 +87,7 @@ async def fill_changelog(settings: Settings) -> tuple[str, int]:
 
 async def send_probes(settings: Settings, round_no: int) -> list[str]:
     """Redeliver the settled event of PROBES resources spread over the whole id range."""
-    producer = KeyedProducer(settings.kafka_bootstrap)
+    producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
     await producer.start()
     ids = []
     try:
@@ -105,7 +106,7 @@ async def send_probes(settings: Settings, round_no: int) -> list[str]:
 
 async def wait_decided(settings: Settings, delivery_ids: list[str], limit_s: float = 900) -> dict[str, Any]:
     consumer = AIOKafkaConsumer(names(settings.namespace).decisions, bootstrap_servers=settings.kafka_bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+                                auto_offset_reset="earliest", enable_auto_commit=False, **client_options(settings))
     await consumer.start()
     wanted, last_ms = set(delivery_ids), 0
     outcomes: dict[str, str] = {}

@@ -19,6 +19,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 
 from app.bootstrap import prepare
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
@@ -40,7 +41,7 @@ MODES = os.environ.get("BENCH_MODES", "at_least_once,exactly_once").split(",")
 async def prefill(settings: Settings) -> int:
     """Correlations for every deposit, then 4 deliveries each (one a redelivery), interleaved."""
     n = names(settings.namespace)
-    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=20)
+    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=20, **client_options(settings))
     await producer.start()
     try:
         futures = []
@@ -70,7 +71,7 @@ async def measure(settings: Settings, expected: int, limit_s: float = 600) -> tu
     """Steady-state rate: decisions between the 5th and the 95th percentile of their Kafka
     timestamps, so a rebalance at start-up or a slow tail does not count as apply time."""
     consumer = AIOKafkaConsumer(names(settings.namespace).decisions, bootstrap_servers=settings.kafka_bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+                                auto_offset_reset="earliest", enable_auto_commit=False, **client_options(settings))
     await consumer.start()
     stamps: list[int] = []
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -28,10 +29,11 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: list[str]) -> di
     return counts
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]:
-    """Create the missing topics; return the names created. Existing ones are checked, not changed."""
+async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], **client: Any) -> list[str]:
+    """Create the missing topics; return the names created. Existing ones are checked, not changed.
+    ``client``: aiokafka's options of how to reach the brokers (security_protocol, ssl_context, sasl_*)."""
     specs = list(specs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000, **client)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -56,11 +58,11 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
         await admin.close()
 
 
-async def topic_configs(bootstrap: str, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+async def topic_configs(bootstrap: str, topics: Iterable[str], **client: Any) -> dict[str, dict[str, str]]:
     """The broker's effective configuration of each topic (for start-up checks and tests)."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000, **client)
     await admin.start()
     try:
         responses = await admin.describe_configs(

@@ -20,6 +20,7 @@ import asyncpg
 import orjson
 
 from app.admin import actions, queries
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections import quarantine
@@ -57,7 +58,7 @@ async def _connect(settings: Settings) -> asyncpg.Connection:
 
 
 async def _with_producer(settings: Settings, act: Callable[[KeyedProducer], Awaitable[int]]) -> int:
-    producer = KeyedProducer(settings.kafka_bootstrap, request_timeout_ms=10_000)
+    producer = KeyedProducer(settings.kafka_bootstrap, request_timeout_ms=10_000, **client_options(settings))
     try:
         await asyncio.wait_for(producer.start(), actions.APPEND_DEADLINE_S)
     except Exception as exc:  # the broker away: nothing was done, and no traceback

@@ -25,6 +25,7 @@ from app.admin import actions, auth, queries
 from app.admin.openapi import document
 from app.gateways import registry
 from app.gateways.limits import id_error
+from app.kafka_client import client_options
 from app.metrics import AdminMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings, SettingsError
@@ -95,7 +96,8 @@ class Admin:
 
     async def producer(self) -> KeyedProducer:
         if self._producer is None:
-            producer = KeyedProducer(self.settings.kafka_bootstrap, request_timeout_ms=10_000)
+            producer = KeyedProducer(self.settings.kafka_bootstrap, request_timeout_ms=10_000,
+                                     **client_options(self.settings))
             await asyncio.wait_for(producer.start(), 10)
             self._producer = producer
         return self._producer
@@ -120,10 +122,12 @@ class Admin:
         """Per consumer group and topic: records appended but not consumed yet. The worker and the
         fetcher commit to Kafka; the projector and effects recorder keep positions in PostgreSQL."""
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False)
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
+                                        **client_options(self.settings))
             await consumer.start()
             self._consumer = consumer
-            self._kafka_admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+            self._kafka_admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
+                                                     **client_options(self.settings))
             await self._kafka_admin.start()
         assert self._kafka_admin is not None
         n, ns = self.names, self.settings.namespace

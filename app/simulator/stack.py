@@ -24,6 +24,7 @@ import aiohttp
 import asyncpg
 import orjson
 
+from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.simulator import check
@@ -123,7 +124,7 @@ async def run_stack(settings: Settings, target: str, gateways: list[str], count:
     batch = [histories.make(g, seed + i, tag) for g in gateways for i in range(count)]
     expected = {f"{h.gateway}:{h.seed}": wanted(h) for h in batch}
     started = time.monotonic()
-    producer = KeyedProducer(settings.kafka_bootstrap)
+    producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
     await producer.start()
     try:
         queue: asyncio.Queue[History] = asyncio.Queue()

@@ -29,6 +29,7 @@ from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app.core.pacing import busy_pause
+from app.kafka_client import client_options, faust_credentials
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
@@ -63,6 +64,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     app = WorkerApp(
         f"{settings.namespace}-worker",
         broker=f"kafka://{settings.kafka_bootstrap}",
+        broker_credentials=faust_credentials(settings),  # its consumer, producers and admin calls
         store="rocksdb://" if settings.store == "rocksdb" else "memory://",
         processing_guarantee=settings.processing_guarantee,
         topic_partitions=settings.partitions,
@@ -95,8 +97,10 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES)},
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
-    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0)  # send_all hands over whole batches
-    liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s)
+    # send_all hands over whole batches
+    producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0, **client_options(settings))
+    liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s,
+                        **client_options(settings))
     batches = BatchProcessor(app, state, table, n, producer, liveness, max_record_bytes)
     if settings.processing_guarantee == "exactly_once":
         state.stage = batches.stage
@@ -181,7 +185,7 @@ async def record_limit(settings: Settings) -> int:
     been created with a smaller max.message.bytes than today's catalog)."""
     n = names(settings.namespace)
     written = [n.state, n.decisions, n.facts, n.effects, n.changelog]  # quarantine: raw bodies, as raw takes them
-    configs = await topic_configs(settings.kafka_bootstrap, written)
+    configs = await topic_configs(settings.kafka_bootstrap, written, **client_options(settings))
     return min(int(configs.get(topic, {}).get("max.message.bytes") or DERIVED_RECORD_BYTES) for topic in written)
 
 

@@ -67,9 +67,16 @@ def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
     raise AssertionError(f"no strategy for {kind!r}: add one for the new kind")
 
 
+# The Kafka security rows are refused in inconsistent combinations (SASL without a password, a CA
+# file that is not there): left unset here; tests/unit/test_kafka_client.py round-trips them set.
+KAFKA_SECURITY = {row.env for row in TABLE if row.field.startswith(("kafka_security", "kafka_sasl", "kafka_ssl"))}
+
+
 def environments() -> st.SearchStrategy[dict[str, str]]:
     """A whole environment: every variable accepted text, empty, or unset (the required ones set)."""
     def variable(row: Setting[Any]) -> st.SearchStrategy[str | None]:
+        if row.env in KAFKA_SECURITY:
+            return st.none()
         if row.default is REQUIRED:
             return texts(row.kind)
         return st.one_of(st.none(), st.just(""), texts(row.kind))
