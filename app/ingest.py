@@ -27,7 +27,8 @@ from app.gateways import card, registry
 from app.gateways.base import Route, SignatureError
 from app.gateways.limits import id_error
 from app.kafka_client import client_options
-from app.metrics import IngestMetrics
+from app.logs import SampledLog, bound
+from app.metrics import IngestMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
@@ -47,6 +48,10 @@ SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 APPENDER: web.AppKey[Appender] = web.AppKey("appender")
 CORRELATIONS: web.AppKey[CorrelationStore] = web.AppKey("correlations")
 METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
+REFUSALS: web.AppKey[SampledLog] = web.AppKey("refusals", SampledLog)
+# 401s and quarantined bodies are logged with their reason, at most this many lines per gateway and
+# reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
+REFUSALS_LOGGED_PER_MINUTE = 5
 
 
 # Delivery ids: a random 64-bit prefix per process and a counter. Unique across processes and
@@ -303,6 +308,10 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
     except SignatureError as exc:
         metrics.requests.labels(gateway, "unauthorized").inc()
         metrics.signature_failures.labels(gateway).inc()
+        # the reason only: never the headers (they carry the signature) nor the body
+        request.app[REFUSALS].log(logging.WARNING, (gateway, "unauthorized", exc.reason), "401 %s: %s", gateway,
+                                  exc.reason, extra={"gateway": gateway, "outcome": "unauthorized",
+                                                     "reason": exc.reason})
         return _json(401, error=exc.reason)
 
     route: Route = found.adapter.route(raw)
@@ -316,7 +325,14 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
                 topics.quarantine, delivery_id.encode(), raw,
                 quarantine_headers(headers, "ingest", reason, route.resource_hint))
             metrics.requests.labels(gateway, "quarantined").inc()
-            metrics.quarantined.labels(gateway, route.quarantine_code or "unroutable").inc()
+            code = route.quarantine_code or "unroutable"
+            metrics.quarantined.labels(gateway, code).inc()
+            resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None
+            with bound(gateway=gateway, delivery_id=delivery_id, resource_id=resource_id):
+                request.app[REFUSALS].log(logging.WARNING, (gateway, "quarantined", code), "quarantined %s "
+                                          "delivery %s: %s", gateway, delivery_id, reason,
+                                          extra={"outcome": "quarantined", "code": code, "reason": reason,
+                                                 "event_id": route.event_id})
             # 200: the gateway must not retry a body it will never make valid.
             return _json(200, status="stored", quarantined=True, reason=reason, delivery_id=delivery_id)
         await request.app[APPENDER].append(topics.raw, route.resource_key.encode(), raw, [*headers, CHECKED])
@@ -399,11 +415,6 @@ async def readyz(request: web.Request) -> web.Response:
                  errors={name: public_reason(exc) for name, exc in failed.items()})
 
 
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    body, content_type = request.app[METRICS].render()
-    return web.Response(body=body, headers={"Content-Type": content_type})
-
-
 def validate_secrets(settings: Settings) -> None:
     """Refuse to start with a card secret that is not a Standard Webhooks key."""
     for secret in settings.secrets["card"]:
@@ -423,13 +434,27 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", put_correlation)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_endpoint)
+    # No /metrics here: the webhook port serves webhooks, correlations and health only (DESIGN.md §3);
+    # metrics are served on ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT, as by every other process.
+    app[REFUSALS] = SampledLog(log, first=REFUSALS_LOGGED_PER_MINUTE, window_s=60.0,
+                               on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
+
+    async def report_suppressed() -> None:
+        while True:
+            await asyncio.sleep(5)
+            app[REFUSALS].flush()
 
     async def lifecycle(app: web.Application) -> Any:
+        runner = (await serve_metrics(metrics.registry, settings.metrics_port, settings.metrics_host)
+                  if settings.metrics_port else None)
+        reporting = asyncio.create_task(report_suppressed())
         await app[APPENDER].start()
         yield
+        reporting.cancel()
         await app[APPENDER].stop()
         await app[CORRELATIONS].close()
+        if runner is not None:
+            await runner.cleanup()
 
     app.cleanup_ctx.append(lifecycle)
     return app

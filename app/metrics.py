@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0, 3600.0)
 
 
+def _installed() -> str:
+    try:
+        return version("orderly")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 class _Metrics:
-    """One process's metrics in a registry of its own."""
+    """One process's metrics in a registry of its own, with the process's own CPU, memory, start
+    time (restarts: ``changes(process_start_time_seconds[1h])``), Python's collector and platform,
+    and ``orderly_process_info{process}`` naming which Orderly process it is."""
+
+    PROCESS = "orderly"
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        Gauge("orderly_process_info", "Which Orderly process serves these metrics (always 1)", ["process", "version"],
+              registry=self.registry).labels(self.PROCESS, _installed()).set(1)
 
     def child(self, metric: Counter | Histogram | Gauge, *labels: str) -> Any:
         """``metric.labels(*labels)``, looked up once: prometheus_client validates the labels and
@@ -36,8 +61,16 @@ class _Metrics:
         return Counter("orderly_set_aside", "Records a stage set aside to orderly.quarantine instead of "
                        "stopping on them", ["stage", "gateway"], registry=self.registry)
 
+    def consumer_lag_gauge(self) -> Gauge:
+        """One name in every consuming process and the admin, so that one alert covers them all."""
+        return Gauge("orderly_consumer_lag", "Records not yet consumed, by consumer group and topic (the worker's "
+                     "and fetcher's Kafka groups; the sinks' positions stored in PostgreSQL)", ["group", "topic"],
+                     registry=self.registry)
+
 
 class IngestMetrics(_Metrics):
+    PROCESS = "ingest"
+
     def __init__(self) -> None:
         super().__init__()
         self.requests = Counter(
@@ -56,9 +89,14 @@ class IngestMetrics(_Metrics):
         self.append_failures = Counter(
             "orderly_ingest_append_failures", "Appends that failed or passed the deadline (answered 503)",
             ["topic"], registry=self.registry)
+        self.log_suppressed = Counter(
+            "orderly_log_lines_suppressed", "Sampled log lines not written (the first few per gateway and "
+            "reason a minute are)", ["logger"], registry=self.registry)
 
 
 class WorkerMetrics(_Metrics):
+    PROCESS = "worker"
+
     def __init__(self) -> None:
         super().__init__()
         self.decisions = Counter("orderly_worker_decisions", "Deliveries decided, by gateway and outcome",
@@ -82,12 +120,15 @@ class WorkerMetrics(_Metrics):
                                  "covered (ORDERLY_COMMIT_INTERVAL_S or ORDERLY_BUSY_COMMIT_INTERVAL_S)",
                                  registry=self.registry)
         self.set_aside = self.set_aside_counter()
+        self.consumer_lag = self.consumer_lag_gauge()
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)
 
 
 class ProjectorMetrics(_Metrics):
+    PROCESS = "projector"
+
     def __init__(self) -> None:
         super().__init__()
         self.projected = Counter("orderly_projector_decisions", "Decisions written to PostgreSQL",
@@ -106,10 +147,20 @@ class ProjectorMetrics(_Metrics):
                                      buckets=LAG_BUCKETS, registry=self.registry)
         self.backfills = Counter("orderly_pg_backfill_requests", "Gaps older than the limit sent to orderly.fetch",
                                  registry=self.registry)
+        self.consumer_lag = self.consumer_lag_gauge()
+        self.parked_resources = Gauge("orderly_parked_resources", "Resources holding at least one parked delivery "
+                                      "(read from PostgreSQL every few seconds)", ["gateway"], registry=self.registry)
+        self.parked_events = Gauge("orderly_parked_events", "Parked deliveries", ["gateway"], registry=self.registry)
+        self.parked_oldest_s = Gauge("orderly_parked_oldest_seconds", "Age of the oldest delivery still parked "
+                                     "(0 when none)", ["gateway"], registry=self.registry)
+        self.quarantine_records = Gauge("orderly_quarantine_records", "Records in the quarantine table not "
+                                        "redriven, by the stage that set them aside", ["stage"],
+                                        registry=self.registry)
 
 
 async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> web.AppRunner:
-    """A /metrics endpoint for a process that has no HTTP server of its own."""
+    """A /metrics endpoint of its own (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT), apart from any port a
+    process serves its clients on."""
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -123,6 +174,8 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
 
 
 class EffectsMetrics(_Metrics):
+    PROCESS = "effects"
+
     def __init__(self) -> None:
         super().__init__()
         self.recorded = Counter("orderly_effects_recorded", "Effect records consumed (duplicates included)",
@@ -144,9 +197,14 @@ class EffectsMetrics(_Metrics):
                              "seconds)", registry=self.registry)
         self.oldest_pending_s = Gauge("orderly_effects_oldest_pending_seconds",
                                       "Age of the oldest effect neither delivered nor dead", registry=self.registry)
+        self.dead_records = Gauge("orderly_effects_dead_records", "Effects dead and never delivered (read with "
+                                  "orderly_effects_pending)", registry=self.registry)
+        self.consumer_lag = self.consumer_lag_gauge()
 
 
 class FetcherMetrics(_Metrics):
+    PROCESS = "fetcher"
+
     def __init__(self) -> None:
         super().__init__()
         self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
@@ -157,9 +215,12 @@ class FetcherMetrics(_Metrics):
                                  registry=self.registry)
         self.reappended = Counter("orderly_sweeper_reappended", "Stored records with no decision after "
                                   "ORDERLY_SWEEP_AFTER_S, appended again", ["topic"], registry=self.registry)
+        self.consumer_lag = self.consumer_lag_gauge()
 
 
 class AdminMetrics(_Metrics):
+    PROCESS = "admin"
+
     def __init__(self) -> None:
         super().__init__()
         self.requests = Counter("orderly_admin_requests", "Admin API and console requests by route and status",
@@ -169,6 +230,4 @@ class AdminMetrics(_Metrics):
         self.login_failures = Counter("orderly_admin_login_failures",
                                       "Console logins and API requests refused for a wrong or missing token",
                                       ["via"], registry=self.registry)
-        self.consumer_lag = Gauge("orderly_consumer_lag", "Records not yet consumed, by consumer group and topic "
-                                  "(the worker's Kafka group; the sinks' positions stored in PostgreSQL)",
-                                  ["group", "topic"], registry=self.registry)
+        self.consumer_lag = self.consumer_lag_gauge()

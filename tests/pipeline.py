@@ -261,7 +261,8 @@ class Running:
 @contextmanager
 def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
                      metrics_ports: Mapping[str, int] | None = None) -> Iterator[Running]:
-    """``metrics_ports``: the ORDERLY_METRICS_PORT of each process named (others serve none)."""
+    """``metrics_ports``: the ORDERLY_METRICS_PORT of each process named (others serve none; the in-thread
+    ingest serves its /metrics on a free port unless "ingest" is named: Running.ingest.metrics_url)."""
     with ExitStack() as stack:
         assert settings.effects_secret, "the effects stub verifies signatures: ORDERLY_EFFECTS_SECRET is needed"
         stub = stack.enter_context(effects_stub(settings.effects_secret, stub_fail_first))
@@ -272,7 +273,7 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
             port = (metrics_ports or {}).get(name)
             pipeline.start(name, **({"ORDERLY_METRICS_PORT": str(port)} if port else {}))
         stack.callback(pipeline.stop)
-        ingest = stack.enter_context(serve_ingest(settings))
+        ingest = stack.enter_context(serve_ingest(settings, (metrics_ports or {}).get("ingest", 0)))
         admin = stack.enter_context(serve_in_thread(create_admin(settings)))
         yield Running(settings, pipeline, ingest, stub, admin)
         assert not stub.rejected, f"badly signed effect deliveries: {stub.rejected[:5]}"

@@ -39,6 +39,7 @@ def signed_headers(gateway: str, body: bytes, settings: Settings, now: float | N
 class ServedIngest:
     url: str
     metrics: IngestMetrics
+    metrics_url: str = ""  # its /metrics, on a port of its own (the webhook port serves none)
 
 
 @contextmanager
@@ -69,19 +70,22 @@ def serve_in_thread(app: web.Application, **server_options: Any) -> Iterator[str
 
 
 @contextmanager
-def serve_ingest(settings: Settings) -> Iterator[ServedIngest]:
-    """Run the real ingest app on a loopback port in a thread with its own event loop."""
-    app = create_app(settings)
+def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIngest]:
+    """Run the real ingest app on a loopback port in a thread with its own event loop; its /metrics
+    on ``metrics_port`` (0: a free port), apart from the webhook port as in `orderly ingest`."""
+    port = metrics_port or free_port()
+    app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app) as url:
-        yield ServedIngest(url, app[METRICS])
+        yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
 
 
 @contextmanager
 def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
     """The ingest with the connection limits that `orderly ingest` serves it with (ingest.run)."""
-    app = create_app(settings)
+    port = free_port()
+    app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, **server_options(settings)) as url:
-        yield ServedIngest(url, app[METRICS])
+        yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
 
 
 @dataclass(frozen=True)

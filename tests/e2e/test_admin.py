@@ -183,13 +183,13 @@ async def test_the_webhook_port_serves_no_resource_data_metrics_or_admin(scenari
     pipe = scenario.pipe
     async with aiohttp.ClientSession() as http:
         for path in (f"/resources/card/{CARD}", f"/api/resources/card/{CARD}", "/api/overview", "/api/quarantine",
-                     "/openapi.json", "/", "/login", "/quarantine", "/effects", "/parked"):
+                     "/openapi.json", "/", "/login", "/quarantine", "/effects", "/parked", "/metrics"):
             for headers in ({}, bearer(pipe)):
                 async with http.get(f"{pipe.ingest.url}{path}", headers=headers) as resp:
                     body = await resp.text()
                     assert resp.status in (404, 405), (path, resp.status)
                     assert CARD not in body and "evt_c1" not in body
-        async with http.get(f"{pipe.ingest.url}/metrics") as resp:  # counters by gateway and outcome only
+        async with http.get(pipe.ingest.metrics_url) as resp:  # its own port; counters by gateway and outcome only
             text = await resp.text()
             assert resp.status == 200 and "orderly_ingest_requests_total" in text
             assert CARD not in text and "dep_a_" not in text and "evt_" not in text

@@ -218,7 +218,9 @@ async def test_health_readiness_and_metrics(settings: Settings, ingest: ServedIn
     body = pg_event()
     await post(http, ingest, "pg", body, signed_headers("pg", body, settings))
     await post(http, ingest, "pg", body, {})
-    async with http.get(f"{ingest.url}/metrics") as resp:
+    async with http.get(f"{ingest.url}/metrics") as resp:  # the webhook port serves no metrics (DESIGN.md §3)
+        assert resp.status == 404
+    async with http.get(ingest.metrics_url) as resp:
         text = await resp.text()
     assert 'orderly_ingest_requests_total{gateway="pg",outcome="stored"} 1.0' in text
     assert 'orderly_ingest_requests_total{gateway="pg",outcome="unauthorized"} 1.0' in text
