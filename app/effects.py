@@ -56,7 +56,8 @@ UPDATE effects SET attempts = attempts + 1, last_error = $2,
        dead_at = CASE WHEN attempts + 1 >= $4 THEN now() END
  WHERE dedupe_key = $1"""
 PENDING = """
-SELECT count(*) AS pending, coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s
+SELECT count(*) AS pending, coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s,
+       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS dead
   FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL"""
 
 
@@ -210,15 +211,19 @@ class EffectsWorker:
         self.metrics.failures.labels(row["type"]).inc()
         if attempts >= self.settings.effects_max_attempts:
             self.metrics.dead.inc()
-            log.error("effect %s is dead after %d attempts: %s", row["dedupe_key"], attempts, error)
+            log.error("effect %s is dead after %d attempts: %s", row["dedupe_key"], attempts, error,
+                      extra={"gateway": row["gateway"], "resource_id": row["resource_id"], "effect": row["dedupe_key"]})
 
     async def read_pending(self) -> None:
-        """The backlog gauges: effects neither delivered nor dead, and the age of the oldest."""
+        """The backlog gauges: effects neither delivered nor dead, the age of the oldest, the dead
+        ones; and the recorder's consumer lag."""
         assert self.sink.pool is not None
         row = await self.sink.pool.fetchrow(PENDING)
         assert row is not None
         self.metrics.pending.set(row["pending"])
         self.metrics.oldest_pending_s.set(row["oldest_s"])
+        self.metrics.dead_records.set(row["dead"])
+        self.metrics.consumer_lag.labels(self.sink.name, self.sink.topic).set(await self.sink.lag())
 
 
 async def run(settings: Settings) -> None:
@@ -226,7 +231,8 @@ async def run(settings: Settings) -> None:
     if not worker.deliver:
         log.warning("ORDERLY_EFFECTS_URL is not set: effects are recorded in PostgreSQL but not delivered")
     await worker.start()
-    runner = await serve_metrics(worker.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    runner = (await serve_metrics(worker.metrics.registry, settings.metrics_port, settings.metrics_host)
+              if settings.metrics_port else None)
     pending_at = 0.0
     try:
         while True:

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import aiohttp
 import asyncpg
 import orjson
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from app.gateways import pg as pg_gateway
@@ -48,6 +48,7 @@ SELECT payment_ref FROM card_events WHERE applied_at IS NULL AND source = 'webho
 # inventing refs with a leaked secret, say) would otherwise take every pass's 500 places for ever,
 # the newer parked payments behind them never fetched.
 MAX_BACKOFF_S = 3600.0
+LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
 STATES = {"created", "authorised", "captured", "refunded", "voided"}
 
 
@@ -82,6 +83,17 @@ class Fetcher:
         self.http: aiohttp.ClientSession | None = None
         self._next_slot = 0.0
         self._unchanged: dict[str, tuple[str, int, float]] = {}  # ref -> (last answer, repeats, next due)
+        self.requests: AIOKafkaConsumer | None = None  # orderly.fetch's consumer, once started
+
+    async def read_lag(self) -> None:
+        """orderly_consumer_lag of the fetcher's Kafka group: fetch requests not carried out yet."""
+        consumer, topic = self.requests, names(self.settings.namespace).fetch
+        if consumer is None:
+            return
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = await consumer.end_offsets(tps)
+        lag = sum([ends[tp] - (await consumer.committed(tp) or 0) for tp in tps])
+        self.metrics.consumer_lag.labels(f"{self.settings.namespace}-fetcher", topic).set(max(0, lag))
 
     async def start(self) -> None:
         await self.producer.start()
@@ -156,7 +168,8 @@ class Fetcher:
         try:
             body = synced_event(ref, answer, int(time.time() * 1000))
         except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
-            log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc)
+            log.error("unusable gateway answer for %s: %s: %s", ref, type(exc).__name__, exc,
+                      extra={"gateway": "card", "resource_id": ref})
             self.metrics.fetches.labels("card", "unusable").inc()
             self._answered(ref, "unusable")
             self.metrics.set_aside.labels("fetcher", "card").inc()
@@ -221,6 +234,7 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
                                 auto_offset_reset="earliest", isolation_level="read_committed",
                                 **client_options(settings))
     await consumer.start()
+    fetcher.requests = consumer
     try:
         async for message in consumer:
             try:
@@ -265,7 +279,8 @@ async def run(settings: Settings) -> None:
     if not settings.pg_api_url:
         log.warning("ORDERLY_PG_API_URL is not set: pg sequence gaps are not backfilled")
     await fetcher.start()
-    runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port) if settings.metrics_port else None
+    runner = (await serve_metrics(fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
+              if settings.metrics_port else None)
     # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
     requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings)
                                    if settings.pg_api_url or settings.card_api_url else asyncio.Event().wait())
@@ -273,6 +288,16 @@ async def run(settings: Settings) -> None:
     sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                       lambda topic: fetcher.metrics.reappended.labels(topic).inc())
     await sweeper.start()
+
+    async def report_lag() -> None:
+        while True:
+            try:
+                await fetcher.read_lag()
+            except Exception as exc:  # Kafka away or the consumer restarting: the gauge keeps its last value
+                log.info("fetch requests' lag not read: %r", exc)
+            await asyncio.sleep(LAG_EVERY_S)
+
+    lag = asyncio.create_task(report_lag())
     tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
     next_card_sync = 0.0
     try:
@@ -283,6 +308,7 @@ async def run(settings: Settings) -> None:
             await sweeper.sweep()
             await asyncio.sleep(tick)
     finally:
+        lag.cancel()
         await sweeper.stop()
         requests.cancel()
         if runner is not None:

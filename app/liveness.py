@@ -60,14 +60,10 @@ class Liveness:
         tps = sorted(self.assigned)
         if not tps or self.quiet_for() < self.stall_s:
             return {}
-        if self._consumer is None or self._admin is None:
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self.client)
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client)
-            await self._consumer.start()
-            await self._admin.start()
+        consumer, admin = await self._clients()
         try:
-            ends = await self._consumer.end_offsets(tps)
-            offsets = await self._admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+            ends = await consumer.end_offsets(tps)
+            offsets = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
         except KafkaError as exc:  # the broker or the coordinator is away: not a stall of ours
             log.info("liveness check skipped: %r", exc)
             return {}
@@ -84,6 +80,24 @@ class Liveness:
                     quiet or self.next_offset.get(tp, 0) > committed):
                 stuck[tp] = ends[tp] - committed
         return stuck
+
+    async def _clients(self) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
+        if self._consumer is None or self._admin is None:
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self.client)
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client)
+            await self._consumer.start()
+            await self._admin.start()
+        return self._consumer, self._admin
+
+    async def group_lag(self, topic: str) -> int:
+        """Records of ``topic`` past the group's committed offsets, over every partition (not only
+        this worker's: each worker of the group reports the whole group's lag, the admin's figure)."""
+        consumer, admin = await self._clients()
+        await consumer.topics()  # fresh metadata: the topic's partitions
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = await consumer.end_offsets(tps)
+        offsets = await admin.list_consumer_group_offsets(self.group_id, partitions=tps)
+        return sum(ends[tp] - (offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0) for tp in tps)
 
     async def close(self) -> None:
         if self._consumer is not None:

@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 
 from app.core.gaps import Gap, due_for_backfill, observe
+from app.gateways import registry
 from app.kafka_client import client_options
 from app.metrics import ProjectorMetrics, serve_metrics
 from app.producer import KeyedProducer
@@ -28,6 +29,15 @@ from topics.records import DECISIONS, Decision
 
 log = logging.getLogger("orderly.projector")
 CONSUMER = "projector"
+GAUGES_EVERY_S = 5.0  # how often the parked, quarantine and lag gauges are read
+STAGES = ("ingest", "worker", "projector", "effects", "fetcher")  # what sets records aside (DESIGN.md §2.4)
+# Per gateway: resources holding parked deliveries, the deliveries, the age of the oldest (the
+# partial index webhook_events_parked holds exactly these rows).
+PARKED_BY_GATEWAY = """
+SELECT gateway, count(DISTINCT resource_id) AS resources, count(*) AS events,
+       coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 AS oldest_s
+  FROM webhook_events WHERE outcome = 'parked' GROUP BY gateway"""
+QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE redriven_at IS NULL GROUP BY stage"
 
 
 def _ms_to_ts(ms: int) -> Any:
@@ -180,6 +190,25 @@ class Projector:
         await self.quarantine.run_once(timeout_ms=0)  # what has arrived; decisions are the ones worth a wait
         return await self.sink.run_once(timeout_ms)
 
+    async def read_gauges(self) -> None:
+        """The gauges read from PostgreSQL and Kafka: parked deliveries per gateway, quarantined
+        records per stage, and both sinks' consumer lag. Every gateway and stage is set, 0 when it
+        has none, so that an alert sees the value fall back, not the series vanish."""
+        pool = self.sink.pool
+        assert pool is not None
+        m = self.metrics
+        parked = {r["gateway"]: r for r in await pool.fetch(PARKED_BY_GATEWAY)}
+        for gateway in sorted(set(registry.GATEWAYS) | set(parked)):
+            row = parked.get(gateway)
+            m.parked_resources.labels(gateway).set(row["resources"] if row else 0)
+            m.parked_events.labels(gateway).set(row["events"] if row else 0)
+            m.parked_oldest_s.labels(gateway).set(row["oldest_s"] if row else 0.0)
+        quarantined = {r["stage"]: r["records"] for r in await pool.fetch(QUARANTINED_BY_STAGE)}
+        for stage in sorted(set(STAGES) | set(quarantined)):
+            m.quarantine_records.labels(stage).set(quarantined.get(stage, 0))
+        for sink in (self.sink, self.quarantine):
+            m.consumer_lag.labels(sink.name, sink.topic).set(await sink.lag())
+
     async def request_backfills(self) -> int:
         """Emit one fetch request per gap open longer than the limit (default 4 days)."""
         pool = self.sink.pool
@@ -203,11 +232,15 @@ class Projector:
 async def run(settings: Settings) -> None:
     projector = Projector(settings)
     await projector.start()
-    runner = await serve_metrics(projector.metrics.registry, settings.metrics_port) if settings.metrics_port else None
-    last_check = 0.0
+    runner = (await serve_metrics(projector.metrics.registry, settings.metrics_port, settings.metrics_host)
+              if settings.metrics_port else None)
+    last_check = gauges_at = 0.0
     try:
         while True:
             await projector.run_once()
+            if time.monotonic() >= gauges_at:
+                gauges_at = time.monotonic() + GAUGES_EVERY_S
+                await projector.read_gauges()
             if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
                 last_check = time.monotonic()
                 await projector.request_backfills()

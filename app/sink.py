@@ -9,6 +9,7 @@ therefore write each record once (the eventsourcing "tracking record" pattern).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -183,6 +184,27 @@ class PgSink:
         except Exception as exc:  # the quarantine has the record; a note that cannot be written is only logged
             log.error("%s: could not note %s[%d]@%d in projection_errors: %s", self.name, message.topic,
                       message.partition, message.offset, exc)
+
+    async def lag(self) -> int:
+        """Records of the topic not consumed yet, over every partition: its end offsets less the
+        positions stored in PostgreSQL, or this consumer's own position where it is further (past a
+        transaction's commit marker, which no stored position covers)."""
+        assert self.pool is not None and self.consumer is not None
+        tps = [TopicPartition(self.topic, p) for p in sorted(self.consumer.partitions_for_topic(self.topic) or ())]
+        if not tps:
+            return 0
+        ends = await self.consumer.end_offsets(tps)
+        stored = {r["partition"]: r["next_offset"] for r in await self.pool.fetch(sql.SELECT_OFFSETS, self.name,
+                                                                                   self.topic)}
+        mine = self.consumer.assignment()
+        lag = 0
+        for tp in tps:
+            consumed = stored.get(tp.partition, 0)
+            if tp in mine:
+                with contextlib.suppress(Exception):  # no position yet (being assigned): the stored one
+                    consumed = max(consumed, await asyncio.wait_for(self.consumer.position(tp), 1.0))
+            lag += max(0, ends[tp] - consumed)
+        return lag
 
     async def drain(self, idle_s: float = 1.0, limit_s: float = 60.0) -> int:
         """Run until nothing arrives for ``idle_s`` (replay and tests)."""

@@ -28,6 +28,7 @@ import faust
 from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from app import logs
 from app.core.pacing import busy_pause
 from app.kafka_client import client_options, faust_credentials
 from app.liveness import Liveness
@@ -44,6 +45,7 @@ from topics.admin import topic_configs
 from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
 log = logging.getLogger("orderly.worker")
+LAG_EVERY_S = 5.0  # how often the group's consumer lag is read for /metrics
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
 # the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
@@ -71,7 +73,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         topic_replication_factor=settings.replication_factor,
         datadir=str(datadir),
         web_enabled=bool(settings.metrics_port),
-        web_bind="127.0.0.1" if settings.ingest_host == "127.0.0.1" else "0.0.0.0",
+        web_bind=settings.metrics_host,
         web_port=settings.metrics_port or 6066,
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
@@ -142,6 +144,14 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
                              "that the supervisor restarts this worker (state and offsets are recovered from "
                              "Kafka)", liveness.quiet_for(), waiting)
 
+    @app.timer(interval=LAG_EVERY_S)  # type: ignore[untyped-decorator]  # Faust's decorators are untyped
+    async def export_lag() -> None:
+        """orderly_consumer_lag of the worker's group, during recovery too (when it matters most)."""
+        try:
+            metrics.consumer_lag.labels(liveness.group_id, n.raw).set(await liveness.group_lag(n.raw))
+        except Exception as exc:  # Kafka away: the gauge keeps its last value, the timer tries again
+            log.info("consumer lag not read: %r", exc)
+
     if settings.metrics_port:
         @app.page("/metrics")
         async def metrics_page(web_view: Any, request: Any) -> Any:
@@ -196,5 +206,9 @@ def run(settings: Settings) -> None:
                     "whose outputs pass half of that are set aside; raise max.message.bytes to lift it",
                     limit, DERIVED_RECORD_BYTES)
     app = build_app(settings, max_record_bytes=limit)
-    worker = QuietWorker(app, loglevel=settings.faust_loglevel, quiet=True)
+    # Faust replaces the root logger's handlers at start: with ours (app/logs.py), so that its lines
+    # are in ORDERLY_LOG_FORMAT too
+    level = logging.getLevelNamesMapping()[settings.faust_loglevel.upper()]
+    worker = QuietWorker(app, loglevel=settings.faust_loglevel, quiet=True,
+                         logging_config=logs.logging_config(settings.log_format, level))
     worker.execute_from_commandline()

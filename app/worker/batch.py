@@ -103,10 +103,12 @@ class BatchProcessor:
     def report(self, plan: BatchPlan) -> None:
         for decision in plan.errors:
             self.metrics.errors.labels(decision.gateway).inc()
-            log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error)
+            log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error,
+                      extra={"gateway": decision.gateway, "resource_id": decision.resource_id,
+                             "delivery_id": decision.delivery_id})
         for gateway, reason in plan.set_aside:
             self.metrics.set_aside.labels(STAGE, gateway).inc()
-            log.error("a record was set aside to quarantine (%s): %s", gateway, reason)
+            log.error("a record was set aside to quarantine (%s): %s", gateway, reason, extra={"gateway": gateway})
         for (gateway, outcome), count in plan.outcomes.items():
             self.metrics.decisions.labels(gateway, outcome).inc(count)
         for (gateway, kind), count in plan.effects.items():
