@@ -316,6 +316,8 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     env = {k: v for k, v in os.environ.items() if k != "ORDERLY_EFFECTS_URL"}
     env.update(target.to_env())
     env.pop("ORDERLY_EFFECTS_URL", None)  # recorded, never delivered
+    # no /metrics: the port the live processes were given is theirs (two children on it: one died)
+    env["ORDERLY_METRICS_PORT"] = "0"
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for name in PROCESSES:
@@ -329,6 +331,12 @@ def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
             done = asyncio.run(_count(target, "SELECT count(*) FROM webhook_events"))
             effects = asyncio.run(_count(target, "SELECT count(*) FROM effects"))
             if done >= expected and effects >= live_effects:
+                break
+            dead = [(name, proc.returncode) for name, proc in zip(PROCESSES, procs, strict=True)
+                    if proc.poll() is not None]
+            if dead:  # it would never catch up: said now, with where to look, not after the deadline
+                print(f"replay: {', '.join(f'{n} exited with {c}' for n, c in dead)} before catching up; see "
+                      f"{logs}/replay-{into}-<process>.log", file=sys.stderr)
                 break
             if time.monotonic() > deadline:  # the differences below then include what was not rebuilt yet
                 print(f"replay: not caught up within {limit_s:.0f} s: {done} of {expected} deliveries decided, "
