@@ -170,7 +170,7 @@ async def test_kill_9_every_process_while_20000_webhooks_of_three_gateways_flow(
     pipe.pipeline.stop()  # the live processes are done; the replay has the machine
     delivered = sum(pipe.stub.deliveries.values())
     replay_started = time.monotonic()
-    out = await asyncio.to_thread(replay, pipe, f"rb{uuid.uuid4().hex[:8]}")
+    out = await asyncio.to_thread(replay, pipe.pipeline.env, f"rb{uuid.uuid4().hex[:8]}")
     assert "no difference from the live namespace" in out, out
     assert sum(pipe.stub.deliveries.values()) == delivered  # nothing delivered again
 

@@ -21,13 +21,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import asyncpg
 import orjson
 
+from app.settings import Settings
 from app.simulator import lifecycles
 from tests.pipeline import Running
 from tests.support import signed_headers
@@ -97,6 +99,11 @@ def traffic(seed: int, deposits: int, withdrawals: int, payments: int, paymos_pe
     return Traffic(truth, pg + card + paymos, [d for _, d in keyed], withheld_pg, withheld_card)
 
 
+class HasSettings(Protocol):
+    @property
+    def settings(self) -> Settings: ...
+
+
 @dataclass
 class Poster:
     """Delivers like a gateway, at a steady rate with at most ``concurrency`` requests open: a
@@ -104,9 +111,11 @@ class Poster:
     append, a connection cut by a kill) is retried until it is."""
 
     url: str
-    pipe: Running
+    pipe: HasSettings
     deliveries: list[Delivery]
     acked: list[str] = field(default_factory=list)  # delivery ids the ingest answered 200 with
+    acked_at: dict[str, float] = field(default_factory=dict)  # delivery id -> wall-clock time of its 200
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (wall-clock sent, seconds to the answer)
     attempts: Counter[str] = field(default_factory=Counter)  # requests sent per gateway (correlations apart)
     failures: Counter[str] = field(default_factory=Counter)  # "refused" | "503" | "cut"
     done: int = 0
@@ -140,13 +149,16 @@ class Poster:
                 headers = (signed_headers(d.gateway, d.body, s) if d.kind == "webhook"
                            else {"Authorization": f"Bearer {s.api_token}"})
                 self.attempts[d.gateway if d.kind == "webhook" else "correlation"] += 1
+                sent_at = time.time()
                 try:
                     async with http.request(method, url, data=d.body, headers=headers) as resp:
                         answer = await resp.json()
+                        self.latencies.append((sent_at, time.time() - sent_at))
                         if resp.status == 200:
                             assert not answer.get("quarantined"), answer
                             if d.kind == "webhook":
                                 self.acked.append(answer["delivery_id"])
+                                self.acked_at[answer["delivery_id"]] = time.time()
                             break
                         assert resp.status == 503, (resp.status, answer)  # nothing but "not stored, retry"
                         self.failures["503"] += 1
@@ -270,9 +282,10 @@ async def assert_matches_truth(conn: asyncpg.Connection, t: lifecycles.Truth) ->
         "GROUP BY 1, 2 HAVING count(*) > 1) x") == 0
 
 
-def replay(pipe: Running, into: str, limit_s: float = 240) -> str:
-    """`orderly replay --into NS` as an operator runs it; its output (the command must exit 0)."""
-    result = subprocess.run([sys.executable, "-m", "app.cli", "replay", "--into", into], env=pipe.pipeline.env,
+def replay(env: Mapping[str, str], into: str, limit_s: float = 240) -> str:
+    """`orderly replay --into NS` as an operator runs it, with the live processes' environment;
+    its output (the command must exit 0)."""
+    result = subprocess.run([sys.executable, "-m", "app.cli", "replay", "--into", into], env=dict(env),
                             capture_output=True, text=True, timeout=limit_s, check=False)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout

@@ -1,0 +1,76 @@
+"""`orderly dev --brokers N --workers M` as the supervisor lays it out, before anything starts:
+the cluster's nodes and their quorum, the replication the topics get, the workers' names, state
+folders and metrics ports (tests/chaos/test_production_shape.py runs that shape for real)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.settings import dev_settings
+from app.stack.kafka import KafkaCluster
+from app.supervisor import Stack
+from topics.catalog import catalog
+
+
+def test_three_brokers_three_workers(tmp_path: Path) -> None:
+    stack = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092",
+                                "ORDERLY_INGEST_PORT": "28080"}), brokers=3, workers=3)
+    assert isinstance(stack.kafka, KafkaCluster)
+    assert stack.settings.kafka_bootstrap == "127.0.0.1:29092,127.0.0.1:29093,127.0.0.1:29094"
+    assert (stack.settings.replication_factor, stack.settings.min_insync) == (3, 2)
+    assert [c.name for c in stack.children] == ["ingest", "worker-1", "worker-2", "worker-3", "projector",
+                                                "effects", "fetcher", "admin"]
+    ports = [c.metrics_port for c in stack.children]
+    assert ports == [28081, 28082, 28083, 28084, 28085, 28086, 28087, 0]  # never the webhook port
+    dirs = [c.env.get("ORDERLY_DATA_DIR") for c in stack.workers]
+    assert dirs[0] == str(tmp_path) and dirs[1:] == [str(tmp_path / "worker-2"), str(tmp_path / "worker-3")]
+    assert {c.env["ORDERLY_KAFKA"] for c in stack.children} == {stack.settings.kafka_bootstrap}
+    assert {c.env["ORDERLY_REPLICATION_FACTOR"] for c in stack.children} == {"3"}
+
+    voters = {n.node_id: n.controller_port for n in stack.kafka.nodes}
+    for node in stack.kafka.nodes:
+        props = dict(line.split("=", 1) for line in node._properties().splitlines() if "=" in line)
+        assert props["node.id"] == str(node.node_id)
+        assert props["controller.quorum.voters"] == ",".join(f"{i}@127.0.0.1:{p}" for i, p in sorted(voters.items()))
+        for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
+                    "default.replication.factor", "share.coordinator.state.topic.replication.factor"):
+            assert props[key] == "3", key
+        for key in ("transaction.state.log.min.isr", "min.insync.replicas", "share.coordinator.state.topic.min.isr"):
+            assert props[key] == "2", key
+        assert node._format_args() == []  # the voters come from the properties, not --standalone
+
+    again = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"}), brokers=3)
+    assert isinstance(again.kafka, KafkaCluster)
+    assert {n.node_id: n.controller_port for n in again.kafka.nodes} == voters  # the quorum is kept
+    with pytest.raises(ValueError, match="cluster of 3 Kafka nodes, not 5"):
+        KafkaCluster(tmp_path / "kafka-3", 5)
+
+
+def test_one_broker_one_worker_stays_as_it_was(tmp_path: Path) -> None:
+    stack = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"}))
+    assert [c.name for c in stack.children] == ["ingest", "worker", "projector", "effects", "fetcher", "admin"]
+    assert stack.settings.kafka_bootstrap == "127.0.0.1:29092"
+    assert (stack.settings.replication_factor, stack.settings.min_insync) == (1, 1)
+    props = dict(line.split("=", 1) for line in stack.brokers[0]._properties().splitlines() if "=" in line)
+    assert props["offsets.topic.replication.factor"] == "1" and props["min.insync.replicas"] == "1"
+    assert "controller.quorum.voters" not in props and stack.brokers[0]._format_args() == ["--standalone"]
+
+
+def test_the_catalog_takes_the_min_insync_setting() -> None:
+    assert {s.config["min.insync.replicas"] for s in catalog("o", 3, 3)} == {"2"}
+    assert {s.config["min.insync.replicas"] for s in catalog("o", 3, 5, 3)} == {"3"}
+    assert {s.config["min.insync.replicas"] for s in catalog("o", 3, 1)} == {"1"}
+    with pytest.raises(ValueError, match="exceeds the replication factor"):
+        catalog("o", 3, 2, 3)
+
+
+@pytest.mark.parametrize("argv", [["dev", "--brokers", "0"], ["dev", "--workers", "two"]])
+def test_dev_refuses_a_shape_that_is_not_a_count(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[1]}:" in err and ("at least 1" in err or "a whole number" in err), err
