@@ -35,7 +35,8 @@ async def prepare(settings: Settings, topics: bool = True) -> tuple[list[str], l
 async def _ensure_topics(settings: Settings) -> list[str]:
     try:
         return await ensure_topics(settings.kafka_bootstrap,
-                                   catalog(settings.namespace, settings.partitions, settings.replication_factor),
+                                   catalog(settings.namespace, settings.partitions, settings.replication_factor,
+                                           settings.min_insync),
                                    **client_options(settings))
     except KafkaConnectionError:
         # aiokafka says only "Unable to bootstrap"; a broker that refuses the TLS handshake or the

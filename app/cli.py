@@ -208,6 +208,16 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number, not {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return number
+
+
 COMMANDS = {
     "dev": (cmd_dev, "embedded Kafka + PostgreSQL and every process, data in .orderly/"),
     "demo": (cmd_demo, "the embedded stack driven by the gateway simulator, with the gateways' GET APIs answering "
@@ -253,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_fn, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        if name == "dev":
+            command.add_argument("--brokers", type=_at_least_one, default=1,
+                                 help="Kafka nodes (default 1); with 3 or more every topic, internal ones too, has "
+                                      "3 replicas and min.insync.replicas 2: the production shape (README, Production)")
+            command.add_argument("--workers", type=_at_least_one, default=1,
+                                 help="worker processes in one consumer group (default 1); the partitions "
+                                      "(ORDERLY_PARTITIONS) bound how many of them get work")
         if name == "demo":
             command.add_argument("--scale", type=float, default=1.0, help="resources per gateway, relative")
             command.add_argument("--keep", action="store_true",

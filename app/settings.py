@@ -84,6 +84,9 @@ _ROWS = (
             "partitions of every co-partitioned topic"),
     Setting("replication_factor", "ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1,
             "topic replication factor"),
+    Setting("min_insync_replicas", "ORDERLY_MIN_INSYNC_REPLICAS", Maybe(Integer(minimum=1)), None,
+            "replicas that must hold a write before Kafka acknowledges it, for every Orderly topic and the "
+            "worker's changelog (unset: `2` with 3+ replicas, else `1`)"),
     # How every producer, consumer, admin client and the Faust worker reach Kafka (app/kafka_client.py,
     # which also refuses inconsistent combinations at start-up).
     Setting("kafka_security_protocol", "ORDERLY_KAFKA_SECURITY_PROTOCOL",
@@ -200,6 +203,7 @@ class Settings:
     effects_concurrency: int
     partitions: int
     replication_factor: int
+    min_insync_replicas: int | None
     kafka_security_protocol: str
     kafka_sasl_mechanism: str | None
     kafka_sasl_username: str | None
@@ -240,6 +244,13 @@ class Settings:
     sweep_after_s: float
     commit_interval_s: float | None
     busy_commit_interval_s: float | None
+
+    @property
+    def min_insync(self) -> int:
+        """ORDERLY_MIN_INSYNC_REPLICAS, or what the replication factor allows: 2 with 3+ replicas."""
+        if self.min_insync_replicas is not None:
+            return self.min_insync_replicas
+        return 2 if self.replication_factor >= 3 else 1
 
     @property
     def worker_commit_interval_s(self) -> float:

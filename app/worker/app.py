@@ -97,7 +97,8 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     source = app.topic(n.raw, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
-                      extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES)},
+                      extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES),
+                                           "min.insync.replicas": str(settings.min_insync)},
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     # send_all hands over whole batches
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0, **client_options(settings))
