@@ -78,10 +78,11 @@ def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | 
 def _embedded_stack(run: Callable[[], int]) -> int:
     """Run the embedded stack; a port it cannot have ends it with what to do, not a traceback."""
     from app.stack.process import PortTakenError
+    from app.supervisor import ShapeChangedError
 
     try:
         return run()
-    except PortTakenError as exc:
+    except (PortTakenError, ShapeChangedError) as exc:
         print(f"orderly: {exc}", file=sys.stderr)
         return 1
 

@@ -34,6 +34,10 @@ PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
 SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
 
 
+class ShapeChangedError(RuntimeError):
+    """The data directory was made by a stack with another number of Kafka nodes."""
+
+
 def kafka_port(bootstrap: str) -> int:
     return int(bootstrap.split(",")[0].rsplit(":", 1)[1])
 
@@ -183,6 +187,7 @@ class Stack:
             if name in names and not port_is_free(port, host):
                 raise PortTakenError(f"{name}: port {port} on {host} is in use by another process. Stop that "
                                      f"process, or set {variable} to a free port")
+        self._check_shape()
         started = time.monotonic()
         self.postgres.start()
         self.kafka.start()
@@ -197,6 +202,24 @@ class Stack:
             if served is not None:
                 _wait_serving(child, *served)
         self.write_stack_file()
+
+    def _check_shape(self) -> None:
+        """One data directory, one Kafka cluster: PostgreSQL keeps the sinks' positions in that
+        cluster's topics, so the same tables next to another cluster (empty topics, offsets from 0)
+        would skip its records."""
+        shape = self.data_dir / "shape.json"
+        brokers = len(self.brokers)
+        made = json.loads(shape.read_text()).get("brokers") if shape.exists() else None
+        if made is None and (self.data_dir / "kafka" / "log").exists():
+            made = 1  # made before the stack recorded its shape: one node
+        if made is not None:
+            if made != brokers:
+                raise ShapeChangedError(
+                    f"{self.data_dir} belongs to a stack of {made} Kafka node(s), not {brokers}: its PostgreSQL "
+                    f"holds positions in that cluster's topics. Start it with --brokers {made}, or give this "
+                    f"shape its own ORDERLY_DATA_DIR")
+        else:
+            shape.write_text(json.dumps({"brokers": brokers}) + "\n")
 
     def supervise_once(self) -> None:
         """Restart a child that died, with a backoff that grows while it keeps dying."""

@@ -11,7 +11,7 @@ import pytest
 from app.cli import main
 from app.settings import dev_settings
 from app.stack.kafka import KafkaCluster
-from app.supervisor import Stack
+from app.supervisor import ShapeChangedError, Stack
 from topics.catalog import catalog
 
 
@@ -74,3 +74,18 @@ def test_dev_refuses_a_shape_that_is_not_a_count(argv: list[str], capsys: pytest
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {argv[1]}:" in err and ("at least 1" in err or "a whole number" in err), err
+
+
+def test_a_data_dir_keeps_its_number_of_kafka_nodes(tmp_path: Path) -> None:
+    """The tables hold the sinks' positions in one cluster's topics: next to a fresh cluster of
+    another shape they would skip its first records, so the stack refuses, saying what to do."""
+    settings = dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"})
+    Stack(settings, brokers=3)._check_shape()
+    Stack(settings, brokers=3)._check_shape()  # the same shape again: fine
+    with pytest.raises(ShapeChangedError, match=r"stack of 3 Kafka node\(s\), not 1: .*--brokers 3"):
+        Stack(settings)._check_shape()
+    older = tmp_path / "older"
+    (older / "kafka" / "log").mkdir(parents=True)  # a data dir from before shape.json: one node
+    with pytest.raises(ShapeChangedError, match="not 3"):
+        Stack(settings.with_overrides(data_dir=older), brokers=3)._check_shape()
+    Stack(settings.with_overrides(data_dir=older))._check_shape()
