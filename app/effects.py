@@ -22,7 +22,7 @@ import orjson
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka_client import client_options
-from app.metrics import EffectsMetrics, serve_metrics
+from app.metrics import EffectsMetrics, every, serve_metrics
 from app.producer import KeyedProducer
 from app.setting_kinds import SettingsError
 from app.settings import Settings
@@ -215,14 +215,15 @@ class EffectsWorker:
                       extra={"gateway": row["gateway"], "resource_id": row["resource_id"], "effect": row["dedupe_key"]})
 
     async def read_pending(self) -> None:
-        """The backlog gauges: effects neither delivered nor dead, the age of the oldest, the dead
-        ones; and the recorder's consumer lag."""
+        """The backlog gauges: effects neither delivered nor dead, the age of the oldest, the dead ones."""
         assert self.sink.pool is not None
         row = await self.sink.pool.fetchrow(PENDING)
         assert row is not None
         self.metrics.pending.set(row["pending"])
         self.metrics.oldest_pending_s.set(row["oldest_s"])
         self.metrics.dead_records.set(row["dead"])
+
+    async def read_lag(self) -> None:
         self.metrics.consumer_lag.labels(self.sink.name, self.sink.topic).set(await self.sink.lag())
 
 
@@ -233,6 +234,7 @@ async def run(settings: Settings) -> None:
     await worker.start()
     runner = (await serve_metrics(worker.metrics.registry, settings.metrics_port, settings.metrics_host)
               if settings.metrics_port else None)
+    lag = asyncio.create_task(every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
     pending_at = 0.0
     try:
         while True:
@@ -244,6 +246,7 @@ async def run(settings: Settings) -> None:
             if not recorded and not attempted:
                 await asyncio.sleep(0.05)
     finally:
+        lag.cancel()
         if runner is not None:
             await runner.cleanup()
         await worker.stop()

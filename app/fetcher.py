@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from app.gateways import pg as pg_gateway
 from app.gateways.limits import int64_error
 from app.kafka_client import client_options
-from app.metrics import FetcherMetrics, serve_metrics
+from app.metrics import FetcherMetrics, every, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.sweeper import Sweeper
@@ -288,16 +288,7 @@ async def run(settings: Settings) -> None:
     sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                       lambda topic: fetcher.metrics.reappended.labels(topic).inc())
     await sweeper.start()
-
-    async def report_lag() -> None:
-        while True:
-            try:
-                await fetcher.read_lag()
-            except Exception as exc:  # Kafka away or the consumer restarting: the gauge keeps its last value
-                log.info("fetch requests' lag not read: %r", exc)
-            await asyncio.sleep(LAG_EVERY_S)
-
-    lag = asyncio.create_task(report_lag())
+    lag = asyncio.create_task(every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
     tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
     next_card_sync = 0.0
     try:

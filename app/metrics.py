@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -17,6 +20,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+log = logging.getLogger("orderly.metrics")
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0, 3600.0)
 
@@ -171,6 +175,18 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+async def every(interval_s: float, read: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run ``read`` every ``interval_s`` for ever, as a task of its own beside a process's main loop:
+    a read that fails or takes longer than the interval (Kafka or a broker away) is logged and the
+    gauges keep their last values, and the main loop never waits for a metric."""
+    while True:
+        try:
+            await asyncio.wait_for(read(), interval_s)
+        except Exception as exc:  # whatever it was, the next reading tries again
+            log.info("%s not read: %r", what, exc)
+        await asyncio.sleep(interval_s)
 
 
 class EffectsMetrics(_Metrics):

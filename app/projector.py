@@ -7,6 +7,7 @@ facts), so a record delivered again after a crash or a rebalance changes nothing
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ import orjson
 from app.core.gaps import Gap, due_for_backfill, observe
 from app.gateways import registry
 from app.kafka_client import client_options
-from app.metrics import ProjectorMetrics, serve_metrics
+from app.metrics import ProjectorMetrics, every, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.sink import PgSink
@@ -234,17 +235,16 @@ async def run(settings: Settings) -> None:
     await projector.start()
     runner = (await serve_metrics(projector.metrics.registry, settings.metrics_port, settings.metrics_host)
               if settings.metrics_port else None)
-    last_check = gauges_at = 0.0
+    gauges = asyncio.create_task(every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
+    last_check = 0.0
     try:
         while True:
             await projector.run_once()
-            if time.monotonic() >= gauges_at:
-                gauges_at = time.monotonic() + GAUGES_EVERY_S
-                await projector.read_gauges()
             if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
                 last_check = time.monotonic()
                 await projector.request_backfills()
     finally:
+        gauges.cancel()
         if runner is not None:
             await runner.cleanup()
         await projector.stop()

@@ -149,7 +149,8 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     async def export_lag() -> None:
         """orderly_consumer_lag of the worker's group, during recovery too (when it matters most)."""
         try:
-            metrics.consumer_lag.labels(liveness.group_id, n.raw).set(await liveness.group_lag(n.raw))
+            lag = await asyncio.wait_for(liveness.group_lag(n.raw), LAG_EVERY_S)
+            metrics.consumer_lag.labels(liveness.group_id, n.raw).set(lag)
         except Exception as exc:  # Kafka away: the gauge keeps its last value, the timer tries again
             log.info("consumer lag not read: %r", exc)
 

@@ -163,6 +163,15 @@ async def test_a_parked_card_event_is_counted_until_its_predecessor_arrives_and_
                                   ("projector", "quarantine", n.quarantine), ("effects", "effects", n.effects),
                                   ("fetcher", f"{ns}-fetcher", n.fetch)):
         await until(obs.urls[process], "orderly_consumer_lag", 0.0, group=group, topic=topic)
+    # and the admin's figure of the same groups (orderly_consumer_lag there too) agrees
+    deadline = time.monotonic() + 20
+    while True:
+        status, overview = await pipe.admin_get("/api/overview")
+        lags = {(g["group"], g["topic"]): g["lag"] for g in overview["consumer_lag"]}
+        if status == 200 and lags and not any(lags.values()):
+            break
+        assert time.monotonic() < deadline, f"the admin's consumer lag is not 0: {lags}"
+        await asyncio.sleep(0.5)
     # the capture's one effect (mark_order_paid) delivered: nothing pending, nothing dead
     effects = obs.urls["effects"]
     await until(effects, "orderly_effects_delivered_total", 1.0, type="mark_order_paid")
