@@ -49,8 +49,8 @@ APPENDER: web.AppKey[Appender] = web.AppKey("appender")
 CORRELATIONS: web.AppKey[CorrelationStore] = web.AppKey("correlations")
 METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
 REFUSALS: web.AppKey[SampledLog] = web.AppKey("refusals", SampledLog)
-# 401s and quarantined bodies are logged with their reason, at most this many lines per gateway and
-# reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
+# 401s, quarantined bodies and 503s are logged with their reason, at most this many lines per gateway
+# and reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
 REFUSALS_LOGGED_PER_MINUTE = 5
 
 
@@ -338,6 +338,8 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
         await request.app[APPENDER].append(topics.raw, route.resource_key.encode(), raw, [*headers, CHECKED])
     except Unavailable as exc:
         metrics.requests.labels(gateway, "unavailable").inc()
+        request.app[REFUSALS].log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, exc,
+                                  extra={"gateway": gateway, "outcome": "unavailable", "delivery_id": delivery_id})
         return _json(503, error=str(exc))
     metrics.child(metrics.requests, gateway, "stored").inc()
     return _json(200, status="stored", delivery_id=delivery_id)
