@@ -158,6 +158,15 @@ def faust_credentials(settings: Settings) -> CredentialsT | None:
         ssl_context=ssl_context(settings) if protocol == "sasl_ssl" else None)
 
 
+def _tls_hint(exc: ssl.SSLError, settings: Settings) -> str:
+    if "ALERT" in (exc.reason or ""):  # the broker's answer: it refused this client's certificate, or its absence
+        return ("the broker requires a client certificate (mutual TLS) signed by a CA it trusts: "
+                "ORDERLY_KAFKA_SSL_CERTFILE and ORDERLY_KAFKA_SSL_KEYFILE")
+    return ("the broker's certificate must be signed by a CA in ORDERLY_KAFKA_SSL_CAFILE (unset: the system's) and "
+            "name the host connected to (ORDERLY_KAFKA_SSL_CHECK_HOSTNAME), and its listener must speak TLS "
+            f"({PROTOCOL}={settings.kafka_security_protocol})")
+
+
 def _hosts(bootstrap: str) -> list[tuple[str, int]]:
     hosts = []
     for part in bootstrap.split(","):
@@ -183,18 +192,19 @@ async def refusal(settings: Settings, timeout_s: float = 10.0) -> KafkaRefusedEr
     for host, port in _hosts(settings.kafka_bootstrap):
         try:
             conn = await create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **client_options(settings))
-        except ssl.SSLError as exc:
-            return KafkaRefusedError(
-                f"the TLS handshake with Kafka at {host}:{port} failed: {_reason(exc)}; the broker's certificate "
-                "must be signed by a CA in ORDERLY_KAFKA_SSL_CAFILE (unset: the system's) and name the host "
-                "connected to (ORDERLY_KAFKA_SSL_CHECK_HOSTNAME), and its listener must speak TLS "
-                f"({PROTOCOL}={settings.kafka_security_protocol})")
         except refused as exc:
             return KafkaRefusedError(
                 f"Kafka at {host}:{port} refused the SASL authentication of {user}: {_reason(exc)}; check "
                 "ORDERLY_KAFKA_SASL_USERNAME, ORDERLY_KAFKA_SASL_PASSWORD and ORDERLY_KAFKA_SASL_MECHANISM")
-        except (TimeoutError, OSError, errors.KafkaError):
+        except (ssl.SSLError, errors.KafkaConnectionError) as exc:
+            # the broker's alert after the handshake (a client certificate refused) closes the connection
+            tls = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+            if isinstance(tls, ssl.SSLError):
+                return KafkaRefusedError(f"the TLS handshake with Kafka at {host}:{port} failed: {_reason(tls)}; "
+                                         + _tls_hint(tls, settings))
             continue  # not answering: the next one may
+        except (TimeoutError, OSError, errors.KafkaError):
+            continue
         conn.close()
         return None
     return None
