@@ -93,7 +93,9 @@ def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgre
         yield pipe
 
 
-@pytest.fixture(params=["at_least_once", "exactly_once"])
+# At-least-once, the default, loses two of three workers under three gateways' traffic in
+# test_production_shape.py; the takeover runs here in the other guarantee (the suite's budget).
+@pytest.fixture(params=["exactly_once"])
 def two_worker_pipe(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer,
                     tmp_path: Path) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
