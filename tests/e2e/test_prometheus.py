@@ -3,8 +3,10 @@ alert rules pass `promtool check rules`; Prometheus runs docker/prometheus.yml's
 with the targets pointed at a running stack (ingest and admin as real processes next to
 tests/pipeline.py's worker, projector, effects and fetcher, each on a metrics port of its own);
 after a workload of signed webhooks of the three gateways every query of the Grafana dashboard
-returns at least one series; and once the merchant stub refuses every attempt, the dead-effects
-alert fires."""
+returns at least one series; the repository's alert expressions fire for what happened and for
+nothing else: OrderlyQuarantineGrowing for the two stages that set records aside, OrderlyRestarted
+for the one process killed and started again, and OrderlyEffectDead once the merchant stub refuses
+every attempt."""
 
 from __future__ import annotations
 
@@ -135,6 +137,10 @@ async def until(what: str, check: Callable[[], Awaitable[Any]], deadline: float,
     raise AssertionError(f"{what}: not reached in time (last: {last!r})")
 
 
+async def eventually(answer: Awaitable[list[str]], wanted: list[str]) -> bool:
+    return await answer == wanted
+
+
 async def get_json(http: aiohttp.ClientSession, url: str, **params: str) -> Any:
     try:
         async with http.get(url, params=params) as resp:
@@ -179,7 +185,7 @@ async def workload(pipe: Running, ingest: str) -> None:
         await producer.stop()
 
 
-@pytest.mark.timeout(90)  # about 3x its duration (25 s, Kafka and PostgreSQL already up)
+@pytest.mark.timeout(100)  # about 3x its duration (33 s, Kafka and PostgreSQL already up)
 def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
         kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> None:
     checked = subprocess.run([tool("promtool"), "check", "rules", str(DOCKER / "alerts.yml")],
@@ -199,10 +205,11 @@ def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
         ingest = f"http://127.0.0.1:{webhook_port}"
         shortened_rules(tmp_path / "alerts.yml")
         with running_prometheus(scrape_config(ports, tmp_path / "alerts.yml"), tmp_path) as prometheus:
-            asyncio.run(observe(pipe, ingest, prometheus, queries))
+            asyncio.run(observe(pipe, ingest, prometheus, queries, ports))
 
 
-async def observe(pipe: Running, ingest: str, prometheus: str, queries: list[tuple[str, str]]) -> None:
+async def observe(pipe: Running, ingest: str, prometheus: str, queries: list[tuple[str, str]],
+                  ports: dict[str, int]) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         await until("the ingest ready", lambda: get_json(http, f"{ingest}/readyz"), deadline, pipe)
@@ -241,9 +248,26 @@ async def observe(pipe: Running, ingest: str, prometheus: str, queries: list[tup
         assert sorted((s["metric"]["service"], s["metric"]["process"]) for s in found["data"]["result"]) \
             == sorted((name, name) for name in (*PROCESSES, "ingest", "admin"))
 
+        async def firing_labels(name: str, label: str) -> list[str]:
+            found = await get_json(http, f"{prometheus}/api/v1/alerts")
+            return sorted(a["labels"][label] for a in (found["data"]["alerts"] if found else [])
+                          if a["labels"]["alertname"] == name and a["state"] == "firing")
+
         async def alerts(name: str) -> list[str]:
             found = await get_json(http, f"{prometheus}/api/v1/alerts")
             return [a["state"] for a in (found["data"]["alerts"] if found else []) if a["labels"]["alertname"] == name]
+
+        # what the ingest quarantined and what the worker set aside: OrderlyQuarantineGrowing, per stage
+        await until("OrderlyQuarantineGrowing for the ingest and the worker",
+                    lambda: eventually(firing_labels("OrderlyQuarantineGrowing", "stage"), ["ingest", "worker"]),
+                    deadline, pipe)
+        # a process killed and started again (as its supervisor would): OrderlyRestarted for it alone
+        pipe.pipeline.kill("fetcher")
+        pipe.pipeline.start("fetcher", ORDERLY_METRICS_PORT=str(ports["fetcher"]))
+        killed = time.monotonic()
+        await until("OrderlyRestarted for the fetcher",
+                    lambda: eventually(firing_labels("OrderlyRestarted", "job"), ["orderly-fetcher"]), deadline, pipe)
+        print(f"OrderlyRestarted fired {time.monotonic() - killed:.1f} s after the fetcher's kill -9")
 
         # the workload's effects delivered (one after a refused first attempt), none dead, no alert
         await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) > 0 AND count(*) FILTER (WHERE delivered_at IS NULL) "

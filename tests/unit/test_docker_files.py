@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]  # no stubs; a dependency of openapi-spec-validator
 import yaml
 
+from app import metrics
 from app.cli import COMMANDS
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -158,6 +159,44 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
     dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "orderly.json").read_text())
     targets = [t for panel in dashboard["panels"] for t in panel.get("targets", [])]
     assert targets and all(t["datasource"]["uid"] == source["uid"] for t in targets)
+
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",), "info": ("_info",)}
+METRIC = re.compile(r"\b(?:orderly|process|python)_[a-z0-9_]+\b")
+
+
+def exported_names() -> set[str]:
+    """Every series name some Orderly process's registry exports (counters with _total, histograms
+    with _bucket/_sum/_count), from the registries themselves."""
+    names = {"up"}  # Prometheus's own, per target
+    for kind in (metrics.IngestMetrics, metrics.WorkerMetrics, metrics.ProjectorMetrics, metrics.EffectsMetrics,
+                 metrics.FetcherMetrics, metrics.AdminMetrics):
+        for family in kind().registry.collect():
+            names |= {family.name + suffix for suffix in SUFFIXES[family.type]}
+    return names
+
+
+def alert_exprs() -> dict[str, str]:
+    groups = yaml.safe_load((DOCKER / "alerts.yml").read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def dashboard_exprs() -> dict[str, str]:
+    dashboard = json.loads((DOCKER / "grafana" / "dashboards" / "orderly.json").read_text())
+    return {f"{panel['title']} {t['refId']}": t["expr"] for panel in dashboard["panels"]
+            for t in panel.get("targets", [])}
+
+
+def test_rules_and_dashboard_name_only_metrics_the_code_exports() -> None:
+    exported = exported_names()
+    assert {"orderly_effects_dead_total", "orderly_ingest_append_seconds_bucket", "process_start_time_seconds",
+            "orderly_parked_oldest_seconds"} <= exported
+    for source, exprs in (("alerts.yml", alert_exprs()), ("orderly.json", dashboard_exprs())):
+        for name, expr in exprs.items():
+            named = set(METRIC.findall(expr)) | ({"up"} if re.search(r"\bup\{", expr) else set())
+            assert named, f"{source} {name}: no metric found in {expr}"
+            assert named <= exported, f"{source} {name} names what no process exports: {sorted(named - exported)}"
+    assert len(dashboard_exprs()) == 33
 
 
 def test_dockerfile_copies_every_package() -> None:
