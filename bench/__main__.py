@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from bench import decide, e2e, ingest, latency, replay, state, worker
+from bench import decide, e2e, ingest, latency, replay, restart, state, worker
 
 BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, "e2e": e2e.main,
-           "latency": latency.main, "replay": replay.main, "state": state.main}
+           "latency": latency.main, "replay": replay.main, "state": state.main,
+           "restart": restart.main}
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["restart"] and len(argv) > 1:  # with options: python -m bench restart --rounds 3
+        return restart.command(argv[1:])
     chosen = argv or list(BENCHES)
     for name in chosen:
         if name not in BENCHES:
