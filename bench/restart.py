@@ -47,6 +47,7 @@ import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from app.kafka_client import client_options
 from app.settings import Settings, dev_settings
 from app.simulator import lifecycles
 from app.simulator.deliver import signed_headers
@@ -94,7 +95,8 @@ class Decisions:
         topic = names(self.settings.namespace).decisions
         self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka_bootstrap,
                                          enable_auto_commit=False, isolation_level="read_committed",
-                                         auto_offset_reset="latest", fetch_max_wait_ms=20)
+                                         auto_offset_reset="latest", fetch_max_wait_ms=20,
+                                         **client_options(self.settings))
         await self.consumer.start()  # without a group: every partition, once it knows them
         async with asyncio.timeout(10):
             while True:
