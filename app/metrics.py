@@ -125,6 +125,9 @@ class WorkerMetrics(_Metrics):
                                  registry=self.registry)
         self.set_aside = self.set_aside_counter()
         self.consumer_lag = self.consumer_lag_gauge()
+        self.log_suppressed = Counter(
+            "orderly_log_lines_suppressed", "Sampled log lines not written (the first few per gateway and "
+            "reason a minute are)", ["logger"], registry=self.registry)
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)

@@ -13,6 +13,8 @@ from faust.types import AppT, TableT
 
 from app.core.dispatch import STAGE, BatchPlan, Incoming, Record, plan_batch
 from app.liveness import Liveness
+from app.logs import SampledLog
+from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
 from app.worker.consumer import consumer_of
 from app.worker.exits import FAILED_EXIT_CODE, SKIPPED_EXIT_CODE, OffsetGuard, exit_for_restart
@@ -22,9 +24,31 @@ from app.worker.transactions import Target, TransactionStage, producer_of
 from topics.catalog import TopicNames
 
 log = logging.getLogger("orderly.worker")
+LOGGED_PER_MINUTE = 5  # lines per gateway and reason (decision errors, set-aside records)
 # A Faust event of orderly.raw. Its key, value and headers are raw bytes (the topic's serialisers are
 # "raw"), which Faust's EventT cannot say: it types them as any key or model.
 Event = Any
+
+
+def report(plan: BatchPlan, metrics: WorkerMetrics, sampled: SampledLog) -> None:
+    """A batch's counts into the metrics, its decision errors and set-aside records into the log,
+    sampled: one kind of bad input repeated writes a bounded number of lines a minute."""
+    for decision in plan.errors:
+        metrics.errors.labels(decision.gateway).inc()
+        # parked or refused, not failed: the record is kept and its resource goes on
+        sampled.log(logging.WARNING, ("decision", decision.gateway, str(decision.error)[:200]),
+                    "%s %s: %s", decision.gateway, decision.resource_id, decision.error,
+                    extra={"gateway": decision.gateway, "resource_id": decision.resource_id,
+                           "delivery_id": decision.delivery_id})
+    for gateway, reason in plan.set_aside:
+        metrics.set_aside.labels(STAGE, gateway).inc()
+        sampled.log(logging.ERROR, ("set_aside", gateway, str(reason)[:200]),
+                    "a record was set aside to quarantine (%s): %s", gateway, reason, extra={"gateway": gateway})
+    sampled.flush()
+    for (gateway, outcome), count in plan.outcomes.items():
+        metrics.decisions.labels(gateway, outcome).inc(count)
+    for (gateway, kind), count in plan.effects.items():
+        metrics.effects.labels(gateway, kind).inc(count)
 
 
 class BatchProcessor:
@@ -46,6 +70,11 @@ class BatchProcessor:
         self.liveness = liveness
         self.max_record_bytes = max_record_bytes
         self.guard = OffsetGuard()
+        # A decision's error or a set-aside record is one line per record: a signed sender (or a
+        # broken gateway) repeating one kind of bad input writes a bounded number of lines a minute
+        # per gateway and reason, then their count (orderly_log_lines_suppressed_total).
+        self.sampled = SampledLog(log, first=LOGGED_PER_MINUTE, window_s=60.0,
+                                  on_suppressed=lambda _key: self.metrics.log_suppressed.labels(log.name).inc())
         self.local = PartitionStore(table.data, n.changelog)
         self.stage = TransactionStage(n.changelog, self.changelog_producer, self.local, producer)
 
@@ -101,18 +130,7 @@ class BatchProcessor:
         return stored if stored is not None else self.local.get(partition, key)
 
     def report(self, plan: BatchPlan) -> None:
-        for decision in plan.errors:
-            self.metrics.errors.labels(decision.gateway).inc()
-            log.error("%s %s: %s", decision.gateway, decision.resource_id, decision.error,
-                      extra={"gateway": decision.gateway, "resource_id": decision.resource_id,
-                             "delivery_id": decision.delivery_id})
-        for gateway, reason in plan.set_aside:
-            self.metrics.set_aside.labels(STAGE, gateway).inc()
-            log.error("a record was set aside to quarantine (%s): %s", gateway, reason, extra={"gateway": gateway})
-        for (gateway, outcome), count in plan.outcomes.items():
-            self.metrics.decisions.labels(gateway, outcome).inc(count)
-        for (gateway, kind), count in plan.effects.items():
-            self.metrics.effects.labels(gateway, kind).inc(count)
+        report(plan, self.metrics, self.sampled)
 
     async def emit(self, records: dict[int, list[Record]]) -> None:
         """The batch's outputs, per source partition."""
