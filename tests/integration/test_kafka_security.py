@@ -63,7 +63,7 @@ def test_the_pipeline_runs_over_sasl_ssl_with_scram_sha_512_and_with_plain(
         assert created <= set(asyncio.run(_topics(scram)))
         # a correlation and a signed pg webhook answered 200 by the ingest, decided by the worker,
         # its read-model row written by the projector
-        asyncio.run(run.canary("dep_scram_1"))
+        asyncio.run(run.canary("dep_scram_1", timeout=60))
         # the worker and the projector again, now as the PLAIN user, with an ingest that is too
         plain_env = sasl_env("plain", PLAIN_USER, PLAIN_PASSWORD)
         for name in ("worker", "projector"):
@@ -72,7 +72,7 @@ def test_the_pipeline_runs_over_sasl_ssl_with_scram_sha_512_and_with_plain(
         plain = run.settings.with_overrides(kafka_sasl_mechanism="plain", kafka_sasl_username=PLAIN_USER,
                                             kafka_sasl_password=PLAIN_PASSWORD)
         with serve_ingest(plain) as ingest:
-            asyncio.run(dataclasses.replace(run, settings=plain, ingest=ingest).canary("dep_plain_1"))
+            asyncio.run(dataclasses.replace(run, settings=plain, ingest=ingest).canary("dep_plain_1", timeout=60))
 
 
 async def _topics(settings: Settings) -> list[str]:
