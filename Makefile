@@ -62,10 +62,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# The README's configuration table, between its settings markers, from app/settings.py's table
+# docs/configuration.md's table, between its settings markers, from app/settings.py's table
 # (tests/unit/test_settings.py fails when the two differ).
 docs: $(STAMP)
-	$(PY) -m app.settings --readme README.md
+	$(PY) -m app.settings --readme docs/configuration.md
 
 bench: setup
 	$(PY) -m bench

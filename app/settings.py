@@ -3,7 +3,8 @@
 Nothing else in Orderly reads ``os.environ``: processes call :func:`Settings.from_env` at start-up
 and pass the object down. Each setting is declared once, as a row of :data:`TABLE`; parsing, the
 error messages, :meth:`Settings.to_env` (a child process's environment), :data:`DEV_DEFAULTS` and
-the README's configuration table (``python -m app.settings --markdown``, ``make docs``) come from it.
+the configuration table of docs/configuration.md (``python -m app.settings --markdown``, ``make docs``)
+come from it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ _SECRETS: tuple[Setting[Any], ...] = tuple(
     Setting("secrets", f"ORDERLY_SECRET_{g.name.upper()}", Secrets(), REQUIRED, g.secret_help, dev=g.dev_secret,
             key=g.name, is_secret=True) for g in registry.GATEWAYS.values())
 
-# The settings, in the order the README lists them. A default is the typed value; `dev` is text.
+# The settings, in the order docs/configuration.md lists them. A default is the typed value; `dev` is text.
 # Left unannotated so that mypy infers each row's type and refuses a default its kind does not take.
 _ROWS = (
     Setting("kafka_bootstrap", "ORDERLY_KAFKA", Text(what="host:port, comma-separated"), REQUIRED,
@@ -182,7 +183,7 @@ _ROWS = (
             f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}"),
 )
 TABLE: tuple[Setting[Any], ...] = _ROWS
-# Development defaults (the README's `orderly dev` column). `orderly dev` and `orderly demo` use
+# Development defaults (docs/configuration.md's `orderly dev` column). `orderly dev` and `orderly demo` use
 # them; production processes must be given real values.
 DEV_DEFAULTS: dict[str, str] = {row.env: row.dev for row in TABLE if row.dev is not None}
 
@@ -327,7 +328,7 @@ def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def markdown_table() -> str:
-    """The README's configuration table, rendered from TABLE."""
+    """docs/configuration.md's table, rendered from TABLE."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
@@ -349,14 +350,15 @@ def with_markdown_table(readme: str) -> str:
     """``readme`` with the text between its settings markers replaced by :func:`markdown_table`."""
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no {BEGIN.strip()} … {END} section")
+        raise ValueError(f"the page has no {BEGIN.strip()} … {END} section")
     return readme[: start + len(BEGIN)] + markdown_table() + readme[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.settings", description=__doc__)
-    parser.add_argument("--markdown", action="store_true", help="print the README's configuration table")
-    parser.add_argument("--readme", type=Path, help="rewrite this README's section between the settings markers")
+    parser.add_argument("--markdown", action="store_true", help="print the configuration table")
+    parser.add_argument("--readme", type=Path, help="rewrite this file's section between the settings markers "
+                                                    "(docs/configuration.md)")
     args = parser.parse_args(argv)
     if args.readme:
         text = args.readme.read_text(encoding="utf-8")

@@ -1,6 +1,6 @@
 """PostgreSQL TLS through ORDERLY_POSTGRES_DSN: asyncpg (0.32) reads sslmode, sslrootcert, sslcert,
 sslkey, sslpassword, sslcrl and ssl_min/max_protocol_version from the DSN's query, so a DSN is all
-an operator sets (README, Kafka and PostgreSQL security). Held here through asyncpg's own parser,
+an operator sets (docs/production.md, Kafka and PostgreSQL security). Held here through asyncpg's own parser,
 which every connect and pool of Orderly goes through."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_a_missing_root_certificate_is_refused_before_connecting(tmp_path: Any) 
 
 
 def test_without_sslmode_asyncpg_prefers_tls_but_verifies_nothing() -> None:
-    """What the README warns about: the default 'prefer' encrypts when the server offers TLS, with
+    """What docs/production.md warns about: the default 'prefer' encrypts when the server offers TLS, with
     no check of who the server is."""
     context, mode = parsed_ssl("postgresql://orderly@db.example/orderly")
     assert mode == connect_utils.SSLMode.prefer

@@ -1,5 +1,5 @@
 """Settings from the environment, all from one table (app.settings.TABLE): defaults, round trips
-through a child's environment, refusals that name the variable, and the README's table."""
+through a child's environment, refusals that name the variable, and the table of docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from app.settings import (
     with_markdown_table,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROWS = {row.env: row for row in TABLE}
 
 
@@ -87,7 +87,7 @@ def environments() -> st.SearchStrategy[dict[str, str]]:
 
 def test_the_table_and_the_dataclass_have_the_same_settings() -> None:
     fields = [f.name for f in dataclasses.fields(Settings)]
-    assert fields == list(dict.fromkeys(row.field for row in TABLE))  # same order as the README's table
+    assert fields == list(dict.fromkeys(row.field for row in TABLE))  # same order as the table of docs/configuration.md
     assert len(ROWS) == len(TABLE), "a variable is declared twice"
     assert tuple(row.key for row in TABLE if row.field == "secrets") == GATEWAYS
     assert all(row.env.startswith("ORDERLY_") for row in TABLE)
@@ -226,10 +226,10 @@ def test_the_markdown_table_has_a_row_per_variable() -> None:
     assert [line.split(" | ")[0].removeprefix("| `").rstrip("`") for line in lines[2:]] == list(ROWS)
 
 
-def test_the_readmes_configuration_table_is_the_generated_one() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert with_markdown_table(readme) == readme, (
-        "README.md's table between <!-- settings:begin --> and <!-- settings:end --> differs from "
+def test_the_configuration_table_is_the_generated_one() -> None:
+    page = CONFIGURATION.read_text(encoding="utf-8")
+    assert with_markdown_table(page) == page, (
+        "docs/configuration.md's table between <!-- settings:begin --> and <!-- settings:end --> differs from "
         "app/settings.py's TABLE: run `make docs`")
 
 
