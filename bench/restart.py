@@ -235,6 +235,7 @@ async def clean(stack: Stack, tag: str) -> dict[str, Any]:
     await decisions.start()
     try:
         stopping, term = time.monotonic(), time.time()
+        was_running = worker.proc.poll() is None  # False: it had died since the last scenario
         await asyncio.to_thread(stop_process, worker.proc, 30)
         stopped_s = time.monotonic() - stopping
         offset = log_size(worker)
@@ -247,7 +248,7 @@ async def clean(stack: Stack, tag: str) -> dict[str, Any]:
         await decisions.stop()
     decided = decisions.seen.get(probe)
     first = round(decided - started, 3) if decided is not None else None
-    return {"first_decision_s": first, "shutdown_s": round(stopped_s, 3),
+    return {"first_decision_s": first, "shutdown_s": round(stopped_s, 3), "was_running": was_running,
             "sigterm_to_decision_s": round(decided - term, 3) if decided is not None else None,
             "phases": {**phases(worker, offset, started), "decided": first},
             "log": timeline(worker, offset, started, (first or DECIDED_LIMIT_S) + 0.5)}
