@@ -65,7 +65,14 @@ def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | 
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
         logging.getLogger("orderly.sink").setLevel(logging.DEBUG)
-    asyncio.run(prepare(settings, topics))
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        asyncio.run(prepare(settings, topics))
+    except KafkaConnectionError as exc:  # down, not refusing (that is a SettingsError with its reason)
+        logging.getLogger("orderly").error("Kafka at %s is not reachable: %s; exiting for the supervisor to "
+                                           "start this process again", settings.kafka_bootstrap, exc)
+        return 1
     if first is not None:
         asyncio.run(first(settings))
     tune_gc(settings.gc_threshold)
@@ -92,7 +99,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     settings = dev_settings()
     use_logging(settings)
-    return _embedded_stack(lambda: run_dev(settings))
+    return _embedded_stack(lambda: run_dev(settings, brokers=args.brokers, workers=args.workers))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -266,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         command = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         if name == "dev":
             command.add_argument("--brokers", type=_at_least_one, default=1,
-                                 help="Kafka nodes (default 1); with 3 or more every topic, internal ones too, has "
-                                      "3 replicas and min.insync.replicas 2: the production shape (README, Production)")
+                                 help="Kafka brokers (default 1, its own controller); more have a KRaft quorum of "
+                                      "their own (3 controllers from 3 brokers on), and with 3 or more every topic, "
+                                      "internal ones too, has 3 replicas and min.insync.replicas 2: the production "
+                                      "shape (docs/production.md)")
             command.add_argument("--workers", type=_at_least_one, default=1,
                                  help="worker processes in one consumer group (default 1); the partitions "
                                       "(ORDERLY_PARTITIONS) bound how many of them get work")

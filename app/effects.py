@@ -110,6 +110,7 @@ class EffectsWorker:
         self.rng = rng or random.Random()
         self.metrics = EffectsMetrics()
         self.metrics.concurrency.set(settings.effects_concurrency)
+        self.metrics.delivering.set(1 if self.deliver else 0)
         self.sink = PgSink(settings, "effects", names(settings.namespace).effects, self._record,
                            set_aside=self._set_aside)
         self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))

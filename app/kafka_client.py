@@ -12,6 +12,7 @@ instead of aiokafka's "Unable to bootstrap".
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from functools import lru_cache
 from pathlib import Path
@@ -189,6 +190,7 @@ async def refusal(settings: Settings, timeout_s: float = 10.0) -> KafkaRefusedEr
                errors.IllegalSaslStateError, errors.AuthenticationFailedError)
     user = (f"user {settings.kafka_sasl_username!r} with {(settings.kafka_sasl_mechanism or '').upper()}"
             if settings.kafka_security_protocol in SASL else "")
+    closed_on_us: tuple[str, int] | None = None
     for host, port in _hosts(settings.kafka_bootstrap):
         try:
             conn = await create_conn(host, port, request_timeout_ms=int(timeout_s * 1000), **client_options(settings))
@@ -202,9 +204,27 @@ async def refusal(settings: Settings, timeout_s: float = 10.0) -> KafkaRefusedEr
             if isinstance(tls, ssl.SSLError):
                 return KafkaRefusedError(f"the TLS handshake with Kafka at {host}:{port} failed: {_reason(tls)}; "
                                          + _tls_hint(tls, settings))
+            if closed_on_us is None and await _accepts(host, port):
+                closed_on_us = (host, port)  # up, but it hung up on what these clients speak
             continue  # not answering: the next one may
         except (TimeoutError, OSError, errors.KafkaError):
             continue
         conn.close()
         return None
+    if closed_on_us is not None:
+        host, port = closed_on_us
+        return KafkaRefusedError(
+            f"Kafka at {host}:{port} accepts connections but closed this client's without an answer: its listener "
+            f"speaks another protocol than {PROTOCOL}={settings.kafka_security_protocol} (plaintext, ssl, "
+            "sasl_plaintext or sasl_ssl: ask for the listener's security protocol)")
     return None
+
+
+async def _accepts(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """A TCP connection to host:port is accepted (something listens there)."""
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True

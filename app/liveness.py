@@ -14,8 +14,11 @@ record after a rebalance and then never commit past it). An idle worker is never
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -82,11 +85,20 @@ class Liveness:
         return stuck
 
     async def _clients(self) -> tuple[AIOKafkaConsumer, AIOKafkaAdminClient]:
+        """Built and started together, kept only once both started: a start that failed or was
+        cancelled (Kafka away, a deadline) leaves nothing half-started behind, so the next call
+        tries again (a kept half-started client answered "Unable to get cluster metadata" for ever,
+        and the stall check with it)."""
         if self._consumer is None or self._admin is None:
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self.client)
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client)
-            await self._consumer.start()
-            await self._admin.start()
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, **self.client)
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client)
+            try:
+                await consumer.start()
+                await admin.start()
+            except BaseException:
+                await _quietly(consumer.stop(), admin.close())
+                raise
+            self._consumer, self._admin = consumer, admin
         return self._consumer, self._admin
 
     async def group_lag(self, topic: str) -> int:
@@ -104,3 +116,10 @@ class Liveness:
             await self._consumer.stop()
         if self._admin is not None:
             await self._admin.close()
+
+
+async def _quietly(*closing: Awaitable[object]) -> None:
+    """Close what may have started, ignoring its errors (it is being given up), within a deadline."""
+    for close in closing:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(close, 5)

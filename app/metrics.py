@@ -209,6 +209,8 @@ class EffectsMetrics(_Metrics):
                                "orderly_effects_concurrency: the merchant is the bottleneck)", registry=self.registry)
         self.concurrency = Gauge("orderly_effects_concurrency", "ORDERLY_EFFECTS_CONCURRENCY, the most requests "
                                  "in flight", registry=self.registry)
+        self.delivering = Gauge("orderly_effects_delivering", "1 when effects are delivered (ORDERLY_EFFECTS_URL "
+                                "set), 0 when they are only recorded", registry=self.registry)
         self.request_seconds = Histogram("orderly_effects_request_seconds",
                                          "One delivery request, until the merchant's answer or the timeout",
                                          buckets=(*APPEND_BUCKETS, 10.0), registry=self.registry)

@@ -284,7 +284,16 @@ class Settings:
         settings = cls(**values)
         from app.kafka_client import security_errors  # the Kafka security rows' combinations and files
 
-        if problems := security_errors(settings):
+        problems = security_errors(settings)
+        if settings.min_insync > settings.replication_factor:
+            problems.append(f"ORDERLY_MIN_INSYNC_REPLICAS: {settings.min_insync} is more than the "
+                            f"{settings.replication_factor} replicas of ORDERLY_REPLICATION_FACTOR: no write "
+                            "could ever be acknowledged")
+        elif settings.replication_factor > 1 and settings.min_insync == settings.replication_factor:
+            problems.append(f"ORDERLY_MIN_INSYNC_REPLICAS: {settings.min_insync} of {settings.replication_factor} "
+                            "replicas: losing any one broker would stop every write (503s); use at most "
+                            f"{settings.replication_factor - 1}")
+        if problems:
             raise SettingsError("\n".join(problems))
         return settings
 

@@ -163,8 +163,10 @@ class Stack:
                                    else c.metrics_port or self.settings.admin_port,
                                    "metrics_port": c.metrics_port or None}
                           for c in self.children},
-            "brokers": [{"node_id": b.node_id, "pid": b.pid, "port": b.port, "controller_port": b.controller_port}
-                        for b in self.brokers],
+            "brokers": [{"node_id": b.node_id, "pid": b.pid, "port": b.port} for b in self.brokers],
+            # a cluster's dedicated controllers; one node alone is its own controller
+            "controllers": [{"node_id": c.node_id, "pid": c.pid, "port": c.controller_port}
+                            for c in (self.kafka.controllers if isinstance(self.kafka, KafkaCluster) else [])],
             "workers": [{"name": c.name, "pid": c.proc.pid if c.proc else None, "metrics_port": c.metrics_port}
                         for c in self.workers],
         }

@@ -121,14 +121,21 @@ class Admin:
     async def measure_lag(self) -> dict[str, Any]:
         """Per consumer group and topic: records appended but not consumed yet. The worker and the
         fetcher commit to Kafka; the projector and effects recorder keep positions in PostgreSQL."""
-        if self._consumer is None:
+        if self._consumer is None or self._kafka_admin is None:
+            # kept only once both started: a failed start leaves nothing half-started behind
             consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
                                         **client_options(self.settings))
-            await consumer.start()
-            self._consumer = consumer
-            self._kafka_admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
-                                                     **client_options(self.settings))
-            await self._kafka_admin.start()
+            kafka_admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
+                                              **client_options(self.settings))
+            try:
+                await consumer.start()
+                await kafka_admin.start()
+            except BaseException:
+                for closing in (consumer.stop(), kafka_admin.close()):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(closing, 5)
+                raise
+            self._consumer, self._kafka_admin = consumer, kafka_admin
         assert self._kafka_admin is not None
         n, ns = self.names, self.settings.namespace
         async with self.db() as conn:

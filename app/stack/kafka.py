@@ -41,10 +41,12 @@ DEFAULT_CACHE = Path.home() / ".cache" / "orderly"
 LOCK_FILE = HERE / "kafka-jars.lock"
 
 log = logging.getLogger("orderly.stack")
-# A cluster's nodes heartbeat the controllers this often and are fenced (their partitions led by
+ROLES = ("broker,controller", "broker", "controller")
+# A cluster's brokers heartbeat the controllers this often and are fenced (their partitions led by
 # another replica) after this long without one (KafkaBroker._cluster_properties).
 HEARTBEAT_MS = 500
 SESSION_MS = 3000
+CONTROLLER_IDS = 100  # a cluster's controllers are nodes 101, 102, 103; its brokers 1, 2, 3
 
 
 def ensure_jars(cache_dir: Path = DEFAULT_CACHE, version: str = KAFKA_VERSION, *,
@@ -126,7 +128,8 @@ def lock_from_maven(version: str = KAFKA_VERSION, lock_file: Path = LOCK_FILE) -
 
 
 class KafkaBroker:
-    """One broker+controller process. ``data_dir`` keeps the log across restarts.
+    """One Kafka process: alone, broker and controller; in a cluster, a broker or a controller.
+    ``data_dir`` keeps the log across restarts.
 
     The broker port is where clients find it, so it never moves: a taken one stops the start with
     what to do. Alone (``voters`` None), the controller port is this node's own affair and moves
@@ -134,24 +137,29 @@ class KafkaBroker:
     formatted by ``--standalone`` is found again through ``controller.quorum.bootstrap.servers``,
     which is written afresh at every start (tests/integration/test_kafka_broker.py restarts on a
     new one). In a cluster (:class:`KafkaCluster`) the voters are static, ``{node id: controller
-    port}``, and no port moves. ``replicas`` is the cluster's size: internal topics get
-    ``min(replicas, 3)`` replicas and need ``min_insync`` of them.
+    port}``, no port moves, and ``role`` is ``broker`` or ``controller``: internal topics get
+    ``replicas`` replicas and need ``min_insync`` of them.
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, controller_port: int | None = None,
                  heap_mb: int = 384, cache_dir: Path = DEFAULT_CACHE, node_id: int = 1,
                  voters: dict[int, int] | None = None, cluster_id: str | None = None,
-                 min_insync: int = 1) -> None:
+                 replicas: int = 1, min_insync: int = 1, role: str = "broker,controller") -> None:
+        if role not in ROLES:
+            raise ValueError(f"a Kafka node's role is one of {ROLES}, not {role!r}")
         self.data_dir = data_dir
         self.cache_dir = cache_dir
         self.heap_mb = heap_mb
         self.node_id = node_id
         self.voters = voters
         self.cluster_id = cluster_id
-        self.replicas = min(len(voters), 3) if voters else 1
+        self.role = role
+        self.replicas = replicas
         self.min_insync = min_insync
-        if voters is not None:
+        if voters is not None and node_id in voters:
             controller_port = voters[node_id]
+        if role == "controller":  # no broker listener: its one port is the controller's
+            port = controller_port
         ports = sticky_ports(data_dir / "ports.json", ("broker", "controller"),
                              {"broker": port, "controller": controller_port})
         self.port = ports["broker"]
@@ -174,23 +182,33 @@ class KafkaBroker:
                 f"{node}@127.0.0.1:{port}" for node, port in sorted(self.voters.items()))
         else:
             quorum = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}"
+        common = [f"process.roles={self.role}", f"node.id={self.node_id}", quorum,
+                  "controller.listener.names=CONTROLLER", f"log.dirs={self.data_dir / 'log'}"]
+        if self.role == "controller":
+            return "\n".join([
+                *common,
+                f"listeners=CONTROLLER://127.0.0.1:{self.controller_port}",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT",
+                *self._cluster_properties(),
+                "",
+            ])
+        if self.role == "broker":
+            listeners = [f"listeners=PLAINTEXT://127.0.0.1:{self.port}"]
+        else:
+            listeners = [f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"]
         replicas, isr = self.replicas, self.min_insync
         return "\n".join([
-            "process.roles=broker,controller",
-            f"node.id={self.node_id}",
-            quorum,
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            *common,
+            *listeners,
             f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names=CONTROLLER",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name=PLAINTEXT",
-            f"log.dirs={self.data_dir / 'log'}",
             # Orderly creates every topic with its partition count; an auto-created topic
             # with one partition would silently break co-partitioning.
             "auto.create.topics.enable=false",
             "num.partitions=1",
             # The internal topics (offsets, transactions, share groups) have as many replicas as
-            # there are nodes, up to 3, and refuse a write that fewer than min.insync.replicas
+            # there are brokers, up to 3, and refuse a write that fewer than min.insync.replicas
             # hold; one node: one replica, and transactions need their state log to accept writes
             # with one in-sync replica. A topic created without its own setting (Faust's
             # changelog) gets the same defaults.
@@ -268,7 +286,8 @@ class KafkaBroker:
         elif not port_is_free(self.controller_port):
             raise PortTakenError(f"kafka: the controller port {self.controller_port} on 127.0.0.1 is in use by "
                                  "another process; stop it or ask for another controller port"
-                                 + (f" ({self.data_dir / 'ports.json'})" if self.voters else ""))
+                                 + (f" (every node's voters are fixed in {self.data_dir.parent / 'cluster.json'})"
+                                    if self.voters else ""))
         props = self.data_dir / "server.properties"
         props.write_text(self._properties())
         if not (self.data_dir / "log" / "meta.properties").exists():
@@ -324,59 +343,83 @@ class KafkaBroker:
 
 
 class KafkaCluster:
-    """``size`` broker+controller nodes with a static quorum, on consecutive broker ports from
-    ``port`` (the production shape on one machine: `orderly dev --brokers 3`). Node ``i`` keeps its
-    data in ``data_dir/node-i``; the controller ports and the cluster id are fixed at the first
-    start (``data_dir/cluster.json``), as the voters' addresses are part of the metadata log."""
+    """``size`` brokers on consecutive ports from ``port`` and a quorum of dedicated controllers
+    (three from three brokers on, else one): the production shape on one machine, `orderly dev
+    --brokers 3`. Kafka advises against combined broker+controller nodes for critical work, and
+    here is why: a combined node that dies takes the active controller with it when it led the
+    quorum, and the election before anyone fences the dead broker made writes wait past the
+    ingest's append deadline (503s, seen in CI). Broker ``i`` keeps its data in
+    ``data_dir/broker-i``, controller ``c`` (node id 100 + c) in ``data_dir/controller-c``; the
+    ports and the cluster id are fixed at the first start (``data_dir/cluster.json``), as the
+    voters' addresses are part of the metadata log."""
 
     def __init__(self, data_dir: Path, size: int, *, port: int | None = None, heap_mb: int = 320,
-                 cache_dir: Path = DEFAULT_CACHE) -> None:
+                 controller_heap_mb: int = 160, cache_dir: Path = DEFAULT_CACHE) -> None:
         if size < 1:
-            raise ValueError("a Kafka cluster has at least one node")
+            raise ValueError("a Kafka cluster has at least one broker")
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         known = data_dir / "cluster.json"
         layout: dict[str, Any] = json.loads(known.read_text()) if known.exists() else {}
-        if layout and len(layout["controllers"]) != size:
-            raise ValueError(f"{data_dir} holds a cluster of {len(layout['controllers'])} Kafka nodes, not {size}: "
+        if layout and not layout.get("dedicated_controllers"):
+            raise ValueError(f"{data_dir} holds a cluster of combined broker+controller nodes (an earlier Orderly); "
+                             "this one runs dedicated controllers: remove that directory (with the PostgreSQL "
+                             "data next to it) or use another ORDERLY_DATA_DIR")
+        if layout and len(layout["brokers"]) != size:
+            raise ValueError(f"{data_dir} holds a cluster of {len(layout['brokers'])} Kafka brokers, not {size}: "
                              "start it with that many, or use another data directory")
         if not layout:
             base = port or spare_port()
-            layout = {"cluster_id": _cluster_id(), "brokers": [base + i for i in range(size)],
-                      "controllers": [spare_port() for _ in range(size)]}
+            brokers = [base + i for i in range(size)]
+            controllers: list[int] = []
+            while len(controllers) < (3 if size >= 3 else 1):  # distinct, and none of the brokers' ports
+                candidate = spare_port()
+                if candidate not in brokers and candidate not in controllers:
+                    controllers.append(candidate)
+            layout = {"cluster_id": _cluster_id(), "brokers": brokers, "controllers": controllers,
+                      "dedicated_controllers": True}
             known.write_text(json.dumps(layout))
         elif port is not None:
             layout["brokers"] = [port + i for i in range(size)]
-        voters = {i + 1: p for i, p in enumerate(layout["controllers"])}
-        self.nodes = [KafkaBroker(data_dir / f"node-{i}", port=layout["brokers"][i - 1], node_id=i, voters=voters,
-                                  cluster_id=layout["cluster_id"], min_insync=2 if size >= 3 else 1,
-                                  heap_mb=heap_mb, cache_dir=cache_dir)
-                      for i in voters]
+        voters = {CONTROLLER_IDS + i + 1: p for i, p in enumerate(layout["controllers"])}
+        replicas = min(size, 3)
+        self.controllers = [KafkaBroker(data_dir / f"controller-{node - CONTROLLER_IDS}", node_id=node,
+                                        controller_port=cport, voters=voters, cluster_id=layout["cluster_id"],
+                                        role="controller", heap_mb=controller_heap_mb, cache_dir=cache_dir)
+                            for node, cport in voters.items()]
+        self.nodes = [KafkaBroker(data_dir / f"broker-{i}", port=bport, node_id=i, voters=voters,
+                                  cluster_id=layout["cluster_id"], replicas=replicas,
+                                  min_insync=2 if replicas >= 3 else 1, role="broker", heap_mb=heap_mb,
+                                  cache_dir=cache_dir)
+                      for i, bport in enumerate(layout["brokers"], start=1)]
 
     @property
     def bootstrap(self) -> str:
         return ",".join(node.bootstrap for node in self.nodes)
 
     def node(self, node_id: int) -> KafkaBroker:
+        """Broker ``node_id`` (1, 2, …)."""
         return self.nodes[node_id - 1]
 
     def start(self, timeout: float = 120.0) -> None:
-        for node in self.nodes:
+        everyone = [*self.controllers, *self.nodes]
+        for node in everyone:
             node.launch()
         try:
-            for node in self.nodes:
+            for node in everyone:
                 node.wait_started(timeout)
         except Exception:
             self.stop()
             raise
 
     def stop(self, timeout: float = 30.0) -> None:
-        for node in self.nodes:
+        """Brokers first: a broker's controlled shutdown asks the controllers to move its leaders."""
+        for node in [*self.nodes, *self.controllers]:
             node.stop(timeout)
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [{"node_id": n.node_id, "pid": n.pid, "port": n.port, "controller_port": n.controller_port,
-                 "data_dir": str(n.data_dir)} for n in self.nodes]
+    def kill(self) -> None:
+        for node in [*self.nodes, *self.controllers]:
+            node.kill()
 
 
 def _cluster_id() -> str:

@@ -75,6 +75,12 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         web_enabled=bool(settings.metrics_port),
         web_bind=settings.metrics_host,
         web_port=settings.metrics_port or 6066,
+        # The port serves /metrics and nothing else: Faust's table pages would serve resource
+        # state (the admin's job, behind its token) and its router pages the group's topology.
+        web_tables_enabled=False,
+        web_router_enabled=False,
+        web_stats_enabled=False,
+        web_graph_enabled=False,
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
         consumer_auto_offset_reset="earliest",

@@ -87,6 +87,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
         processes: dict[str, dict[str, int]] = stack.pop("processes")
         brokers, workers = stack.pop("brokers"), stack.pop("workers")
+        assert stack.pop("controllers") == []  # one node is its own controller
         assert stack == {"namespace": "orderly",
                          "ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "admin_url": f"http://127.0.0.1:{admin_port}",

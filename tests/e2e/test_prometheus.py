@@ -302,3 +302,21 @@ async def observe(pipe: Running, ingest: str, prometheus: str, queries: list[tup
         # exactly the refused settlements' effects died, each after ORDERLY_EFFECTS_MAX_ATTEMPTS (2) attempts
         assert [(r["dedupe_key"], r["attempts"]) for r in dead] == [(k, 2) for k in keys]
         assert {k: pipe.stub.refused[k] for k in keys} == dict.fromkeys(keys, 2)
+
+
+def test_the_alerts_that_fire_on_absence_or_on_a_new_series(tmp_path: Path) -> None:
+    """`promtool test rules docker/alerts.test.yml`: a merchant down since the start (no delivered
+    series at all), a target gone from discovery (no up series), a worker recreated on a new
+    address (a new series, not a changed one), effects only recorded (no backlog alert). The
+    annotations are for people: the copy of the rules the cases run against has none, so each case
+    states only when an alert fires and with which labels."""
+    rules = yaml.safe_load((DOCKER / "alerts.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
+    shutil.copy(DOCKER / "alerts.test.yml", tmp_path / "alerts.test.yml")
+    result = subprocess.run([tool("promtool"), "test", "rules", "alerts.test.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr

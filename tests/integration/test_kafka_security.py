@@ -149,3 +149,17 @@ def test_mutual_tls_needs_the_client_certificate(broker: SecuredBroker, postgres
                                                 r"\[SSL: \w+_ALERT_\w+\] .*; the broker requires a client "
                                                 "certificate"):
         asyncio.run(prepare(anonymous))
+
+
+def test_a_client_speaking_another_protocol_than_the_listener_is_told_so(
+        broker: SecuredBroker, postgres: PostgresServer) -> None:
+    """The commonest slip with a managed Kafka: the protocol forgotten (plaintext, or TLS without
+    SASL, against a SASL_SSL listener). The broker hangs up without an answer; the start says so."""
+    plain = make_settings(broker.bootstrap, postgres.dsn, f"sec{uuid.uuid4().hex[:8]}")
+    tls_only = sasl(broker, postgres, "scram-sha-512", SCRAM_USER, SCRAM_PASSWORD, kafka_security_protocol="ssl",
+                    kafka_sasl_mechanism=None, kafka_sasl_username=None, kafka_sasl_password=None)
+    for settings, protocol in ((plain, "plaintext"), (tls_only, "ssl")):
+        with pytest.raises(KafkaRefusedError, match=f"Kafka at {broker.bootstrap} accepts connections but closed "
+                                                    "this client's without an answer: its listener speaks another "
+                                                    f"protocol than ORDERLY_KAFKA_SECURITY_PROTOCOL={protocol}"):
+            asyncio.run(prepare(settings))

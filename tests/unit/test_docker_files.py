@@ -22,7 +22,8 @@ DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SCHEMA = Path(__file__).resolve().parent / "compose-spec.json"
 ORDERLY = ("ingest", "worker", "projector", "effects", "fetcher", "admin")  # every long-running process
 ONE_SHOT = ("migrate",)
-KAFKA = ("kafka1", "kafka2", "kafka3")
+KAFKA = ("kafka1", "kafka2", "kafka3")  # brokers
+CONTROLLERS = ("controller1", "controller2", "controller3")
 
 
 def compose() -> dict[str, Any]:
@@ -48,24 +49,35 @@ def test_compose_follows_the_compose_specification() -> None:
     assert len(schema_errors(broken)) == 2
 
 
-def test_three_kafka_nodes_form_one_replicated_cluster() -> None:
+def test_three_brokers_and_three_controllers_form_one_replicated_cluster() -> None:
     services = compose()["services"]
-    assert sorted(n for n, s in services.items() if str(s.get("image", "")).startswith("apache/kafka:")) == list(KAFKA)
+    assert sorted(n for n, s in services.items() if str(s.get("image", "")).startswith("apache/kafka:")) == \
+        sorted((*CONTROLLERS, *KAFKA))
     envs = [services[name]["environment"] for name in KAFKA]
+    controllers = [services[name]["environment"] for name in CONTROLLERS]
     assert [env["KAFKA_NODE_ID"] for env in envs] == ["1", "2", "3"]
+    assert [env["KAFKA_NODE_ID"] for env in controllers] == ["101", "102", "103"]
     assert [env["KAFKA_ADVERTISED_LISTENERS"] for env in envs] == [f"PLAINTEXT://{n}:9092" for n in KAFKA]
-    assert len({env["CLUSTER_ID"] for env in envs}) == 1
+    assert len({env["CLUSTER_ID"] for env in [*envs, *controllers]}) == 1
+    quorum = "101@controller1:9093,102@controller2:9093,103@controller3:9093"
+    for env in controllers:
+        assert (env["KAFKA_PROCESS_ROLES"], env["KAFKA_LISTENERS"]) == ("controller", "CONTROLLER://:9093")
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == quorum
+        assert env["KAFKA_BROKER_SESSION_TIMEOUT_MS"] == "3000"  # the controllers fence a silent broker
     for env in envs:
-        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
-        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka1:9093,2@kafka2:9093,3@kafka3:9093"
+        assert env["KAFKA_PROCESS_ROLES"] == "broker"
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == quorum
         assert {k: env[k] for k in ("KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
                                     "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR")} == dict.fromkeys(
             ("KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
              "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"), "3")
         assert env["KAFKA_MIN_INSYNC_REPLICAS"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2"
-    volumes = [services[name]["volumes"][0] for name in KAFKA]
-    assert len({v.split(":")[0] for v in volumes}) == 3, "each node keeps its own log"
-    assert all(v.split(":")[1] == env["KAFKA_LOG_DIRS"] for v, env in zip(volumes, envs, strict=True))
+        assert env["KAFKA_BROKER_HEARTBEAT_INTERVAL_MS"] == "500"
+    names = (*KAFKA, *CONTROLLERS)
+    volumes = [services[name]["volumes"][0] for name in names]
+    assert len({v.split(":")[0] for v in volumes}) == 6, "each node keeps its own log"
+    assert all(v.split(":")[1] == services[n]["environment"]["KAFKA_LOG_DIRS"]
+               for v, n in zip(volumes, names, strict=True))
 
 
 def test_orderly_processes_reach_every_broker_with_replication_three() -> None:

@@ -82,7 +82,15 @@ def environments() -> st.SearchStrategy[dict[str, str]]:
         return st.one_of(st.none(), st.just(""), texts(row.kind))
 
     drawn = st.fixed_dictionaries({row.env: variable(row) for row in TABLE})
-    return drawn.map(lambda env: {name: text for name, text in env.items() if text is not None})
+    return drawn.map(lambda env: {name: text for name, text in env.items() if text is not None}).filter(
+        min_insync_leaves_a_broker_to_lose)
+
+
+def min_insync_leaves_a_broker_to_lose(env: dict[str, str]) -> bool:
+    """The pair of rows refused together (tests/unit/test_stack_shape.py): fewer in sync than replicas."""
+    replicas = int(env.get("ORDERLY_REPLICATION_FACTOR") or 1)
+    insync = int(env["ORDERLY_MIN_INSYNC_REPLICAS"]) if env.get("ORDERLY_MIN_INSYNC_REPLICAS") else None
+    return insync is None or insync < replicas or insync == replicas == 1
 
 
 def test_the_table_and_the_dataclass_have_the_same_settings() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.settings import dev_settings
+from app.settings import SettingsError, dev_settings
 from app.stack.kafka import KafkaCluster
 from app.supervisor import ShapeChangedError, Stack
 from topics.catalog import catalog
@@ -30,22 +30,33 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
     assert {c.env["ORDERLY_KAFKA"] for c in stack.children} == {stack.settings.kafka_bootstrap}
     assert {c.env["ORDERLY_REPLICATION_FACTOR"] for c in stack.children} == {"3"}
 
-    voters = {n.node_id: n.controller_port for n in stack.kafka.nodes}
+    controllers = stack.kafka.controllers
+    assert [c.node_id for c in controllers] == [101, 102, 103] and [n.node_id for n in stack.kafka.nodes] == [1, 2, 3]
+    voters = {c.node_id: c.controller_port for c in controllers}
+    quorum = ",".join(f"{i}@127.0.0.1:{p}" for i, p in sorted(voters.items()))
     for node in stack.kafka.nodes:
         props = dict(line.split("=", 1) for line in node._properties().splitlines() if "=" in line)
-        assert props["node.id"] == str(node.node_id)
-        assert props["controller.quorum.voters"] == ",".join(f"{i}@127.0.0.1:{p}" for i, p in sorted(voters.items()))
+        assert (props["process.roles"], props["node.id"]) == ("broker", str(node.node_id))
+        assert props["controller.quorum.voters"] == quorum
+        assert props["listeners"] == f"PLAINTEXT://127.0.0.1:{node.port}"  # no controller listener of its own
         for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
                     "default.replication.factor", "share.coordinator.state.topic.replication.factor"):
             assert props[key] == "3", key
         for key in ("transaction.state.log.min.isr", "min.insync.replicas", "share.coordinator.state.topic.min.isr"):
             assert props[key] == "2", key
+        assert props["broker.session.timeout.ms"] == "3000"
         assert node._format_args() == []  # the voters come from the properties, not --standalone
+    for controller in controllers:
+        props = dict(line.split("=", 1) for line in controller._properties().splitlines() if "=" in line)
+        assert (props["process.roles"], props["controller.quorum.voters"]) == ("controller", quorum)
+        assert props["listeners"] == f"CONTROLLER://127.0.0.1:{controller.controller_port}"
+        assert props["broker.session.timeout.ms"] == "3000"  # the controllers fence a silent broker
+    assert {c.controller_port for c in controllers}.isdisjoint(n.port for n in stack.kafka.nodes)
 
     again = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"}), brokers=3)
     assert isinstance(again.kafka, KafkaCluster)
-    assert {n.node_id: n.controller_port for n in again.kafka.nodes} == voters  # the quorum is kept
-    with pytest.raises(ValueError, match="cluster of 3 Kafka nodes, not 5"):
+    assert {c.node_id: c.controller_port for c in again.kafka.controllers} == voters  # the quorum is kept
+    with pytest.raises(ValueError, match="cluster of 3 Kafka brokers, not 5"):
         KafkaCluster(tmp_path / "kafka-3", 5)
 
 
@@ -89,3 +100,34 @@ def test_a_data_dir_keeps_its_number_of_kafka_nodes(tmp_path: Path) -> None:
     with pytest.raises(ShapeChangedError, match="not 3"):
         Stack(settings.with_overrides(data_dir=older), brokers=3)._check_shape()
     Stack(settings.with_overrides(data_dir=older))._check_shape()
+
+
+@pytest.mark.parametrize(("argv", "shape"), [(["dev"], (1, 1)), (["dev", "--brokers", "3", "--workers", "2"], (3, 2))])
+def test_dev_runs_the_shape_it_is_asked_for(argv: list[str], shape: tuple[int, int],
+                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    asked: list[tuple[int, int]] = []
+
+    def run_dev(settings: object, brokers: int = 1, workers: int = 1) -> int:
+        asked.append((brokers, workers))
+        return 0
+
+    monkeypatch.setattr("app.supervisor.run_dev", run_dev)
+    monkeypatch.setenv("ORDERLY_DATA_DIR", str(tmp_path))
+    assert main(argv) == 0
+    assert asked == [shape]
+
+
+@pytest.mark.parametrize(("replicas", "insync", "refusal"), [
+    ("3", "4", "no write could ever be acknowledged"),
+    ("3", "3", "losing any one broker would stop every write"),
+    ("2", "2", "use at most 1"),
+])
+def test_min_insync_replicas_must_leave_a_broker_to_lose(replicas: str, insync: str, refusal: str) -> None:
+    with pytest.raises(SettingsError, match=refusal):
+        dev_settings({"ORDERLY_REPLICATION_FACTOR": replicas, "ORDERLY_MIN_INSYNC_REPLICAS": insync})
+
+
+def test_min_insync_replicas_accepted() -> None:
+    assert dev_settings({"ORDERLY_REPLICATION_FACTOR": "3"}).min_insync == 2
+    assert dev_settings({"ORDERLY_REPLICATION_FACTOR": "5", "ORDERLY_MIN_INSYNC_REPLICAS": "3"}).min_insync == 3
+    assert dev_settings({}).min_insync == 1
