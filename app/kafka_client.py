@@ -185,6 +185,7 @@ async def refusal(settings: Settings, timeout_s: float = 10.0) -> KafkaRefusedEr
     error, the caller's own error stands)."""
     from aiokafka import errors
     from aiokafka.conn import create_conn
+    from aiokafka.protocol.metadata import MetadataRequest
 
     refused = (errors.SaslAuthenticationFailed, errors.UnsupportedSaslMechanismError,
                errors.IllegalSaslStateError, errors.AuthenticationFailedError)
@@ -209,7 +210,14 @@ async def refusal(settings: Settings, timeout_s: float = 10.0) -> KafkaRefusedEr
             continue  # not answering: the next one may
         except (TimeoutError, OSError, errors.KafkaError):
             continue
-        conn.close()
+        try:  # the handshake went through: does it answer a request (SASL listeners close on one)?
+            await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
+        except (TimeoutError, OSError, errors.KafkaError):
+            if closed_on_us is None:
+                closed_on_us = (host, port)
+            continue
+        finally:
+            conn.close()
         return None
     if closed_on_us is not None:
         host, port = closed_on_us
