@@ -189,6 +189,11 @@ class KafkaBroker:
                 *common,
                 f"listeners=CONTROLLER://127.0.0.1:{self.controller_port}",
                 "listener.security.protocol.map=CONTROLLER:PLAINTEXT",
+                # Kafka 4 (eligible leader replicas) writes the controllers' own min.insync.replicas
+                # as the cluster-wide default, over the brokers' setting: without these, the
+                # offsets topic and every topic created without its own value needed 1 in sync.
+                f"min.insync.replicas={self.min_insync}",
+                f"default.replication.factor={self.replicas}",
                 *self._cluster_properties(),
                 "",
             ])
@@ -383,13 +388,15 @@ class KafkaCluster:
             layout["brokers"] = [port + i for i in range(size)]
         voters = {CONTROLLER_IDS + i + 1: p for i, p in enumerate(layout["controllers"])}
         replicas = min(size, 3)
+        insync = 2 if replicas >= 3 else 1
         self.controllers = [KafkaBroker(data_dir / f"controller-{node - CONTROLLER_IDS}", node_id=node,
                                         controller_port=cport, voters=voters, cluster_id=layout["cluster_id"],
-                                        role="controller", heap_mb=controller_heap_mb, cache_dir=cache_dir)
+                                        replicas=replicas, min_insync=insync, role="controller",
+                                        heap_mb=controller_heap_mb, cache_dir=cache_dir)
                             for node, cport in voters.items()]
         self.nodes = [KafkaBroker(data_dir / f"broker-{i}", port=bport, node_id=i, voters=voters,
                                   cluster_id=layout["cluster_id"], replicas=replicas,
-                                  min_insync=2 if replicas >= 3 else 1, role="broker", heap_mb=heap_mb,
+                                  min_insync=insync, role="broker", heap_mb=heap_mb,
                                   cache_dir=cache_dir)
                       for i, bport in enumerate(layout["brokers"], start=1)]
 

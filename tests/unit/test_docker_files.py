@@ -64,6 +64,7 @@ def test_three_brokers_and_three_controllers_form_one_replicated_cluster() -> No
         assert (env["KAFKA_PROCESS_ROLES"], env["KAFKA_LISTENERS"]) == ("controller", "CONTROLLER://:9093")
         assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == quorum
         assert env["KAFKA_BROKER_SESSION_TIMEOUT_MS"] == "3000"  # the controllers fence a silent broker
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"  # Kafka 4 makes the controllers' value the cluster's
     for env in envs:
         assert env["KAFKA_PROCESS_ROLES"] == "broker"
         assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == quorum

@@ -51,6 +51,7 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
         assert (props["process.roles"], props["controller.quorum.voters"]) == ("controller", quorum)
         assert props["listeners"] == f"CONTROLLER://127.0.0.1:{controller.controller_port}"
         assert props["broker.session.timeout.ms"] == "3000"  # the controllers fence a silent broker
+        assert props["min.insync.replicas"] == "2"  # Kafka 4 makes the controllers' value the cluster's default
     assert {c.controller_port for c in controllers}.isdisjoint(n.port for n in stack.kafka.nodes)
 
     again = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"}), brokers=3)
