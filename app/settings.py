@@ -130,6 +130,13 @@ _ROWS = (
     Setting("worker_stall_s", "ORDERLY_WORKER_STALL_S", Number(), 60.0,
             "a worker that decides nothing this many seconds while records wait exits (code 3) for its "
             "supervisor to restart it"),
+    # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
+    # timeout gets its partitions back at once, instead of the group waiting out the dead member.
+    Setting("worker_instance_id", "ORDERLY_WORKER_INSTANCE_ID",
+            Maybe(Text(r"[A-Za-z0-9._-]{1,200}", "ASCII letters, digits, '.', '_' and '-'")), None,
+            "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
+            "`worker-1`, `worker-2`, …): a restarted worker takes its partitions back at once instead of "
+            "after the 10 s session; a worker stopped for good holds them those 10 s"),
     Setting("worker_batch_max", "ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most"),
     Setting("worker_busy_interval_s", "ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -222,6 +229,7 @@ class Settings:
     processing_guarantee: str
     store: str
     worker_stall_s: float
+    worker_instance_id: str | None
     worker_batch_max: int
     worker_busy_interval_s: float
     sink_busy_interval_s: float

@@ -110,7 +110,8 @@ class Stack:
             replicas = settings.replication_factor if settings.replication_factor > 1 else min(brokers, 3)
             settings = settings.with_overrides(kafka_bootstrap=self.kafka.bootstrap, replication_factor=replicas)
         self.settings = settings
-        env = {**os.environ, **settings.to_env()}
+        # a static member id is each worker's own (below): no other child passes one on (replay's workers)
+        env = {**os.environ, **settings.to_env(), "ORDERLY_WORKER_INSTANCE_ID": ""}
         # One child per process; with more than one worker they are worker-1, worker-2, … in one
         # consumer group, each with a state folder of its own (RocksDB holds a lock per partition).
         # Every process but the admin serves /metrics on a port of its own from the ingest port + 1.
@@ -118,8 +119,11 @@ class Stack:
         for name in processes:
             if name == "worker" and workers > 1:
                 named += [(f"worker-{i}", name,
-                           {} if i == 1 else {"ORDERLY_DATA_DIR": str(self.data_dir / f"worker-{i}")})
+                           {"ORDERLY_WORKER_INSTANCE_ID": f"worker-{i}",
+                            **({} if i == 1 else {"ORDERLY_DATA_DIR": str(self.data_dir / f"worker-{i}")})})
                           for i in range(1, workers + 1)]
+            elif name == "worker":
+                named.append((name, name, {"ORDERLY_WORKER_INSTANCE_ID": "worker-1"}))
             else:
                 named.append((name, name, {}))
         self.children = [

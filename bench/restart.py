@@ -424,11 +424,10 @@ async def wait_decided(settings: Settings, count: int, limit_s: float = 180.0) -
 
 
 @contextmanager
-def stack_for(guarantee: str, work: Path, static: bool = False) -> Iterator[tuple[Stack, Child]]:
+def stack_for(guarantee: str, work: Path, dynamic: bool = False) -> Iterator[tuple[Stack, Child]]:
     """The embedded stack of one guarantee: (stack with one worker, a second worker of the group,
-    not started). ``static``: each worker a static member of the group (KIP-345), its
-    group.instance.id its name, through Faust's CONSUMER_GROUP_INSTANCE_ID (an experiment: the
-    app sets no instance id of its own)."""
+    not started). The workers are static members of their group, as ``orderly dev`` starts them
+    (ORDERLY_WORKER_INSTANCE_ID); ``dynamic``: without it, for comparison."""
     env = {"ORDERLY_KAFKA": f"127.0.0.1:{free_port()}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
            "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_DATA_DIR": str(work / guarantee),
@@ -437,8 +436,8 @@ def stack_for(guarantee: str, work: Path, static: bool = False) -> Iterator[tupl
     settings = dev_settings({**os.environ, **env})
     stack = Stack(settings, ("ingest", "worker", "projector"), workers=2)
     second = stack.child("worker-2")
-    for worker in stack.workers if static else []:
-        worker.env["CONSUMER_GROUP_INSTANCE_ID"] = f"{settings.namespace}-{worker.name}"
+    for worker in stack.workers if dynamic else []:
+        worker.env.pop("ORDERLY_WORKER_INSTANCE_ID", None)
     stack.children.remove(second)  # started only for the takeover
     stack.start()
     try:
@@ -456,12 +455,12 @@ def summary(values: list[float | None]) -> str:
     return text + (f"  ({lost} undecided)" if lost else "")
 
 
-def run(rounds: int, guarantees: tuple[str, ...], scenarios: tuple[str, ...], static: bool = False) -> dict[str, Any]:
+def run(rounds: int, guarantees: tuple[str, ...], scenarios: tuple[str, ...], dynamic: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="orderly-bench-restart-"))
     results: dict[str, Any] = {}
     try:
         for guarantee in guarantees:
-            with stack_for(guarantee, work, static) as (stack, second):
+            with stack_for(guarantee, work, dynamic) as (stack, second):
                 loaded = time.monotonic()
                 accepted = asyncio.run(load_history(stack.settings))
                 asyncio.run(wait_decided(stack.settings, accepted))
@@ -512,12 +511,12 @@ def command(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "3")))
     parser.add_argument("--guarantee", choices=GUARANTEES, action="append")
     parser.add_argument("--scenario", choices=SCENARIOS, action="append")
-    parser.add_argument("--static", action="store_true",
-                        help="experiment: workers join as static members (group.instance.id)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="for comparison: workers join without their static member id")
     args = parser.parse_args(argv)
-    results = run(args.rounds, tuple(args.guarantee or GUARANTEES), tuple(args.scenario or SCENARIOS), args.static)
+    results = run(args.rounds, tuple(args.guarantee or GUARANTEES), tuple(args.scenario or SCENARIOS), args.dynamic)
     report(results)
-    save_results("restart-static" if args.static else "restart", results)
+    save_results("restart-dynamic" if args.dynamic else "restart", results)
     return 0
 
 

@@ -38,6 +38,7 @@ from app.settings import Settings
 from app.worker.batch import BatchProcessor
 from app.worker.consumer import _Consumer, consumer_of, fetch_min_bytes, quiet_after
 from app.worker.exits import STALLED_EXIT_CODE, dump_tasks, exit_for_restart
+from app.worker.recovery import WorkerTableManager
 from app.worker.shared import WorkerApp, WorkerState
 from app.worker.store import ROCKSDB_OPTIONS, TABLE
 from app.worker.transactions import _Producer
@@ -81,6 +82,10 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         web_router_enabled=False,
         web_stats_enabled=False,
         web_graph_enabled=False,
+        # recovery without Faust's fixed waits, ending on the last committed changelog record
+        TableManager=WorkerTableManager,
+        # static membership: a worker restarted under its id gets its partitions back at once
+        consumer_group_instance_id=settings.worker_instance_id,
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
         consumer_auto_offset_reset="earliest",
@@ -97,6 +102,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         consumer_max_fetch_size=REQUEST_BYTES,
     )
     app.transport = _Transport(app.conf.broker_consumer, app)
+    app.kafka_client = (settings.kafka_bootstrap, client_options(settings))  # for the recovery's reads
     metrics = WorkerMetrics()
     state = app.worker_state = WorkerState(metrics, busy_commit_interval=settings.worker_busy_commit_interval_s,
                                            quiet_s=quiet_after(settings.worker_busy_interval_s))
@@ -196,6 +202,11 @@ class QuietWorker(faust.Worker):
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         self.spinner = None
         logger.setLevel(level or logging.WARNING)
+
+    async def _sentinel_task(self) -> None:
+        """mode runs this last, after its services stopped and their tasks were gathered, before it
+        closes the loop; its own sleeps a second, which every stop (and so every restart) waited."""
+        await asyncio.sleep(0)
 
 
 async def record_limit(settings: Settings) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import faust
 from aiokafka import TopicPartition
@@ -30,6 +31,7 @@ class WorkerApp(faust.App):
     """Faust's app with the worker's state, where the consumer (which Faust creates) finds it."""
 
     worker_state: WorkerState
+    kafka_client: tuple[str, dict[str, Any]]  # the bootstrap servers and client options (security)
 
 
 def worker_state(app: AppT) -> WorkerState | None:

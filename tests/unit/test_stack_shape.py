@@ -27,6 +27,9 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
     assert ports == [28081, 28082, 28083, 28084, 28085, 28086, 28087, 0]  # never the webhook port
     dirs = [c.env.get("ORDERLY_DATA_DIR") for c in stack.workers]
     assert dirs[0] == str(tmp_path) and dirs[1:] == [str(tmp_path / "worker-2"), str(tmp_path / "worker-3")]
+    # static members of the group, each under its own id (a restarted worker takes its partitions back at once)
+    assert [c.env["ORDERLY_WORKER_INSTANCE_ID"] for c in stack.workers] == ["worker-1", "worker-2", "worker-3"]
+    assert {c.env["ORDERLY_WORKER_INSTANCE_ID"] for c in stack.children if c not in stack.workers} == {""}
     assert {c.env["ORDERLY_KAFKA"] for c in stack.children} == {stack.settings.kafka_bootstrap}
     assert {c.env["ORDERLY_REPLICATION_FACTOR"] for c in stack.children} == {"3"}
 
@@ -64,6 +67,7 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
 def test_one_broker_one_worker_stays_as_it_was(tmp_path: Path) -> None:
     stack = Stack(dev_settings({"ORDERLY_DATA_DIR": str(tmp_path), "ORDERLY_KAFKA": "127.0.0.1:29092"}))
     assert [c.name for c in stack.children] == ["ingest", "worker", "projector", "effects", "fetcher", "admin"]
+    assert stack.child("worker").env["ORDERLY_WORKER_INSTANCE_ID"] == "worker-1"
     assert stack.settings.kafka_bootstrap == "127.0.0.1:29092"
     assert (stack.settings.replication_factor, stack.settings.min_insync) == (1, 1)
     props = dict(line.split("=", 1) for line in stack.brokers[0]._properties().splitlines() if "=" in line)
