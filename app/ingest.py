@@ -32,7 +32,7 @@ from app.metrics import IngestMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
-from topics.catalog import names
+from topics.catalog import TopicNames, names
 from topics.records import H_CHECKED, Correlation, correlation_headers, quarantine_headers, raw_headers
 
 log = logging.getLogger("orderly.ingest")
@@ -49,6 +49,7 @@ APPENDER: web.AppKey[Appender] = web.AppKey("appender")
 CORRELATIONS: web.AppKey[CorrelationStore] = web.AppKey("correlations")
 METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
 REFUSALS: web.AppKey[SampledLog] = web.AppKey("refusals", SampledLog)
+TOPICS: web.AppKey[TopicNames] = web.AppKey("topics", TopicNames)
 # 401s, quarantined bodies and 503s are logged with their reason, at most this many lines per gateway
 # and reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
 REFUSALS_LOGGED_PER_MINUTE = 5
@@ -89,11 +90,17 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     too_large = BodyRefused(413, f"body over {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         raise too_large  # before reading a byte of it
+    content = request.content
     chunks: list[bytes] = []
     size = 0
     try:
+        if content.is_eof():  # the whole body came with the headers (the usual case): nothing to wait for
+            whole = content.read_nowait()
+            if len(whole) > limit:
+                raise too_large
+            return whole
         async with asyncio.timeout(timeout_s):
-            while chunk := await request.content.readany():
+            while chunk := await content.readany():
                 size += len(chunk)
                 if size > limit:  # a chunked body announces no length
                     raise too_large
@@ -317,7 +324,7 @@ async def receive_webhook(request: web.Request) -> web.StreamResponse:
     route: Route = found.adapter.route(raw)
     delivery_id = next_delivery_id()
     headers = raw_headers(gateway, delivery_id, int(time.time() * 1000))
-    topics = names(settings.namespace)
+    topics = request.app[TOPICS]
     try:
         if route.resource_key is None:
             reason = route.quarantine_reason or "unroutable"
@@ -388,7 +395,7 @@ async def put_correlation(request: web.Request) -> web.StreamResponse:
         # order, the log's, live and in replay (DESIGN.md §4). Appended again on an identical PUT:
         # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
         await request.app[APPENDER].append(
-            names(settings.namespace).raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
+            request.app[TOPICS].raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
             correlation_headers(next_delivery_id(), int(time.time() * 1000)))
     except Unavailable as exc:
         metrics.requests.labels("correlations", "unavailable").inc()
@@ -429,6 +436,7 @@ def create_app(settings: Settings) -> web.Application:
     metrics = IngestMetrics()
     app[SETTINGS] = settings
     app[METRICS] = metrics
+    app[TOPICS] = names(settings.namespace)  # once, not per request
     app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics,
                                  **client_options(settings))
     app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -42,9 +43,7 @@ QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE 
 
 
 def _ms_to_ts(ms: int) -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(ms / 1000, UTC)
+    return datetime.fromtimestamp(ms / 1000, UTC)  # once per decision: the import is the module's
 
 
 async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorMetrics) -> None:
