@@ -57,13 +57,17 @@ class KeyedProducer:
 
     async def send(self, topic: str, key: bytes, value: bytes, headers: Headers | None = None) -> asyncio.Future[Any]:
         """Enqueue one record; the returned future resolves when Kafka acknowledged it."""
-        partition = await self.partition(topic, key)
+        count = self._partitions.get(topic)  # known after the first record: no coroutine for it
+        partition = partition_for(key, count) if count else await self.partition(topic, key)
         future: asyncio.Future[Any] = await self.producer.send(
             topic, value, key=key, headers=headers, partition=partition)
         return future
 
     async def send_and_wait(self, topic: str, key: bytes, value: bytes, headers: Headers | None = None) -> Any:
-        return await (await self.send(topic, key, value, headers))
+        # send()'s body inline: the ingest calls this once per request
+        count = self._partitions.get(topic)
+        partition = partition_for(key, count) if count else await self.partition(topic, key)
+        return await (await self.producer.send(topic, value, key=key, headers=headers, partition=partition))
 
     async def send_all(self, records: Sequence[OutRecord]) -> None:
         """Send every record (topic, key, value[, headers]) and wait until Kafka acknowledged all of them."""
@@ -98,8 +102,12 @@ class KeyedProducer:
             if chain is None:
                 chain = builders[tp] = [producer.create_batch()]
             append(producer, chain, key, value, headers[0] if headers else [])
-        futures = await asyncio.gather(*(enqueue(producer, tp, chain) for tp, chain in builders.items()))
-        return asyncio.gather(*(f for chain_futures in futures for f in chain_futures))
+        # One after the other, not gathered in tasks: handing over a batch does not suspend unless the
+        # topic-partition still has one waiting to be sent, so every batch of this call (and of the
+        # caller's next calls, e.g. enqueue_partitioned's other partitions) is queued before the sender
+        # runs, and goes in one produce request instead of one per task switch.
+        futures = [f for tp, chain in builders.items() for f in await enqueue(producer, tp, chain)]
+        return asyncio.gather(*futures)
 
 
 def append(producer: AIOKafkaProducer, chain: list[Any], key: bytes, value: bytes, headers: Headers) -> None:
