@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -133,10 +134,11 @@ _ROWS = (
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     Setting("worker_instance_id", "ORDERLY_WORKER_INSTANCE_ID",
-            Maybe(Text(r"[A-Za-z0-9._-]{1,200}", "ASCII letters, digits, '.', '_' and '-'")), None,
+            Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
-            "`worker-1`, `worker-2`, …): a restarted worker takes its partitions back at once instead of "
-            "after the 10 s session; a worker stopped for good holds them those 10 s"),
+            "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
+            "restarted worker takes its partitions back at once instead of after the 10 s session; a worker "
+            "stopped for good holds them those 10 s"),
     Setting("worker_batch_max", "ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most"),
     Setting("worker_busy_interval_s", "ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -253,6 +255,13 @@ class Settings:
     sweep_after_s: float
     commit_interval_s: float | None
     busy_commit_interval_s: float | None
+
+    @property
+    def worker_member(self) -> str | None:
+        """The worker's group.instance.id: ORDERLY_WORKER_INSTANCE_ID with {hostname} filled in."""
+        if self.worker_instance_id is None:
+            return None
+        return self.worker_instance_id.replace("{hostname}", socket.gethostname())
 
     @property
     def min_insync(self) -> int:

@@ -120,7 +120,10 @@ class Pipeline:
         self.env = {**os.environ, **settings.to_env(), "ORDERLY_FAUST_LOGLEVEL": "info", "ORDERLY_DEBUG_SINKS": "1"}
 
     def start(self, name: str, command: str | None = None, **env: str) -> None:
-        """Start ``orderly <command or name>`` as the process called ``name`` (extra env on top)."""
+        """Start ``orderly <command or name>`` as the process called ``name`` (extra env on top). A
+        worker is a static member of its group under its name, as ``orderly dev`` starts it."""
+        if (command or name) == "worker":
+            env = {"ORDERLY_WORKER_INSTANCE_ID": name, **env}
         with (self.logs / f"{name}.log").open("ab") as out:
             self.procs[name] = subprocess.Popen([sys.executable, "-m", "app.cli", command or name],
                                                 env={**self.env, **env}, stdout=out, stderr=subprocess.STDOUT,

@@ -36,8 +36,8 @@ from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.worker.batch import BatchProcessor
-from app.worker.consumer import _Consumer, consumer_of, fetch_min_bytes, quiet_after
-from app.worker.exits import STALLED_EXIT_CODE, dump_tasks, exit_for_restart
+from app.worker.consumer import _Consumer, consumer_of, fetch_min_bytes, member_id, membership_failure, quiet_after
+from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, exit_for_restart
 from app.worker.recovery import WorkerTableManager
 from app.worker.shared import WorkerApp, WorkerState
 from app.worker.store import ROCKSDB_OPTIONS, TABLE
@@ -47,6 +47,7 @@ from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
 log = logging.getLogger("orderly.worker")
 LAG_EVERY_S = 5.0  # how often the group's consumer lag is read for /metrics
+MEMBERSHIP_EVERY_S = 1.0  # how often the worker checks that its consumer is still a member of its group
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
 # the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
@@ -85,7 +86,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
         # recovery without Faust's fixed waits, ending on the last committed changelog record
         TableManager=WorkerTableManager,
         # static membership: a worker restarted under its id gets its partitions back at once
-        consumer_group_instance_id=settings.worker_instance_id,
+        consumer_group_instance_id=settings.worker_member,
         broker_session_timeout=10,
         broker_heartbeat_interval=1,
         consumer_auto_offset_reset="earliest",
@@ -145,6 +146,23 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
+    async def watch_membership() -> None:
+        """From the start on (before any assignment, which a worker outside its group never gets)."""
+        while not app.should_stop:
+            await asyncio.sleep(MEMBERSHIP_EVERY_S)
+            failure = membership_failure(app)
+            if failure is not None:
+                # seen when a second worker joined under the same static id: the group handed it
+                # the first one's assignment, which Faust's assignor refuses
+                same_id = (f"; a second worker with ORDERLY_WORKER_INSTANCE_ID={settings.worker_member} in "
+                           "the group ends it this way: each worker needs an id of its own"
+                           if settings.worker_instance_id else "")
+                exit_for_restart(FAILED_EXIT_CODE, "this worker's membership of its consumer group ended (%r), so "
+                                 "it is given no partitions%s: exiting so that the supervisor restarts it",
+                                 failure, same_id)
+
+    app.early_tasks = (watch_membership,)
+
     @app.timer(interval=5.0)  # type: ignore[untyped-decorator]  # Faust's decorators are untyped
     async def watchdog() -> None:
         if app.in_recovery or getattr(app, "rebalancing", False):  # restoring a large table takes as long as it takes
@@ -172,9 +190,28 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
             body, content_type = metrics.render()
             return web_view.bytes(body, content_type=content_type.split(";")[0])
 
+    joined_as: list[str] = []
+
+    def check_membership(app: faust.App) -> None:
+        """A static member keeps its member id from join to join; a new one means the coordinator
+        forgot it: another worker joined under the same static id, or this one was away past the
+        session timeout. Both times another process may have decided its partitions meanwhile;
+        a restart starts again from the committed offsets and state."""
+        member = member_id(app)
+        if member and joined_as and member != joined_as[0]:
+            exit_for_restart(FAILED_EXIT_CODE, "this worker joined its consumer group again as a new member, so its "
+                             "group forgot it: another worker with ORDERLY_WORKER_INSTANCE_ID=%s took its place (each "
+                             "worker needs an id of its own), or it was away past the %d s session timeout; exiting "
+                             "so that the supervisor restarts it", settings.worker_member,
+                             app.conf.broker_session_timeout)
+        if member and not joined_as:
+            joined_as.append(member)
+
     # Faust types its signals' receivers as taking its generic sender, not an App.
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def log_assignment(app: faust.App, assigned: set[Any], **kwargs: Any) -> None:
+        if settings.worker_instance_id:
+            check_membership(app)
         mine = sorted(tp.partition for tp in assigned if tp.topic == n.raw)
         liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned
                               if tp.topic == n.raw})

@@ -151,3 +151,23 @@ def consumer_of(app: AppT) -> _Consumer:
     if not isinstance(consumer, _Consumer):
         raise TypeError(f"the worker's app has {type(consumer).__name__} for a consumer, not _Consumer")
     return consumer
+
+
+def _coordinator(app: AppT) -> Any:
+    client = getattr(getattr(consumer_of(app), "_thread", None), "_consumer", None)  # aiokafka's consumer
+    return getattr(client, "_coordinator", None)
+
+
+def member_id(app: AppT) -> str | None:
+    """The id the group coordinator gave the worker's consumer when it last joined."""
+    return getattr(_coordinator(app), "member_id", None) or None
+
+
+def membership_failure(app: AppT) -> BaseException | None:
+    """Why aiokafka's group coordination of the worker's consumer ended, or None while it runs. Once
+    it ended the worker is no member of its group: it gets no partitions and commits nothing, and
+    nothing else in aiokafka or Faust says so while no partition is assigned."""
+    task = getattr(_coordinator(app), "_coordination_task", None)
+    if task is None or not task.done() or task.cancelled():
+        return None
+    return task.exception()

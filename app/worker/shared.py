@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,13 @@ class WorkerApp(faust.App):
 
     worker_state: WorkerState
     kafka_client: tuple[str, dict[str, Any]]  # the bootstrap servers and client options (security)
+    # run from the app's start on: Faust starts its timers and tasks only once the table is recovered
+    early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        for task in self.early_tasks:
+            self.add_future(task())
 
 
 def worker_state(app: AppT) -> WorkerState | None:

@@ -136,3 +136,12 @@ def test_min_insync_replicas_accepted() -> None:
     assert dev_settings({"ORDERLY_REPLICATION_FACTOR": "3"}).min_insync == 2
     assert dev_settings({"ORDERLY_REPLICATION_FACTOR": "5", "ORDERLY_MIN_INSYNC_REPLICAS": "3"}).min_insync == 3
     assert dev_settings({}).min_insync == 1
+
+
+def test_a_static_member_id_may_name_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("socket.gethostname", lambda: "c0ffee12")
+    assert dev_settings({"ORDERLY_WORKER_INSTANCE_ID": "worker-{hostname}"}).worker_member == "worker-c0ffee12"
+    assert dev_settings({"ORDERLY_WORKER_INSTANCE_ID": "worker-2"}).worker_member == "worker-2"
+    assert dev_settings({}).worker_member is None  # unset: a dynamic member, as before
+    with pytest.raises(SettingsError, match="ORDERLY_WORKER_INSTANCE_ID"):
+        dev_settings({"ORDERLY_WORKER_INSTANCE_ID": "worker 1"})

@@ -1,0 +1,55 @@
+"""The worker as a static member of its consumer group (ORDERLY_WORKER_INSTANCE_ID), on the started
+broker: two workers given the same id do not leave one of them idle in silence. (A worker killed and
+restarted under its id: tests/chaos/test_worker_kill9.py and test_production_shape.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from app.bootstrap import prepare
+from app.stack.kafka import KafkaBroker
+from app.stack.postgres import PostgresServer
+from app.stack.process import free_port
+from app.worker.exits import FAILED_EXIT_CODE
+from tests.pipeline import Pipeline
+from tests.support import make_settings
+
+
+@pytest.mark.parametrize("web", ["no web port", "a metrics port each"])
+async def test_two_workers_with_one_static_id_end_with_a_reason(kafka: KafkaBroker, postgres: PostgresServer,
+                                                               namespace: str, tmp_path: Path, web: str) -> None:
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace, data_dir=tmp_path / "one")
+    await prepare(settings)
+    pipeline = Pipeline(settings, tmp_path)
+    # Faust names a worker by its web URL: with a metrics port each, the two have different ones
+    ports = ({"ORDERLY_METRICS_PORT": str(free_port())}, {"ORDERLY_METRICS_PORT": str(free_port())}) \
+        if web != "no web port" else ({}, {})
+    pipeline.start("worker", ORDERLY_WORKER_INSTANCE_ID="same", **ports[0])
+    try:
+        # the first has joined when it logs its partitions
+        deadline = time.monotonic() + 60
+        while "Assigned partitions" not in pipeline.log("worker"):
+            assert time.monotonic() < deadline, pipeline.log("worker")[-3000:]
+            pipeline.assert_alive()
+            await asyncio.sleep(0.2)
+        pipeline.start("worker2", "worker", ORDERLY_WORKER_INSTANCE_ID="same",
+                       ORDERLY_DATA_DIR=str(tmp_path / "two"), **ports[1])
+        # The coordinator gives the second the first one's member (its assignment too) and forgets
+        # the first, which finds itself a new member at its next join and exits. With different
+        # URLs, Faust also refuses the first one's assignment in the second, whose membership ends:
+        # it exits too, instead of idling. Either way no two workers go on sharing the id.
+        expected = {"worker", "worker2"} if web != "no web port" else {"worker"}
+        ended: dict[str, int] = {}
+        while set(ended) < expected or not ended:
+            assert time.monotonic() < deadline + 60, {n: pipeline.log(n)[-2000:] for n in pipeline.procs}
+            ended = {name: code for name, proc in pipeline.procs.items() if (code := proc.poll()) is not None}
+            await asyncio.sleep(0.2)
+        for name, code in ended.items():
+            assert code == FAILED_EXIT_CODE, pipeline.log(name)[-3000:]
+            assert "ORDERLY_WORKER_INSTANCE_ID=same" in pipeline.log(name), pipeline.log(name)[-3000:]
+    finally:
+        pipeline.stop()
