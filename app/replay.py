@@ -299,7 +299,8 @@ async def _count(settings: Settings, query: str) -> int:
 def replay(live: Settings, into: str, logs: Path, limit_s: float = 600) -> int:
     if into == live.namespace:
         raise SystemExit("orderly replay: --into must name a namespace other than the live one")
-    target = live.with_overrides(namespace=into, effects_url=None, worker_instance_id=None)  # its workers: dynamic members
+    # its workers join as dynamic members: a live worker's static id is not theirs
+    target = live.with_overrides(namespace=into, effects_url=None, worker_instance_id=None)
     asyncio.run(prepare_target(target))
     if asyncio.run(_count(target, "SELECT count(*) FROM webhook_events")):
         raise SystemExit(f"orderly replay: namespace {into!r} is not fresh (it already has deliveries)")

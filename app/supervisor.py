@@ -236,7 +236,7 @@ class Stack:
             if child.next_start == 0.0:
                 quick_death = now - child.started_at < 10
                 child.restarts = child.restarts + 1 if quick_death else 1
-                child.next_start = now + min(0.5 * 2 ** (child.restarts - 1), 30.0)
+                child.next_start = now + restart_delay(child.restarts)
                 log.warning("%s exited with %s; restarting. Its log ends:\n%s", child.name,
                             child.proc.returncode, child.last_words())
             elif now >= child.next_start:
@@ -252,6 +252,13 @@ class Stack:
                 stop_process(child.proc, 15)
         self.kafka.stop()
         self.postgres.stop()
+
+
+def restart_delay(restarts: int) -> float:
+    """Seconds before starting a child again that died for the ``restarts``-th time in a row (each
+    within 10 s of its start): the first death at once (a worker's partitions wait meanwhile), then
+    0.5 s, doubling up to 30 s while it keeps dying."""
+    return 0.0 if restarts <= 1 else min(0.5 * 2 ** min(restarts - 2, 6), 30.0)  # 2**6 * 0.5 > 30
 
 
 def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: None) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import faust
@@ -61,7 +62,9 @@ class _Transport(faust_aiokafka.Transport):
     Producer = _Producer
 
 
-def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) -> WorkerApp:
+def build_app(settings: Settings, max_record_bytes: int | None = None) -> WorkerApp:
+    """``max_record_bytes``: the largest record the outputs may be; None: read from the topics'
+    configuration as the worker starts (record_limit)."""
     n = names(settings.namespace)
     datadir = settings.data_dir / f"{settings.namespace}-worker"
     datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
@@ -117,7 +120,7 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0, **client_options(settings))
     liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s,
                         **client_options(settings))
-    batches = BatchProcessor(app, state, table, n, producer, liveness, max_record_bytes)
+    batches = BatchProcessor(app, state, table, n, producer, liveness, max_record_bytes or DERIVED_RECORD_BYTES)
     if settings.processing_guarantee == "exactly_once":
         state.stage = batches.stage
 
@@ -127,7 +130,12 @@ def build_app(settings: Settings, max_record_bytes: int = DERIVED_RECORD_BYTES) 
 
     @app.agent(source)
     async def process(stream: faust.StreamT[bytes]) -> None:
+        # read while the group is joined and the table recovered (the agent starts before either),
+        # not before the app starts: it would add a Kafka round trip to every restart
+        limit = asyncio.ensure_future(record_limit(settings)) if max_record_bytes is None else None
         await producer.start()  # here, not in a task: the agent may receive records before tasks run
+        if limit is not None:
+            batches.max_record_bytes = await checked_limit(limit)
         # Events are acked by hand, only once their outputs are acknowledged and the table written:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         # noack_take is Faust's Stream's, missing from its StreamT interface.
@@ -255,13 +263,21 @@ async def record_limit(settings: Settings) -> int:
     return min(int(configs.get(topic, {}).get("max.message.bytes") or DERIVED_RECORD_BYTES) for topic in written)
 
 
-def run(settings: Settings) -> None:
-    limit = asyncio.run(record_limit(settings))
+async def checked_limit(reading: Awaitable[int]) -> int:
+    try:
+        limit = await reading
+    except Exception as exc:  # Kafka away or refusing: as any other start that cannot reach it
+        exit_for_restart(FAILED_EXIT_CODE, "the configuration of the topics the worker writes could not be read "
+                         "(%r): exiting so that the supervisor restarts it", exc)
     if limit < DERIVED_RECORD_BYTES:
         log.warning("a topic the worker writes takes records of at most %d bytes (the catalog sets %d): records "
                     "whose outputs pass half of that are set aside; raise max.message.bytes to lift it",
                     limit, DERIVED_RECORD_BYTES)
-    app = build_app(settings, max_record_bytes=limit)
+    return limit
+
+
+def run(settings: Settings) -> None:
+    app = build_app(settings)
     # Faust replaces the root logger's handlers at start: with ours (app/logs.py), so that its lines
     # are in ORDERLY_LOG_FORMAT too
     level = logging.getLevelNamesMapping()[settings.faust_loglevel.upper()]

@@ -170,4 +170,5 @@ def membership_failure(app: AppT) -> BaseException | None:
     task = getattr(_coordinator(app), "_coordination_task", None)
     if task is None or not task.done() or task.cancelled():
         return None
-    return task.exception()
+    failure: BaseException | None = task.exception()
+    return failure
