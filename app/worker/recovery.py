@@ -15,11 +15,24 @@ Two things in Faust's own start cost every worker start seconds, and one of them
 Here the highwater of each changelog partition is asked of the broker: the offset of its last
 committed record, read with read_committed from the tail of the partition below its last stable
 offset. Recovery then ends the moment the table holds that record.
+
+The read is bounded (``read_timeout``): Faust runs it under its own timeout, and when that passes
+its recovery loop ends for good with the worker still "in recovery" (alive, deciding nothing, its
+stall watchdog held off); a changelog partition without a leader would leave the worker so. Past
+the bound the worker exits (code 3) for its supervisor to start it again.
+
+A partition whose local store is ahead of the last committed record read (its persisted offset is
+higher) is read again for a moment: the transaction coordinator answers a commit before it has
+written the commit markers, so right after a commit (a rebalance that keeps the partition commits
+on revoke) the last stable offset can still be before the transaction the store already holds,
+and Faust's consistency check would end the worker with ConsistencyError.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,39 +42,84 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import TP
 
+from app.worker.exits import STALLED_EXIT_CODE, exit_for_restart
+
 log = logging.getLogger("orderly.worker")
 
 TAIL = 64  # records read back from a partition's end to find its last committed record; then 16x more
+READ_TIMEOUT_S = 30.0  # the highwater read of a recovery, at most (less than Faust's wait for it)
+MARKERS_S = 5.0  # how long a partition whose store is ahead of the read is read again (commit markers)
+MARKERS_EVERY_S = 0.05
 
 
-async def last_committed_offsets(bootstrap: str, partitions: Iterable[TP], **options: Any) -> dict[TP, int]:
-    """The offset of the last committed record of each partition, -1 for none (read_committed)."""
+class HighwaterTimeout(Exception):
+    """The broker did not let the last committed records be read in time."""
+
+
+def read_timeout(faust_timeout: float) -> float:
+    """The bound of the highwater read, within Faust's timeout for the step (broker_request_timeout)."""
+    return min(READ_TIMEOUT_S, faust_timeout / 2)
+
+
+async def last_committed_offsets(bootstrap: str, partitions: Iterable[TP], *, timeout_s: float = READ_TIMEOUT_S,
+                                 floor: Mapping[TP, int | None] | None = None, **options: Any) -> dict[TP, int]:
+    """The offset of the last committed record of each partition, -1 for none (read_committed).
+
+    A partition whose result is below its ``floor`` (the offset the local store says it holds) is
+    read again for up to MARKERS_S: the commit markers of a transaction that just committed may not
+    be written yet. Raises HighwaterTimeout past ``timeout_s``, naming the partitions not read."""
     tps = {TopicPartition(tp.topic, tp.partition): tp for tp in partitions}
     if not tps:
         return {}
+    last = {tp: -1 for tp in tps}
+    done: set[TopicPartition] = set()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed",
-                                enable_auto_commit=False, auto_offset_reset="none", **options)
-    await consumer.start()
+                                enable_auto_commit=False, auto_offset_reset="none",
+                                request_timeout_ms=int(timeout_s * 1000), **options)
     try:
-        consumer.assign(list(tps))
-        stable = await consumer.end_offsets(list(tps))  # read_committed: the last stable offsets
-        earliest = await consumer.beginning_offsets(list(tps))
-        last = {tp: -1 for tp in tps}
-        window = dict.fromkeys(tps, TAIL)
-        # read each partition from `window` records before its end; a partition whose tail held no
-        # committed record (aborted transactions only) is read again from further back
-        todo = {tp for tp in tps if stable[tp] > earliest[tp]}
-        while todo:
-            starts = {tp: max(earliest[tp], stable[tp] - window[tp]) for tp in todo}
-            for tp, start in starts.items():
-                consumer.seek(tp, start)
-            await read_to(consumer, todo, stable, last)
-            todo = {tp for tp in todo if last[tp] < 0 and starts[tp] > earliest[tp]}
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            consumer.assign(list(tps))
+            wanted = {tp: (floor or {}).get(faust_tp) for tp, faust_tp in tps.items()}
+            settle_until = time.monotonic() + MARKERS_S
+            todo = set(tps)
+            while True:
+                found = await _read_once(consumer, todo)
+                last.update(found)
+                done |= todo
+                todo = {tp for tp in todo if (want := wanted[tp]) is not None and last[tp] < want}
+                if not todo or time.monotonic() >= settle_until:
+                    break
+                await asyncio.sleep(MARKERS_EVERY_S)
             for tp in todo:
-                window[tp] *= 16
-        return {tps[tp]: offset for tp, offset in last.items()}
+                log.warning("changelog %s[%d]: the local store holds offset %s, the last committed record read is %d",
+                            tp.topic, tp.partition, wanted[tp], last[tp])
+    except TimeoutError:
+        missing = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps) if tp not in done) or "none"
+        raise HighwaterTimeout(f"the last committed records of the changelog were not read within {timeout_s:.0f} s "
+                               f"(partitions not read: {missing})") from None
     finally:
         await consumer.stop()
+    return {tps[tp]: offset for tp, offset in last.items()}
+
+
+async def _read_once(consumer: AIOKafkaConsumer, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
+    stable = await consumer.end_offsets(list(tps))  # read_committed: the last stable offsets
+    earliest = await consumer.beginning_offsets(list(tps))
+    last = {tp: -1 for tp in tps}
+    window = dict.fromkeys(tps, TAIL)
+    # read each partition from `window` records before its end; a partition whose tail held no
+    # committed record (aborted transactions only) is read again from further back
+    todo = {tp for tp in tps if stable[tp] > earliest[tp]}
+    while todo:
+        starts = {tp: max(earliest[tp], stable[tp] - window[tp]) for tp in todo}
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
+        await read_to(consumer, todo, stable, last)
+        todo = {tp for tp in todo if last[tp] < 0 and starts[tp] > earliest[tp]}
+        for tp in todo:
+            window[tp] *= 16
+    return last
 
 
 async def read_to(consumer: AIOKafkaConsumer, partitions: set[TopicPartition], stable: Mapping[TopicPartition, int],
@@ -85,7 +143,16 @@ class ExactRecovery(Recovery):
             await super()._build_highwaters(consumer, tps, destination, title)
             return
         bootstrap, options = self.app.kafka_client  # type: ignore[attr-defined]  # WorkerApp's
-        highwaters = await last_committed_offsets(bootstrap, tps, **options)
+        # the offsets the local stores hold (Faust set them from the stores for this assignment)
+        held = self.active_offsets if destination is self.active_highwaters else self.standby_offsets
+        try:
+            highwaters = await last_committed_offsets(
+                bootstrap, tps, timeout_s=read_timeout(float(self.app.conf.broker_request_timeout)),
+                floor={tp: held.get(tp) for tp in tps}, **options)
+        except HighwaterTimeout as exc:
+            exit_for_restart(STALLED_EXIT_CODE, "recovery of the %s changelog partitions stalled: %s; exiting so that "
+                             "the supervisor restarts this worker", title, exc)
+            raise
         self.log.info("Highwater for %s changelog partitions (last committed records): %s", title,
                       ", ".join(f"{tp.topic}[{tp.partition}]={offset}" for tp, offset in sorted(highwaters.items())))
         destination.clear()

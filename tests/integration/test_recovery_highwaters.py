@@ -8,6 +8,7 @@ fetch (an empty store skipping recovery). app/worker/recovery.py asks the broker
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -93,3 +94,28 @@ async def _stable(kafka: KafkaBroker, tp: TP) -> int:
         return int((await consumer.end_offsets([part]))[part])
     finally:
         await consumer.stop()
+
+
+async def test_a_store_ahead_of_the_last_stable_offset_waits_for_the_commit_markers(kafka: KafkaBroker) -> None:
+    """The transaction coordinator acknowledges a commit before its markers are written: the local
+    store (written once the commit returned) may then hold a changelog offset past the last stable
+    one. Faust's consistency check ends the worker if the highwater read is below the store's
+    offset; the read waits for the markers instead. Here the markers are held back by leaving the
+    transaction open while the read starts, and committing it a moment later."""
+    topic = await _topic(kafka, 1)
+    tp = TP(topic, 0)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=f"tx-{topic}")
+    await producer.start()
+    try:
+        first = await _transaction(producer, topic, 0, 2, commit=True)
+        await producer.begin_transaction()
+        held = (await (await producer.send(topic, b"v", key=b"k", partition=0))).offset  # the store's offset
+        read = asyncio.ensure_future(last_committed_offsets(kafka.bootstrap, [tp], floor={tp: held}))
+        await asyncio.sleep(0.5)  # the read has seen the last stable offset before `held`
+        await producer.commit_transaction()
+        assert await read == {tp: held}
+    finally:
+        await producer.stop()
+    # without a floor the read ends at once on what is committed
+    assert await last_committed_offsets(kafka.bootstrap, [tp]) == {tp: held}
+    assert first[-1] < held
