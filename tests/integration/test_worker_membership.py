@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,5 +52,48 @@ async def test_two_workers_with_one_static_id_end_with_a_reason(kafka: KafkaBrok
         for name, code in ended.items():
             assert code == FAILED_EXIT_CODE, pipeline.log(name)[-3000:]
             assert "ORDERLY_WORKER_INSTANCE_ID=same" in pipeline.log(name), pipeline.log(name)[-3000:]
+    finally:
+        pipeline.stop()
+
+
+async def _until(pipeline: Pipeline, done: Any, what: str, limit_s: float = 90) -> None:
+    deadline = time.monotonic() + limit_s  # a bound on a hung test, not a timing claim
+    while not done():
+        assert time.monotonic() < deadline, (what, {n: pipeline.log(n)[-2500:] for n in pipeline.procs})
+        pipeline.assert_alive()
+        await asyncio.sleep(0.2)
+
+
+async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, postgres: PostgresServer,
+                                                          namespace: str, tmp_path: Path) -> None:
+    """The new-member check must not fire on the group's ordinary events: another worker joining,
+    leaving for good (its session expires), and being killed and started again under its id."""
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace, data_dir=tmp_path / "one",
+                             processing_guarantee="exactly_once")
+    await prepare(settings)
+    pipeline = Pipeline(settings, tmp_path)
+
+    def assigned(name: str) -> int:
+        return pipeline.log(name).count("Assigned partitions")
+
+    pipeline.start("worker")
+    try:
+        await _until(pipeline, lambda: assigned("worker") >= 1, "worker assigned")
+        pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
+        await _until(pipeline, lambda: assigned("worker2") >= 1 and assigned("worker") >= 2, "worker2 joined")
+        pipeline.terminate("worker2")  # for good: a static member leaves no group, its session expires
+        before = assigned("worker")
+        await _until(pipeline, lambda: assigned("worker") > before, "worker2's partitions back to worker")
+        pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
+        await _until(pipeline, lambda: assigned("worker2") >= 2, "worker2 joined again")
+        pipeline.kill("worker")
+        mark = len(pipeline.log("worker"))
+        pipeline.start("worker")  # under its id, within the session
+        await _until(pipeline, lambda: "Assigned partitions" in pipeline.log("worker")[mark:], "worker back")
+        await asyncio.sleep(12)  # past a session timeout: a member the restart replaced would be noticed by now
+        for name in ("worker", "worker2"):
+            assert "as a new member" not in pipeline.log(name), pipeline.log(name)[-3000:]
+            assert "membership of its consumer group ended" not in pipeline.log(name), pipeline.log(name)[-3000:]
+        pipeline.assert_alive()
     finally:
         pipeline.stop()
