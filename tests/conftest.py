@@ -6,8 +6,11 @@ test failure, in CI as anywhere else.
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import hypothesis  # noqa: F401  (before any test: on CPython 3.11.7 a later first import, from its terminal-summary hook, failed with SystemError: AST constructor recursion depth)
@@ -16,6 +19,29 @@ import pytest
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
+
+NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|exit", re.IGNORECASE)
+
+
+def notable_lines(log: Path, keep: int = 12) -> list[str]:
+    """The last warnings and errors of a process log, and its last two lines."""
+    lines = log.read_text(errors="replace").splitlines()
+    notable = [line[:300] for line in lines if NOTABLE.search(line)][-keep:]
+    return notable + [f"(last) {line[:300]}" for line in lines[-2:]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, pytest.TestReport,
+                                                                                         pytest.TestReport]:
+    """A failed test that ran processes (their logs in its tmp_path, as tests/pipeline.py writes them)
+    reports what each one warned of last, first in its report: a time-out shows where it stood."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    logs = sorted(tmp.glob("*.log")) if report.failed and isinstance(tmp, Path) and tmp.is_dir() else []
+    if logs:
+        text = "\n".join(f"--- {log.name}\n" + "\n".join(notable_lines(log)) for log in logs)
+        report.sections.insert(0, ("process logs (last warnings)", text))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, ex
 from app.worker.recovery import WorkerTableManager
 from app.worker.shared import WorkerApp, WorkerState
 from app.worker.store import ROCKSDB_OPTIONS, TABLE
-from app.worker.transactions import _Producer
+from app.worker.transactions import _Producer, _TransactionManager
 from topics.admin import topic_configs
 from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
@@ -60,6 +60,7 @@ BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of th
 class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
     Producer = _Producer
+    TransactionManager = _TransactionManager
 
 
 def build_app(settings: Settings, max_record_bytes: int | None = None) -> WorkerApp:

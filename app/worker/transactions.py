@@ -9,8 +9,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import AppT
+from faust.types import TP, AppT
 
 from app.core.dispatch import Record
 from app.producer import KeyedProducer, send_keyed
@@ -122,6 +123,36 @@ class _Producer(faust_aiokafka.Producer):
                 if start_new_transaction:
                     await transactional.begin_transaction()
         await asyncio.gather(*(commit(tid, offsets) for tid, offsets in tid_to_offset_map.items()))
+
+
+class _TransactionManager(TransactionManager):
+    """Faust's, with the producers of partitions this worker no longer owns stopped at each rebalance.
+
+    Faust works out the revoked partitions as the last assignment minus the new one, but the
+    partitions are revoked before the new assignment is given (the eager protocol), so that set is
+    empty and it never stopped a moved partition's producer: its transactional id, taken over by
+    the new owner, is fenced, and when the partition came back the old producer was used again,
+    which ended the worker (ProducerFenced, "Can't send messages while not in transaction") after
+    the rebalance. And a kept partition's producer, in its open transaction since the last commit,
+    is left as it is (Faust began a transaction in it again: a warning per partition)."""
+
+    async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP]) -> None:
+        producer = producer_of(self.app)
+        owned = self._tps_to_transactional_ids(assigned)
+        stale = sorted(set(producer._transaction_producers) - owned)
+        if stale:
+            log.info("stopping the transactional producers of %d partitions this worker no longer owns: %s",
+                     len(stale), ", ".join(stale))
+            await self._stop_transactions(stale)
+        await super().on_rebalance(assigned, revoked, newly_assigned)
+
+    async def _start_transactions(self, tids: Any) -> None:
+        producer = producer_of(self.app)
+        for transactional_id in tids:
+            open_one = producer._transaction_producers.get(transactional_id)
+            if open_one is not None and open_one._txn_manager.is_in_transaction():
+                continue  # kept through the rebalance, its transaction open since the last commit
+            await producer.maybe_begin_transaction(transactional_id)
 
 
 def producer_of(app: AppT) -> _Producer:
