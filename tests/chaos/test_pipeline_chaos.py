@@ -176,3 +176,6 @@ async def test_two_workers_one_killed_for_good(two_worker_pipe: Running) -> None
     await watchdog
     print(f"\nworker restarts after it found itself stalled: {restarts.count('worker')}")
     assert not {k for k, n in pipe.stub.deliveries.items() if n > 1}, "an effect was delivered twice"
+    # exactly-once: the partitions that moved to the survivor and back never reused a fenced producer
+    survivor = pipe.pipeline.log("worker")
+    assert "not in transaction" not in survivor and "IN_TRANSACTION -> IN_TRANSACTION" not in survivor

@@ -189,7 +189,7 @@ def after_kill(kill_at: float, until: float, poster: Poster, decided: dict[str, 
     return max((w for _at, w in waits), default=0.0), max(held, default=kill_at) - kill_at
 
 
-@pytest.mark.timeout(900)  # about 3x its duration
+@pytest.mark.timeout(1200)  # about 10x its duration here (106-124 s); a slow CI machine needed over 250 s to post
 async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_20000_webhooks_flow(
         flow: Traffic, shape: Shape) -> None:
     stack, settings = shape.stack, shape.settings
@@ -237,7 +237,9 @@ async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_2
     print(f"\nstack up, workers sharing the partitions; posting {flow.webhooks()} webhooks", flush=True)
     started = time.monotonic()
     killing = asyncio.create_task(kill_plan())
-    await poster.run(RATE_PER_S, concurrency=32, limit_s=posting_s * 3)
+    # a slower machine takes longer for the same work (2.7x here once, 6 JVMs on 2 cores): the poster
+    # fails on a stall (no 200 for 60 s) or at 6x the posting time, not at a tighter fixed multiple
+    await poster.run(RATE_PER_S, concurrency=32, limit_s=posting_s * 6)
     await killing
     posted_s = time.monotonic() - started
     print(f"posted in {posted_s:.0f} s; kills {kills}", flush=True)

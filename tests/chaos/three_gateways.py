@@ -119,15 +119,47 @@ class Poster:
     attempts: Counter[str] = field(default_factory=Counter)  # requests sent per gateway (correlations apart)
     failures: Counter[str] = field(default_factory=Counter)  # "refused" | "503" | "cut"
     done: int = 0
+    last_ok: float = 0.0  # monotonic time of the last 200
 
-    async def run(self, rate_per_s: float, concurrency: int = 16, limit_s: float = 400) -> None:
+    async def run(self, rate_per_s: float, concurrency: int = 16, limit_s: float = 900,
+                  stall_s: float = 60) -> None:
+        """Post every delivery; fails when no delivery was answered 200 for ``stall_s`` (the
+        pipeline stopped taking webhooks) or all of them took longer than ``limit_s``. Not a fixed
+        multiple of the posting time: on a slower machine the same work takes longer, not forever."""
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         for d in self.deliveries:
             queue.put_nowait(d)
         started, sent = time.monotonic(), [0]
+        self.last_ok = started
         timeout = aiohttp.ClientTimeout(total=15)
-        async with asyncio.timeout(limit_s), aiohttp.ClientSession(timeout=timeout) as http:
-            await asyncio.gather(*(self._sender(http, queue, started, sent, rate_per_s) for _ in range(concurrency)))
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            senders = asyncio.gather(*(self._sender(http, queue, started, sent, rate_per_s)
+                                       for _ in range(concurrency)))
+            try:
+                while not senders.done():
+                    await asyncio.wait([senders], timeout=1.0)
+                    now = time.monotonic()
+                    if now - self.last_ok > stall_s:
+                        why = f"no delivery answered 200 for {now - self.last_ok:.0f} s"
+                    elif now - started > limit_s:
+                        why = f"not every delivery answered 200 in {limit_s:.0f} s"
+                    else:
+                        continue
+                    raise AssertionError(f"{why}: {self.progress()}")
+                await senders
+            finally:
+                senders.cancel()
+                await asyncio.gather(senders, return_exceptions=True)
+
+    def progress(self) -> str:
+        """Where the posting stands: what an on-call engineer would ask first of a slow run."""
+        now = time.time()
+        per_10s = Counter(int((now - sent) // 10) for sent, _ in self.latencies if now - sent < 120)
+        slowest = sorted(self.latencies, key=lambda x: -x[1])[:5]
+        return (f"{self.done} of {len(self.deliveries)} delivered, {len(self.acked)} webhooks acknowledged; "
+                f"retried {dict(self.failures)}; answers per 10 s over the last 2 minutes (newest first) "
+                f"{[per_10s.get(i, 0) for i in range(12)]}; slowest answers (seconds ago, seconds) "
+                f"{[(round(now - sent), round(took, 2)) for sent, took in slowest]}")
 
     async def _sender(self, http: aiohttp.ClientSession, queue: asyncio.Queue[Delivery], started: float,
                       sent: list[int], rate_per_s: float) -> None:
@@ -156,6 +188,7 @@ class Poster:
                         self.latencies.append((sent_at, time.time() - sent_at))
                         if resp.status == 200:
                             assert not answer.get("quarantined"), answer
+                            self.last_ok = time.monotonic()
                             if d.kind == "webhook":
                                 self.acked.append(answer["delivery_id"])
                                 self.acked_at[answer["delivery_id"]] = time.time()

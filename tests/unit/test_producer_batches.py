@@ -44,7 +44,7 @@ class FakeKafka:
 
 def keyed(kafka: FakeKafka) -> KeyedProducer:
     producer = KeyedProducer("unused:9092")
-    producer._producer = kafka  # type: ignore[assignment]
+    producer._producer = kafka
     producer._partitions = {"decisions": 12, "effects": 12}
     return producer
 
@@ -64,7 +64,7 @@ def test_every_batch_is_handed_over_before_another_task_runs() -> None:
             3: [("decisions", b"pg:b", b"3"), ("effects", b"e:b", b"4")],
             7: [("decisions", b"pg:c", b"5")],
         })
-        return list(await acks)  # type: ignore[call-overload]
+        return list(await acks)
 
     results = asyncio.run(scenario())
     handed = [entry for entry in kafka.log if entry != "sender ran"]
