@@ -70,9 +70,12 @@ class Liveness:
         except KafkaError as exc:  # the broker or the coordinator is away: not a stall of ours
             log.info("liveness check skipped: %r", exc)
             return {}
-        # before its first batch after an assignment a worker may still be restoring a large table
-        # (a million resources from the changelog took 85-150 s here): ten times the allowance
-        allowance = self.stall_s if self.batches else 10 * self.stall_s
+        # Restoring a table (a million resources took 85-150 s here) is not counted: the worker's
+        # watchdog restarts the clock while Faust recovers, and its timers start only after the
+        # first recovery. Before the first batch after an assignment, twice the allowance (the
+        # producers start, the record limit is read); not more: Faust can leave the agent waiting
+        # for ever after a rebalance, and ten times the limit kept such a worker idle 10 minutes.
+        allowance = self.stall_s if self.batches else 2 * self.stall_s
         now, quiet, stuck = time.monotonic(), self.quiet_for() >= allowance, {}
         for tp in tps:
             committed = offsets[tp].offset if tp in offsets and offsets[tp].offset >= 0 else 0

@@ -37,7 +37,15 @@ from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.worker.batch import BatchProcessor
-from app.worker.consumer import _Consumer, consumer_of, fetch_min_bytes, member_id, membership_failure, quiet_after
+from app.worker.consumer import (
+    _Consumer,
+    consumer_of,
+    fetch_min_bytes,
+    flow_state,
+    member_id,
+    membership_failure,
+    quiet_after,
+)
 from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, exit_for_restart
 from app.worker.recovery import WorkerTableManager
 from app.worker.shared import WorkerApp, WorkerState
@@ -180,6 +188,8 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
         behind = await liveness.stalled()
         if behind:
             waiting = ", ".join(f"{tp.topic}[{tp.partition}]: {count}" for tp, count in sorted(behind.items()))
+            log.warning("stalled: %s", flow_state(app, n.raw))
+            dump_tasks()  # where it waited, for the report of a stall that a restart only hides
             exit_for_restart(STALLED_EXIT_CODE, "no batch decided for %.0f s while records wait (%s): exiting so "
                              "that the supervisor restarts this worker (state and offsets are recovered from "
                              "Kafka)", liveness.quiet_for(), waiting)

@@ -197,4 +197,9 @@ class BatchProcessor:
             self.state.decided.pop(tp, None)
 
     def revoked(self, partitions: set[int]) -> None:
+        """The staged writes and the decided offsets of revoked partitions go together: a commit
+        between the revocation and the next assignment (Faust's timer runs on) must not commit
+        the offsets of records whose outputs were dropped (exactly-once: they would be skipped)."""
         self.stage.revoked(partitions)
+        for tp in [tp for tp in self.state.decided if tp.partition in partitions]:
+            del self.state.decided[tp]

@@ -172,3 +172,22 @@ def membership_failure(app: AppT) -> BaseException | None:
         return None
     failure: BaseException | None = task.exception()
     return failure
+
+
+def flow_state(app: AppT, topic: str) -> str:
+    """What Faust's fetch loop holds for ``topic``'s assigned partitions, for the log of a stall:
+    whether the flow is on, which partitions it pauses or fetches, the offset it last handed over
+    and aiokafka's position. Each read is guarded: this runs when something is already wrong."""
+    consumer = consumer_of(app)
+    try:
+        assigned = sorted(tp.partition for tp in consumer.assignment() if tp.topic == topic)
+        paused = sorted(tp.partition for tp in consumer._paused_partitions if tp.topic == topic)
+        active = sorted(tp.partition for tp in (consumer._active_partitions or ()) if tp.topic == topic)
+        read = {tp.partition: offset for tp, offset in consumer._read_offset.items() if tp.topic == topic}
+        client = getattr(consumer._thread, "_consumer", None)  # aiokafka's
+        positions = ({tp.partition: client._subscription.subscription.assignment.state_value(tp).position
+                      for tp in client.assignment() if tp.topic == topic} if client is not None else {})
+        return (f"flow active {consumer.flow_active}; assigned {assigned}, paused {paused}, fetched {active}; "
+                f"last handed over {read}; positions {positions}")
+    except Exception as exc:  # a diagnosis must not hide the stall it reports
+        return f"not read ({type(exc).__name__}: {exc})"

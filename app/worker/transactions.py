@@ -9,12 +9,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
 from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT
 
 from app.core.dispatch import Record
 from app.producer import KeyedProducer, send_keyed
+from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.store import PartitionStore
 
 log = logging.getLogger("orderly.worker")
@@ -122,7 +124,20 @@ class _Producer(faust_aiokafka.Producer):
                 await transactional.commit_transaction()
                 if start_new_transaction:
                     await transactional.begin_transaction()
-        await asyncio.gather(*(commit(tid, offsets) for tid, offsets in tid_to_offset_map.items()))
+        outcomes = await asyncio.gather(*(commit(tid, offsets) for tid, offsets in tid_to_offset_map.items()),
+                                        return_exceptions=True)
+        failed = {tid: outcome for tid, outcome in zip(tid_to_offset_map, outcomes, strict=True)
+                  if isinstance(outcome, BaseException)}
+        fenced = sorted(tid for tid, exc in failed.items() if isinstance(exc, ProducerFenced))
+        if fenced:
+            # Another worker owns these partitions now. Faust would crash the app but call the commit
+            # done, and the local store would take the values of transactions that never committed
+            # (ahead of the changelog: ConsistencyError at every start). Exit before it is written.
+            exit_for_restart(FAILED_EXIT_CODE, "the transactional producers %s were fenced (another worker took "
+                             "their partitions over): exiting so that the supervisor restarts this worker, its "
+                             "local store untouched by the commit", ", ".join(fenced))
+        if failed:
+            raise next(iter(failed.values()))
 
 
 class _TransactionManager(TransactionManager):
@@ -143,7 +158,12 @@ class _TransactionManager(TransactionManager):
         if stale:
             log.info("stopping the transactional producers of %d partitions this worker no longer owns: %s",
                      len(stale), ", ".join(stale))
-            await self._stop_transactions(stale)
+            # Not under a commit: stopping a producer whose commit is in flight leaves that commit
+            # waiting for ever (aiokafka never resolves its futures), and every later commit behind it.
+            await self.consumer.maybe_wait_for_commit_to_finish()  # type: ignore[attr-defined]  # Faust's Consumer's
+            for transactional_id in stale:
+                async with producer._trn_locks[transactional_id]:
+                    await producer.stop_transaction(transactional_id)
         await super().on_rebalance(assigned, revoked, newly_assigned)
 
     async def _start_transactions(self, tids: Any) -> None:
@@ -153,6 +173,14 @@ class _TransactionManager(TransactionManager):
             if open_one is not None and open_one._txn_manager.is_in_transaction():
                 continue  # kept through the rebalance, its transaction open since the last commit
             await producer.maybe_begin_transaction(transactional_id)
+            # Faust's begin logs and swallows every failure (a broker away during the rebalance, a
+            # fenced id): without a transaction the partition's outputs would have nowhere to go
+            # while its offsets were committed. A restart joins again and begins afresh.
+            started = producer._transaction_producers.get(transactional_id)
+            if started is None or not started._txn_manager.is_in_transaction():
+                exit_for_restart(FAILED_EXIT_CODE, "the transactional producer %s could not begin its transaction "
+                                 "(the log above says why): exiting so that the supervisor restarts this worker",
+                                 transactional_id)
 
 
 def producer_of(app: AppT) -> _Producer:

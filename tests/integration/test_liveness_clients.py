@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError
 
 from app.liveness import Liveness
@@ -45,3 +46,35 @@ async def test_a_cancelled_or_failed_start_is_tried_again(kafka: KafkaBroker) ->
         await nobody.group_lag(raw)
     assert (nobody._consumer, nobody._admin) == (None, None)  # nothing half-started kept
     await nobody.close()
+
+
+async def test_a_worker_given_partitions_that_decides_nothing_is_stalled_after_twice_the_limit(
+        kafka: KafkaBroker) -> None:
+    """Faust can leave the agent waiting for ever after a rebalance: no batch comes. The worker
+    must find itself stalled after twice ORDERLY_WORKER_STALL_S (it allowed ten times, which kept
+    a takeover idle 100 s in the two-worker chaos test), and never before the limit."""
+    namespace = f"live{uuid.uuid4().hex[:8]}"
+    settings = make_settings(kafka.bootstrap, "postgresql://unused@127.0.0.1:1/x", namespace)
+    await ensure_topics(kafka.bootstrap, catalog(namespace, settings.partitions))
+    raw = names(namespace).raw
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    try:
+        for i in range(5):
+            await producer.send_and_wait(raw, f"r{i}".encode(), partition=0)
+    finally:
+        await producer.stop()
+    stall_s = 1.0
+    liveness = Liveness(kafka.bootstrap, f"{namespace}-worker", stall_s)
+    waiting, idle = TopicPartition(raw, 0), TopicPartition(raw, 1)
+    try:
+        liveness.on_assigned({waiting, idle})
+        assigned_at = time.monotonic()
+        assert await liveness.stalled() == {}  # within the limit
+        while not (stuck := await liveness.stalled()):
+            assert time.monotonic() - assigned_at < 8 * stall_s, "not found stalled in 8x the limit"
+            await asyncio.sleep(0.1)
+        assert stuck == {waiting: 5}  # the idle partition is never stalled
+        assert time.monotonic() - assigned_at >= 2 * stall_s
+    finally:
+        await liveness.close()
