@@ -72,8 +72,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     # local end of an outgoing connection can take it: the supervisor must serve it elsewhere, not
     # restart the worker forever.
     squatter = socket.socket()
-    for _ in range(100):  # an ingest port two below a free one, so that the test can take it
-        try:
+    for _ in range(100):  # an ingest port two below a free one, so that the test can take it, with
+        try:                # the one between free too (the ingest's /metrics; else served elsewhere)
+            if not port_is_free(ingest_port + 1):
+                raise OSError("the ingest's metrics port is taken")
             squatter.bind(("127.0.0.1", ingest_port + 2))
             break
         except OSError:
