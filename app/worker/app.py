@@ -65,6 +65,18 @@ BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of th
 # batches stay small and nothing waits.
 
 
+class _RawSchema(faust.Schema):  # type: ignore[type-arg]  # Faust's Schema is generic in key and value types
+    """orderly.raw's records as they are: bytes keys, values and headers, decoded by no codec.
+    Faust's compiled decode runs each through its serializer registry ("raw" returns the bytes)
+    and looks up the Event class in its settings, per record."""
+
+    def compile(self, app: faust.types.AppT, **_: Any) -> Any:
+        async def decode(message: Any, *, propagate: bool = False) -> faust.Event:
+            return faust.Event(app, message.key, message.value, message.headers, message)
+
+        return decode
+
+
 class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
     Producer = _Producer
@@ -119,8 +131,8 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     metrics = WorkerMetrics()
     state = app.worker_state = WorkerState(metrics, busy_commit_interval=settings.worker_busy_commit_interval_s,
                                            quiet_s=quiet_after(settings.worker_busy_interval_s))
-    source = app.topic(n.raw, key_type=bytes, value_type=bytes,
-                       key_serializer="raw", value_serializer="raw")
+    source = app.topic(n.raw, schema=_RawSchema(key_type=bytes, value_type=bytes,
+                                                 key_serializer="raw", value_serializer="raw"))
     table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
                       extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES),
                                            "min.insync.replicas": str(settings.min_insync)},
