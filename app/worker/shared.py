@@ -9,6 +9,8 @@ from typing import Any
 import faust
 from aiokafka import TopicPartition
 from faust.types import AppT
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
 from app.metrics import WorkerMetrics
 from app.worker.transactions import TransactionStage
@@ -28,6 +30,26 @@ class WorkerState:
     last_batch_at: float = 0.0  # time.monotonic() when a batch was last taken or finished
 
 
+class FlowControl(FlowControlEvent):
+    """Faust's flow control, clearing the stream queues only when the flow comes back from a suspension.
+
+    Faust resumes the flow twice per rebalance: at the start of recovery (the changelogs are read
+    through the same queues), and again once the stream partitions are resumed and sought to their
+    committed offsets. The second resume cleared the queues too, although the flow had not stopped
+    since the first: records the fetcher had handed over in between, of the new generation, were
+    dropped while its read offsets had moved past them, and the worker's skip guard restarted the
+    worker (exit 5). Records of a revoked partition are cleared when the flow is suspended at the
+    revocation (and by this resume after it), and a stream skips an event of another generation.
+    """
+
+    def resume(self) -> None:
+        suspended = not self.is_active()
+        self._suspend.clear()
+        self._resume.set()
+        if suspended:
+            self.clear()
+
+
 class WorkerApp(faust.App):
     """Faust's app with the worker's state, where the consumer (which Faust creates) finds it."""
 
@@ -35,6 +57,10 @@ class WorkerApp(faust.App):
     kafka_client: tuple[str, dict[str, Any]]  # the bootstrap servers and client options (security)
     # run from the app's start on: Faust starts its timers and tasks only once the table is recovered
     early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
+
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        return FlowControl(loop=self.loop)
 
     async def on_start(self) -> None:
         await super().on_start()
