@@ -131,3 +131,23 @@ def test_a_commit_is_made_every_commit_every_acks() -> None:
     assert (fake.commits, fake._n_acked, delivered) == (1, 0, [5])
     asyncio.run(fake.hand_over(6, delivered))
     assert fake.commits == 1  # no acks since: no commit
+
+
+def test_a_hand_over_that_raises_leaves_the_read_offset_where_it_was() -> None:
+    fake = _Fake(True)
+    fake._read_offset[TP0] = 4
+
+    async def callback(message: Any) -> None:
+        raise KeyError(TP0)  # e.g. a partition the conductor has no handler for
+
+    async def run() -> None:
+        await _Consumer._hand_over(fake, TP0, SimpleNamespace(offset=5, topic=TP0.topic),  # type: ignore[arg-type]
+                                   4, callback, lambda topic: True)
+
+    try:
+        asyncio.run(run())
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("the callback's error must reach the fetch loop")
+    assert fake._read_offset[TP0] == 4
