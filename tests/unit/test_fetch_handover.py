@@ -20,29 +20,13 @@ from app.worker.consumer import _Consumer
 TP0 = TP("ns.raw", 0)
 
 
-class _Event:
-    def __init__(self, is_set: bool) -> None:
-        self._set = is_set
-
-    def is_set(self) -> bool:
-        return self._set
-
-
-class _Lock:
-    def __init__(self, locked: bool) -> None:
-        self._locked = locked
-
-    def locked(self) -> bool:
-        return self._locked
-
-
 def _consumer(suspended: bool = False, flow_active: bool = True, locked: bool = False, buffered: int = 0,
               full: tuple[bool, ...] = (False,)) -> Any:
     channels = [SimpleNamespace(queue=SimpleNamespace(full=lambda f=f: f)) for f in full]
-    conductor = SimpleNamespace(_tp_to_callback_lock=_Lock(locked), _tp_index={TP0: channels})
+    conductor = SimpleNamespace(_tp_to_callback_lock=SimpleNamespace(locked=lambda: locked), _tp_index={TP0: channels})
     app = SimpleNamespace(topics=conductor, flow_control=SimpleNamespace(is_active=lambda: flow_active),
                           producer=SimpleNamespace(buffer=SimpleNamespace(size=buffered, max_messages=100)))
-    return SimpleNamespace(app=app, suspend_flow=_Event(suspended))
+    return SimpleNamespace(app=app, suspend_flow=SimpleNamespace(is_set=lambda: suspended))
 
 
 @given(st.booleans(), st.booleans(), st.booleans(), st.integers(0, 200), st.lists(st.booleans(), max_size=4))
