@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import decide, e2e, ingest, latency, replay, restart, state, worker
+from bench import ab, decide, e2e, ingest, latency, replay, restart, state, worker
 
 BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, "e2e": e2e.main,
            "latency": latency.main, "replay": replay.main, "state": state.main,
@@ -12,6 +12,8 @@ BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, 
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["ab"]:  # settings side by side: python -m bench ab MODE '{"name": {...}}'
+        return ab.command(argv[1:])
     if argv[:1] == ["restart"] and len(argv) > 1:  # with options: python -m bench restart --rounds 3
         return restart.command(argv[1:])
     chosen = argv or list(BENCHES)

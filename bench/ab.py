@@ -1,0 +1,65 @@
+"""Settings side by side, end to end: ``python -m bench ab MODE '{"name": {"ORDERLY_X": "v"}, ...}'``.
+
+Each round runs bench/e2e.py's baseline once, then Orderly (MODE: at_least_once or exactly_once)
+once per variant, each variant with its environment on top of the current one (``{}``: as it is),
+in the order given, on one broker and one PostgreSQL; prints every round and each variant's ratios
+to its round's baseline. How a setting's effect is told apart from this machine's drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import orjson
+
+from bench import e2e
+from bench.stack import embedded
+
+
+@contextmanager
+def environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """os.environ with ``extra`` on top while inside (e2e's processes inherit it), restored after."""
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench ab", description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("at_least_once", "exactly_once"))
+    parser.add_argument("variants", help='JSON: {"name": {"ENV": "value", ...}, ...}')
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        variants = orjson.loads(args.variants)
+    except orjson.JSONDecodeError as exc:
+        parser.error(f"variants is not JSON: {exc}")
+    if not isinstance(variants, dict) or not variants or not all(
+            isinstance(env, dict) and all(isinstance(v, str) for v in env.values()) for env in variants.values()):
+        parser.error('variants must be a JSON object of objects of strings, e.g. {"now": {}}')
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    with embedded("orderly-bench-ab-") as (work, kafka, postgres):
+        for round_no in range(args.rounds):
+            base = e2e.run_baseline(postgres, work, round_no)["rate"]
+            line = f"round {round_no + 1}: baseline {base:.0f}/s"
+            for index, (name, env) in enumerate(variants.items()):
+                with environment(env):
+                    result = e2e.run_pipeline(kafka, postgres, args.mode, work, round_no * len(variants) + index)
+                ratios[name].append(result["rate"] / base)
+                line += f" | {name} {result['rate']:.0f}/s {ratios[name][-1]:.2f}x, CPU s {result['cpu_s']}"
+            print(line, flush=True)
+    for name, found in ratios.items():
+        print(f"{name}: {', '.join(f'{r:.2f}' for r in found)}x the round's baseline "
+              f"(median {statistics.median(found):.2f})")
+    return 0
