@@ -29,7 +29,7 @@ from app.gateways.limits import id_error
 from app.kafka_client import client_options
 from app.logs import SampledLog, bound
 from app.metrics import IngestMetrics, serve_metrics
-from app.producer import GatheredAppends, KeyedProducer
+from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import quote_ident
 from topics.catalog import TopicNames, names
@@ -160,7 +160,6 @@ class Appender:
         self.timeout_s = timeout_s
         self.metrics = metrics
         self._producer: KeyedProducer | None = None
-        self._gathered: GatheredAppends | None = None
         self._starting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -184,7 +183,6 @@ class Appender:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            self._gathered = GatheredAppends(producer.producer, self.timeout_s)
             self._producer = producer
 
     async def stop(self) -> None:
@@ -195,25 +193,17 @@ class Appender:
 
     async def append(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         started = time.perf_counter()
-        producer = self._producer
-        partition = producer.known_partition(topic, key) if producer is not None else None
         try:
-            if partition is not None and self._gathered is not None:  # the usual case: one batch, one deadline
-                await self._gathered.append(topic, partition, key, value, headers)
-            else:  # the first append to a topic, or the producer still connecting
-                await self._append_first(topic, key, value, headers)
+            async with asyncio.timeout(self.timeout_s):
+                if self._producer is None and self._starting is not None:
+                    await asyncio.shield(self._starting)  # still connecting: wait within the deadline
+                if self._producer is None:
+                    raise Unavailable("kafka producer not connected")
+                await self._producer.send_and_wait(topic, key, value, headers)
         except (TimeoutError, KafkaError) as exc:
             self.metrics.append_failures.labels(topic).inc()
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc
         self.metrics.child(self.metrics.append_seconds, topic).observe(time.perf_counter() - started)
-
-    async def _append_first(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
-        async with asyncio.timeout(self.timeout_s):
-            if self._producer is None and self._starting is not None:
-                await asyncio.shield(self._starting)  # still connecting: wait within the deadline
-            if self._producer is None:
-                raise Unavailable("kafka producer not connected")
-            await self._producer.send_and_wait(topic, key, value, headers)
 
     async def probe(self, topic: str) -> None:
         """Ask a broker for ``topic``'s metadata now, over the producer's own connections.

@@ -8,12 +8,10 @@ cost is less than half of aiokafka's own partitioner path (measured in bench/ing
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from topics.catalog import REQUEST_BYTES
 from topics.partitioning import partition_for
@@ -50,11 +48,6 @@ class KeyedProducer:
     async def stop(self) -> None:
         if self._producer is not None:
             await self._producer.stop()
-
-    def known_partition(self, topic: str, key: bytes) -> int | None:
-        """``key``'s partition of ``topic`` once the topic's partition count is known, else None."""
-        count = self._partitions.get(topic)
-        return partition_for(key, count) if count else None
 
     async def partition(self, topic: str, key: bytes) -> int:
         count = self._partitions.get(topic)
@@ -146,92 +139,3 @@ async def send_keyed(producer: AIOKafkaProducer, lock: Any, tp: tuple[str, int],
         return int((await asyncio.gather(*futures))[-1].offset + chain[-1].record_count() - 1)
 
     return last_offset()
-
-
-class _Batch:
-    """One aiokafka batch being filled, the futures of the callers waiting on it, its deadline."""
-
-    __slots__ = ("builder", "expired", "opened_at", "timer", "waiters")
-
-    def __init__(self, builder: Any, opened_at: float) -> None:
-        self.builder = builder
-        self.opened_at = opened_at
-        self.waiters: list[asyncio.Future[None]] = []
-        self.timer: asyncio.TimerHandle | None = None
-        self.expired = False  # its callers were failed with TimeoutError; it takes no more records
-
-    def settle(self, delivered: asyncio.Future[Any]) -> None:
-        if delivered.cancelled():
-            self.finish(KafkaError("the batch's delivery was cancelled"))
-        else:
-            self.finish(delivered.exception())
-
-    def expire(self) -> None:
-        self.expired = True
-        self.finish(TimeoutError("no acknowledgement within the append deadline"))
-
-    def finish(self, error: BaseException | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        for waiter in self.waiters:
-            if waiter.done():  # its caller was cancelled
-                continue
-            if error is None:
-                waiter.set_result(None)
-            else:
-                waiter.set_exception(error)
-
-
-class GatheredAppends:
-    """Records from concurrent callers, gathered per topic-partition into aiokafka batches (the
-    ingest's appends: one record per request). Each caller gets a future that completes once Kafka
-    acknowledged its record, or fails with the producer's error, or with TimeoutError once
-    ``timeout_s`` passed since its batch was opened (a batch takes records for half of that, so
-    each record has at least half its deadline).
-
-    aiokafka's ``send`` costs a coroutine, a metadata check and a future of its own per record, and
-    a deadline per request an ``asyncio.timeout`` with its own timer. Here a record goes into its
-    partition's open batch (a C append) and a batch has one timer. One task per partition hands its
-    batches to the producer in order: while one waits in aiokafka's queue behind the request in
-    flight, the next grows, as aiokafka's own batches do without a linger."""
-
-    def __init__(self, producer: AIOKafkaProducer, timeout_s: float) -> None:
-        self.producer = producer
-        self.timeout_s = timeout_s
-        self._queued: dict[tuple[str, int], collections.deque[_Batch]] = {}
-        self._handing: dict[tuple[str, int], asyncio.Task[None]] = {}
-
-    def append(self, topic: str, partition: int, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        tp = (topic, partition)
-        queued = self._queued.get(tp)
-        if queued is None:
-            queued = self._queued[tp] = collections.deque()
-        last = queued[-1] if queued else None
-        now = loop.time()
-        if last is None or now - last.opened_at > self.timeout_s / 2 or last.builder.append(
-                key=key, value=value, timestamp=None, headers=headers) is None:
-            last = _Batch(self.producer.create_batch(), now)
-            last.builder.append(key=key, value=value, timestamp=None, headers=headers)  # an empty batch takes any
-            last.timer = loop.call_at(now + self.timeout_s, last.expire)
-            queued.append(last)
-            if tp not in self._handing:
-                self._handing[tp] = loop.create_task(self._hand_over(tp, queued))
-        waiter: asyncio.Future[None] = loop.create_future()
-        last.waiters.append(waiter)
-        return waiter
-
-    async def _hand_over(self, tp: tuple[str, int], queued: collections.deque[_Batch]) -> None:
-        try:
-            while queued:
-                batch = queued.popleft()  # from here on nobody appends to it
-                if batch.expired:
-                    continue  # its callers were answered 503 and will retry: not sent
-                try:
-                    delivered = await self.producer.send_batch(batch.builder, tp[0], partition=tp[1])
-                except Exception as exc:  # a KafkaError (e.g. its queue's wait timed out): this batch's callers get it
-                    batch.finish(exc)
-                    continue
-                delivered.add_done_callback(batch.settle)
-        finally:
-            del self._handing[tp]
