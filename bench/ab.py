@@ -41,6 +41,8 @@ def command(argv: list[str]) -> int:
     parser.add_argument("variants", help='JSON: {"name": {"ENV": "value", ...}, ...}')
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     try:
         variants = orjson.loads(args.variants)
     except orjson.JSONDecodeError as exc:
