@@ -12,7 +12,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import asyncpg
@@ -31,6 +31,7 @@ from app.logs import SampledLog, bound
 from app.metrics import IngestMetrics, serve_metrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.webhook_http import WebhookSite
 from projections.migrate import quote_ident
 from topics.catalog import TopicNames, names
 from topics.records import H_CHECKED, Correlation, correlation_headers, quarantine_headers, raw_headers
@@ -50,6 +51,7 @@ CORRELATIONS: web.AppKey[CorrelationStore] = web.AppKey("correlations")
 METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
 REFUSALS: web.AppKey[SampledLog] = web.AppKey("refusals", SampledLog)
 TOPICS: web.AppKey[TopicNames] = web.AppKey("topics", TopicNames)
+RECEIVER: web.AppKey[Receiver] = web.AppKey("receiver")
 # 401s, quarantined bodies and 503s are logged with their reason, at most this many lines per gateway
 # and reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
 REFUSALS_LOGGED_PER_MINUTE = 5
@@ -300,60 +302,85 @@ def _json(code: int, **body: Any) -> web.Response:
     return web.Response(status=code, body=orjson.dumps(body), content_type="application/json")
 
 
+class Receiver:
+    """A signed webhook's way from its raw bytes to its answer, whichever HTTP layer read it (aiohttp's,
+    or app/webhook_http.py's fast path): signature, route, append, metrics, sampled refusal logs."""
+
+    def __init__(self, settings: Settings, metrics: IngestMetrics, appender: Appender, refusals: SampledLog,
+                 topics: TopicNames) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.appender = appender
+        self.refusals = refusals
+        self.topics = topics
+
+    def serves(self, gateway: str) -> bool:
+        """A gateway with an adapter and a secret: no secret, no way to prove a body is the gateway's."""
+        return registry.find(gateway) is not None and bool(self.settings.secrets.get(gateway))
+
+    async def webhook(self, gateway: str, raw: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        """(status, JSON body) for a body of a gateway this receiver serves."""
+        metrics = self.metrics
+        found = registry.find(gateway)
+        assert found is not None
+        try:
+            found.adapter.verify(raw, headers, self.settings.secrets[gateway], time.time())
+        except SignatureError as exc:
+            metrics.requests.labels(gateway, "unauthorized").inc()
+            metrics.signature_failures.labels(gateway).inc()
+            # the reason only: never the headers (they carry the signature) nor the body
+            self.refusals.log(logging.WARNING, (gateway, "unauthorized", exc.reason), "401 %s: %s", gateway,
+                              exc.reason, extra={"gateway": gateway, "outcome": "unauthorized",
+                                                 "reason": exc.reason})
+            return 401, orjson.dumps({"error": exc.reason})
+
+        route: Route = found.adapter.route(raw)
+        delivery_id = next_delivery_id()
+        headers_out = raw_headers(gateway, delivery_id, int(time.time() * 1000))
+        try:
+            if route.resource_key is None:
+                return await self._quarantine(gateway, raw, route, delivery_id, headers_out)
+            await self.appender.append(self.topics.raw, route.resource_key.encode(), raw, [*headers_out, CHECKED])
+        except Unavailable as exc:
+            metrics.requests.labels(gateway, "unavailable").inc()
+            self.refusals.log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, exc,
+                              extra={"gateway": gateway, "outcome": "unavailable", "delivery_id": delivery_id})
+            return 503, orjson.dumps({"error": str(exc)})
+        metrics.child(metrics.requests, gateway, "stored").inc()
+        return 200, orjson.dumps({"status": "stored", "delivery_id": delivery_id})
+
+    async def _quarantine(self, gateway: str, raw: bytes, route: Route, delivery_id: str,
+                          headers: list[tuple[str, bytes]]) -> tuple[int, bytes]:
+        reason = route.quarantine_reason or "unroutable"
+        await self.appender.append(self.topics.quarantine, delivery_id.encode(), raw,
+                                   quarantine_headers(headers, "ingest", reason, route.resource_hint))
+        self.metrics.requests.labels(gateway, "quarantined").inc()
+        code = route.quarantine_code or "unroutable"
+        self.metrics.quarantined.labels(gateway, code).inc()
+        resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None
+        with bound(gateway=gateway, delivery_id=delivery_id, resource_id=resource_id):
+            self.refusals.log(logging.WARNING, (gateway, "quarantined", code), "quarantined %s delivery %s: %s",
+                              gateway, delivery_id, reason, extra={"outcome": "quarantined", "code": code,
+                                                                   "reason": reason, "event_id": route.event_id})
+        # 200: the gateway must not retry a body it will never make valid.
+        return 200, orjson.dumps({"status": "stored", "quarantined": True, "reason": reason,
+                                  "delivery_id": delivery_id})
+
+
 async def receive_webhook(request: web.Request) -> web.StreamResponse:
+    """aiohttp's way in (every request the fast path hands over: chunked or slow bodies, Expect, ...)."""
     gateway = request.match_info["gateway"]
-    metrics = request.app[METRICS]
-    found = registry.find(gateway)
-    settings = request.app[SETTINGS]
-    if found is None or not settings.secrets.get(gateway):  # no secret, no way to prove a body is the gateway's
-        metrics.requests.labels("unknown", "not_found").inc()
+    receiver = request.app[RECEIVER]
+    if not receiver.serves(gateway):
+        receiver.metrics.requests.labels("unknown", "not_found").inc()
         return _json(404, error=f"unknown gateway {gateway!r}")
     try:
-        raw = await read_body(request, MAX_BODY, settings.read_timeout_s)
+        raw = await read_body(request, MAX_BODY, receiver.settings.read_timeout_s)
     except BodyRefused as refused:
-        metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
+        receiver.metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
         return await refuse_body(request, refused)
-
-    try:
-        found.adapter.verify(raw, request.headers, settings.secrets[gateway], time.time())
-    except SignatureError as exc:
-        metrics.requests.labels(gateway, "unauthorized").inc()
-        metrics.signature_failures.labels(gateway).inc()
-        # the reason only: never the headers (they carry the signature) nor the body
-        request.app[REFUSALS].log(logging.WARNING, (gateway, "unauthorized", exc.reason), "401 %s: %s", gateway,
-                                  exc.reason, extra={"gateway": gateway, "outcome": "unauthorized",
-                                                     "reason": exc.reason})
-        return _json(401, error=exc.reason)
-
-    route: Route = found.adapter.route(raw)
-    delivery_id = next_delivery_id()
-    headers = raw_headers(gateway, delivery_id, int(time.time() * 1000))
-    topics = request.app[TOPICS]
-    try:
-        if route.resource_key is None:
-            reason = route.quarantine_reason or "unroutable"
-            await request.app[APPENDER].append(
-                topics.quarantine, delivery_id.encode(), raw,
-                quarantine_headers(headers, "ingest", reason, route.resource_hint))
-            metrics.requests.labels(gateway, "quarantined").inc()
-            code = route.quarantine_code or "unroutable"
-            metrics.quarantined.labels(gateway, code).inc()
-            resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None
-            with bound(gateway=gateway, delivery_id=delivery_id, resource_id=resource_id):
-                request.app[REFUSALS].log(logging.WARNING, (gateway, "quarantined", code), "quarantined %s "
-                                          "delivery %s: %s", gateway, delivery_id, reason,
-                                          extra={"outcome": "quarantined", "code": code, "reason": reason,
-                                                 "event_id": route.event_id})
-            # 200: the gateway must not retry a body it will never make valid.
-            return _json(200, status="stored", quarantined=True, reason=reason, delivery_id=delivery_id)
-        await request.app[APPENDER].append(topics.raw, route.resource_key.encode(), raw, [*headers, CHECKED])
-    except Unavailable as exc:
-        metrics.requests.labels(gateway, "unavailable").inc()
-        request.app[REFUSALS].log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, exc,
-                                  extra={"gateway": gateway, "outcome": "unavailable", "delivery_id": delivery_id})
-        return _json(503, error=str(exc))
-    metrics.child(metrics.requests, gateway, "stored").inc()
-    return _json(200, status="stored", delivery_id=delivery_id)
+    status, body = await receiver.webhook(gateway, raw, request.headers)
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 def correlation_error(deposit_id: str, body: Any) -> str | None:
@@ -452,6 +479,7 @@ def create_app(settings: Settings) -> web.Application:
     # metrics are served on ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT, as by every other process.
     app[REFUSALS] = SampledLog(log, first=REFUSALS_LOGGED_PER_MINUTE, window_s=60.0,
                                on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
+    app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], app[TOPICS])
 
     async def report_suppressed() -> None:
         while True:
@@ -481,6 +509,40 @@ def server_options(settings: Settings) -> dict[str, Any]:
     return {"keepalive_timeout": settings.read_timeout_s}
 
 
+def webhook_site(runner: web.AppRunner, host: str, port: int, app: web.Application) -> WebhookSite:
+    """The listening site of `orderly ingest`: the webhook fast path in front of aiohttp's protocol."""
+    receiver = app[RECEIVER]
+    return WebhookSite(runner, host, port, receive=receiver.webhook, gateways=frozenset(), max_body=MAX_BODY,
+                           keepalive_s=receiver.settings.read_timeout_s)
+    return WebhookSite(runner, host, port, receive=receiver.webhook,
+                       gateways=frozenset(name for name in registry.GATEWAYS if receiver.serves(name)),
+                       max_body=MAX_BODY, keepalive_s=receiver.settings.read_timeout_s,
+                       on_hand_over=app[METRICS].handed_over.inc)
+
+
+async def serve(settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT, then stop listening, finish the answers in flight, clean up."""
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=True, **server_options(settings))
+    await runner.setup()
+    try:
+        await webhook_site(runner, settings.ingest_host, settings.ingest_port, app).start()
+        log.info("ingest listening on http://%s:%d", settings.ingest_host, settings.ingest_port)
+        await asyncio.Event().wait()  # until a signal raises GracefulExit out of the loop
+    finally:
+        await runner.cleanup()
+
+
 def run(settings: Settings) -> None:
-    web.run_app(create_app(settings), host=settings.ingest_host, port=settings.ingest_port,
-                access_log=None, print=lambda msg: log.info(msg), **server_options(settings))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve(settings))
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        main.cancel()  # its finally cleans up: the sites, the answers in flight, the producer
+        loop.run_until_complete(asyncio.gather(main, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

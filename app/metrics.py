@@ -96,6 +96,10 @@ class IngestMetrics(_Metrics):
         self.log_suppressed = Counter(
             "orderly_log_lines_suppressed", "Sampled log lines not written (the first few per gateway and "
             "reason a minute are)", ["logger"], registry=self.registry)
+        self.handed_over = Counter(
+            "orderly_ingest_connections_handed_over", "Connections the webhook fast path gave to aiohttp's "
+            "HTTP protocol (another route, a body still arriving, chunked, Expect, HTTP/1.0, ...)",
+            registry=self.registry)
 
 
 class WorkerMetrics(_Metrics):

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.ingest import METRICS, create_app, server_options
+from app.ingest import METRICS, create_app, server_options, webhook_site
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
@@ -43,8 +44,10 @@ class ServedIngest:
 
 
 @contextmanager
-def serve_in_thread(app: web.Application, **server_options: Any) -> Iterator[str]:
-    """Serve an aiohttp app on a loopback port from a thread with its own event loop; yields its URL."""
+def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, int], web.BaseSite] = web.TCPSite,
+                    **server_options: Any) -> Iterator[str]:
+    """Serve an aiohttp app on a loopback port from a thread with its own event loop (through ``site``,
+    aiohttp's TCP site unless told); yields its URL."""
     port = free_port()
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None, **server_options)
@@ -53,7 +56,7 @@ def serve_in_thread(app: web.Application, **server_options: Any) -> Iterator[str
     def serve() -> None:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        loop.run_until_complete(site(runner, "127.0.0.1", port).start())
         ready.set()
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
@@ -75,7 +78,7 @@ def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIn
     on ``metrics_port`` (0: a free port), apart from the webhook port as in `orderly ingest`."""
     port = metrics_port or free_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
-    with serve_in_thread(app) as url:
+    with serve_in_thread(app, partial(webhook_site, app=app)) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
 
 
@@ -84,7 +87,7 @@ def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
     """The ingest with the connection limits that `orderly ingest` serves it with (ingest.run)."""
     port = free_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
-    with serve_in_thread(app, **server_options(settings)) as url:
+    with serve_in_thread(app, partial(webhook_site, app=app), **server_options(settings)) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
 
 

@@ -1,0 +1,320 @@
+"""The ingest's fast path for webhook POSTs, in front of aiohttp's own HTTP protocol (I/O shell).
+
+A connection starts here. While its requests are plain ``POST /webhooks/{gateway}`` ones of a gateway
+the ingest serves, each arrived whole (headers and a Content-Length body), with nothing unusual in
+them, they are answered by this protocol: the request head is split in C (bytes methods), the
+receiver (app/ingest.py) decides, and the answer is written as bytes. aiohttp's web layer (its
+request and response objects, router and handler machinery) was most of the ingest's CPU per
+webhook (docs/benchmarks.md).
+
+Anything else (another route, a body still arriving, chunked, ``Expect``, ``Upgrade``, HTTP/1.0, a
+header that is not plain, a body over the limit, bytes that are not a request) hands the
+connection, with every byte not yet answered, to aiohttp's protocol for the rest of its life, so
+that every limit the ingest enforces (413 before HMAC, 408 for a slow body, the keep-alive timer
+for slow headers, 400 for malformed requests) stays aiohttp's and the ingest's own. A request is
+handed over only at a request boundary with no answer pending, so answers keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from email.utils import formatdate
+from typing import Any, cast
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+log = logging.getLogger("orderly.ingest")
+
+Receive = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
+
+MAX_HEAD = 16 * 1024  # a head longer than this (or not complete yet) goes to aiohttp, which limits it
+PREFIX = b"POST /webhooks/"
+SUFFIX = b" HTTP/1.1"
+REASONS = {200: b"OK", 401: b"Unauthorized", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+# Headers that change how the request is framed or answered: their requests go to aiohttp.
+# Control characters (but tab) and DEL, which llhttp refuses in a header value.
+CONTROL = bytes((*range(0x09), *range(0x0A, 0x20), 0x7F))
+FRAMING = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer", "http2-settings"})
+
+
+class Head:
+    """A fast-path request's head: what the receiver needs and where the request ends."""
+
+    __slots__ = ("body_start", "close", "end", "gateway", "headers")
+
+    def __init__(self, gateway: str, headers: CIMultiDict[str], body_start: int, end: int, close: bool) -> None:
+        self.gateway = gateway
+        self.headers = headers
+        self.body_start = body_start
+        self.end = end
+        self.close = close
+
+
+def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int) -> Head | None:
+    """The head of the request at the start of ``buf`` if the fast path may answer it; None hands it
+    (and the connection) to aiohttp. Strict on purpose: whatever is not plainly one whole request of
+    the fast path's form is aiohttp's to judge, answer or refuse."""
+    head_end = buf.find(b"\r\n\r\n", 0, MAX_HEAD)
+    if head_end < 0:
+        return None
+    head = buf[:head_end]
+    lines = head.split(b"\r\n")
+    # No bare CR or LF: llhttp refuses them, and a framing ambiguity is a smuggling risk (the
+    # request line is checked whole below; each header value for control characters).
+    if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1:
+        return None
+    request_line = lines[0]
+    if not (request_line.startswith(PREFIX) and request_line.endswith(SUFFIX)):
+        return None
+    gateway = request_line[len(PREFIX):-len(SUFFIX)]
+    if gateway not in gateways:
+        return None
+    headers: CIMultiDict[str] = CIMultiDict()
+    length = -1
+    close = False
+    host = False
+    seen: set[str] = set()
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        # no colon, or a name that is not letters, digits, '-' and '_' (white space before the colon,
+        # an obs-fold continuation line, an empty name: aiohttp judges those)
+        if not colon or not name.replace(b"-", b"").replace(b"_", b"").isalnum():
+            return None
+        if len(value.translate(None, CONTROL)) != len(value):
+            return None
+        key = name.decode("ascii")
+        text = value.strip(b" \t").decode("utf-8", "surrogateescape")  # as aiohttp decodes header values
+        lower = key.lower()
+        if lower in seen:
+            return None  # a repeated header: aiohttp refuses some (Host, Content-Length, ...), keeps others
+        seen.add(lower)
+        if lower == "content-length":
+            if not text.isascii() or not text.isdigit():
+                return None  # a length that is not plain digits
+            length = int(text)
+        elif lower == "connection":
+            token = text.lower()
+            if token == "close":
+                close = True
+            elif token != "keep-alive":
+                return None
+        elif lower == "host":
+            host = True
+        elif lower in FRAMING:
+            return None
+        headers.add(key, text)
+    if length < 0 or length > max_body or not host:
+        return None  # no length (or one over the limit: aiohttp answers 413 before reading it), no Host
+    body_start = head_end + 4
+    end = body_start + length
+    if len(buf) < end:
+        return None  # the body is still arriving: aiohttp reads it, with its deadline
+    return Head(gateway.decode("ascii"), headers, body_start, end, close)
+
+
+_date: tuple[int, bytes] = (0, b"")
+
+
+def http_date() -> bytes:
+    global _date
+    second = int(time.time())
+    if _date[0] != second:
+        _date = (second, formatdate(second, usegmt=True).encode("ascii"))
+    return _date[1]
+
+
+def response(status: int, body: bytes, close: bool) -> bytes:
+    return b"".join((
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s\r\n"
+        % (status, REASONS.get(status, b"Unknown"), len(body), http_date()),
+        b"Connection: close\r\n\r\n" if close else b"\r\n", body))
+
+
+class FastPath:
+    """What a listening socket's connections share: the receiver, aiohttp's protocol factory for
+    hand-overs, the open connections (for the idle timer and shutdown) and the hand-over count."""
+
+    def __init__(self, receive: Receive, gateways: frozenset[str], fallback: web.Server, max_body: int,
+                 keepalive_s: float, on_hand_over: Callable[[], None] = lambda: None) -> None:
+        self.receive = receive
+        self.gateways = frozenset(g.encode("ascii") for g in gateways)
+        self.fallback = fallback
+        self.max_body = max_body
+        self.keepalive_s = keepalive_s
+        self.on_hand_over = on_hand_over
+        # a client that sends faster than it reads answers is paused past this much unanswered input
+        self.max_buffer = 2 * max_body + MAX_HEAD
+        self.connections: set[WebhookConnection] = set()
+        self.closing = False
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __call__(self) -> WebhookConnection:
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._close_idle())
+        return WebhookConnection(self)
+
+    async def _close_idle(self) -> None:
+        """Close connections idle for longer than the keep-alive limit, as aiohttp does; one timer for
+        every connection instead of one per request."""
+        while True:
+            await asyncio.sleep(min(1.0, self.keepalive_s / 4))
+            limit = time.monotonic() - self.keepalive_s
+            for conn in list(self.connections):
+                if conn.idle_since is not None and conn.idle_since < limit:
+                    conn.close()
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Close idle connections now, the others once their answer is written (within ``timeout_s``)."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for conn in list(self.connections):
+            if conn.idle_since is not None:
+                conn.close()
+        answering = [conn.task for conn in self.connections if conn.task is not None]
+        if answering:
+            await asyncio.wait(answering, timeout=timeout_s)  # each closes its connection once written
+        for conn in list(self.connections):
+            conn.close()
+
+
+class WebhookConnection(asyncio.Protocol):
+    """One connection, while it is the fast path's: requests answered one at a time, in order."""
+
+    def __init__(self, path: FastPath) -> None:
+        self.path = path
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.task: asyncio.Task[None] | None = None  # the request being answered
+        self.idle_since: float | None = time.monotonic()
+        self.writing_paused = False
+        self.reading_paused = False
+        self.eof = False  # the client will send no more
+        self.gone = False  # closed, or handed over
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
+        if self.path.closing:
+            self.transport.close()
+            return
+        self.path.connections.add(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        # An answer being decided goes on: its append completes, the gateway retries, the worker
+        # calls the repeat a duplicate. Only its write is skipped.
+        self.gone = True
+        self.path.connections.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer = self.buffer + data if self.buffer else data
+        if self.task is None and not self.writing_paused:
+            self._next()
+        elif len(self.buffer) > self.path.max_buffer and not self.reading_paused:
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self.reading_paused = True
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        if self.task is None and not self.buffer:
+            return None  # nothing pending: the transport closes
+        return True  # keep the transport open to answer what came first (then close: see _next)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.task is None and not self.gone:
+            self._next()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.gone:
+            self.gone = True
+            self.transport.close()
+            self.path.connections.discard(self)
+
+    def _next(self) -> None:
+        """Answer the request at the start of the buffer, or hand the connection over."""
+        buf = self.buffer
+        if not buf:
+            self.idle_since = time.monotonic()
+            if self.path.closing or self.eof:
+                self.close()
+            return
+        head = parse_head(buf, self.path.gateways, self.path.max_body)
+        if head is None:
+            self._hand_over()
+            return
+        self.buffer = buf[head.end:]
+        if self.reading_paused and len(self.buffer) <= self.path.max_buffer:
+            assert self.transport is not None
+            self.transport.resume_reading()
+            self.reading_paused = False
+        self.idle_since = None
+        self.task = asyncio.get_running_loop().create_task(
+            self._answer(head, buf[head.body_start:head.end]))
+
+    async def _answer(self, head: Head, raw: bytes) -> None:
+        close = head.close
+        try:
+            status, body = await self.path.receive(head.gateway, raw, head.headers)
+        except Exception:
+            log.exception("unhandled error answering a %s webhook", head.gateway)
+            status, body, close = 500, b'{"error":"internal error"}', True
+        close = close or self.path.closing  # a shutdown that began while deciding: this is the last answer
+        self.task = None
+        if self.gone:
+            return
+        assert self.transport is not None
+        self.transport.write(response(status, body, close))
+        if close:
+            self.close()
+        elif not self.writing_paused:
+            self._next()
+
+    def _hand_over(self) -> None:
+        """Give the transport, and every byte not yet answered, to a fresh aiohttp protocol."""
+        transport = self.transport
+        assert transport is not None and self.task is None
+        self.gone = True
+        self.path.connections.discard(self)
+        self.path.on_hand_over()
+        handler: Any = self.path.fallback()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self.writing_paused:
+            handler.pause_writing()
+        buf, self.buffer = self.buffer, b""
+        handler.data_received(buf)
+        if self.reading_paused:
+            transport.resume_reading()
+
+
+class WebhookSite(web.TCPSite):
+    """aiohttp's TCP site with the fast path in front of its protocol (see the module docstring)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, receive: Receive,
+                 gateways: frozenset[str], max_body: int, keepalive_s: float,
+                 on_hand_over: Callable[[], None] = lambda: None) -> None:
+        super().__init__(runner, host, port)
+        assert runner.server is not None
+        self.fast = FastPath(receive, gateways, runner.server, max_body, keepalive_s, on_hand_over)
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self.fast, self._host, self._port, backlog=self._backlog,
+                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+
+    async def stop(self) -> None:
+        """Stop listening, then let the fast path's answers in flight finish (their appends are
+        acknowledged or time out) before the runner stops the producer."""
+        if self._server is not None:
+            self._server.close()
+        await self.fast.shutdown(self._runner._shutdown_timeout)
+        await super().stop()
