@@ -512,8 +512,6 @@ def server_options(settings: Settings) -> dict[str, Any]:
 def webhook_site(runner: web.AppRunner, host: str, port: int, app: web.Application) -> WebhookSite:
     """The listening site of `orderly ingest`: the webhook fast path in front of aiohttp's protocol."""
     receiver = app[RECEIVER]
-    return WebhookSite(runner, host, port, receive=receiver.webhook, gateways=frozenset(), max_body=MAX_BODY,
-                           keepalive_s=receiver.settings.read_timeout_s)
     return WebhookSite(runner, host, port, receive=receiver.webhook,
                        gateways=frozenset(name for name in registry.GATEWAYS if receiver.serves(name)),
                        max_body=MAX_BODY, keepalive_s=receiver.settings.read_timeout_s,

@@ -227,3 +227,40 @@ async def test_health_readiness_and_metrics(settings: Settings, ingest: ServedIn
     assert 'orderly_ingest_signature_failures_total{gateway="pg"} 1.0' in text
     assert 'orderly_ingest_append_seconds_count{topic="' + names(settings.namespace).raw + '"} 1.0' in text
     assert "orderly_ingest_quarantined_total" in text
+
+
+async def test_plain_webhooks_take_the_fast_path_and_the_rest_aiohttps(
+        settings: Settings, ingest: ServedIngest) -> None:
+    """Whole signed webhooks on a keep-alive connection are answered without aiohttp (no hand-over);
+    a chunked one hands its connection to aiohttp, and both kinds end in the log the same way."""
+    port = int(ingest.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    bodies = [pg_event(f"dep_f{i}", event_id=f"evt_f{i}") for i in range(5)]
+
+    def request(body: bytes, chunked: bool = False) -> bytes:
+        headers = "".join(f"{k}: {v}\r\n" for k, v in signed_headers("pg", body, settings).items())
+        if chunked:
+            return (f"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n{headers}\r\n"
+                    f"{len(body):x}\r\n").encode() + body + b"\r\n0\r\n\r\n"
+        return f"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode() + body
+
+    async def answer() -> dict[str, object]:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        lengths = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+        length = int(lengths[0])
+        answered: dict[str, object] = orjson.loads(await reader.readexactly(length))
+        return answered
+
+    writer.write(b"".join(request(body) for body in bodies[:3]))  # pipelined
+    ids = [(await answer())["delivery_id"] for _ in range(3)]
+    writer.write(request(bodies[3]))
+    ids.append((await answer())["delivery_id"])
+    assert ingest.metrics.handed_over._value.get() == 0
+    writer.write(request(bodies[4], chunked=True))
+    ids.append((await answer())["delivery_id"])
+    assert ingest.metrics.handed_over._value.get() == 1
+    writer.close()
+    records = await read_topic(settings.kafka_bootstrap, names(settings.namespace).raw)
+    assert {r.headers["delivery_id"]: r.value for r in records} == dict(zip(ids, bodies, strict=True))
+    assert ingest.metrics.requests.labels("pg", "stored")._value.get() == 5
