@@ -32,13 +32,16 @@ log = logging.getLogger("orderly.ingest")
 Receive = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
 MAX_HEAD = 16 * 1024  # a head longer than this (or not complete yet) goes to aiohttp, which limits it
+MAX_HEADERS = 100  # lines of a head (aiohttp refuses more than 128 headers)
+MAX_LINE = 8190  # bytes of a header line (aiohttp's max_field_size)
 PREFIX = b"POST /webhooks/"
 SUFFIX = b" HTTP/1.1"
 REASONS = {200: b"OK", 401: b"Unauthorized", 500: b"Internal Server Error", 503: b"Service Unavailable"}
 # Headers that change how the request is framed or answered: their requests go to aiohttp.
 # Control characters (but tab) and DEL, which llhttp refuses in a header value.
 CONTROL = bytes((*range(0x09), *range(0x0A, 0x20), 0x7F))
-FRAMING = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer", "http2-settings"})
+# Proxy-Connection: aiohttp's parser reads it as Connection.
+FRAMING = frozenset({"transfer-encoding", "expect", "upgrade", "te", "trailer", "http2-settings", "proxy-connection"})
 
 
 class Head:
@@ -54,18 +57,19 @@ class Head:
         self.close = close
 
 
-def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int) -> Head | None:
-    """The head of the request at the start of ``buf`` if the fast path may answer it; None hands it
-    (and the connection) to aiohttp. Strict on purpose: whatever is not plainly one whole request of
-    the fast path's form is aiohttp's to judge, answer or refuse."""
-    head_end = buf.find(b"\r\n\r\n", 0, MAX_HEAD)
+def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int, start: int = 0) -> Head | None:
+    """The head of the request at ``start`` in ``buf`` if the fast path may answer it (its offsets are
+    into ``buf``); None hands it (and the connection) to aiohttp. Strict on purpose: whatever is not
+    plainly one whole request of the fast path's form is aiohttp's to judge, answer or refuse."""
+    head_end = buf.find(b"\r\n\r\n", start, start + MAX_HEAD)
     if head_end < 0:
         return None
-    head = buf[:head_end]
+    head = buf[start:head_end]
     lines = head.split(b"\r\n")
     # No bare CR or LF: llhttp refuses them, and a framing ambiguity is a smuggling risk (the
-    # request line is checked whole below; each header value for control characters).
-    if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1:
+    # request line is checked whole below; each header value for control characters). At most
+    # MAX_HEADERS lines of at most MAX_LINE bytes, aiohttp's own limits.
+    if head.count(b"\n") != len(lines) - 1 or head.count(b"\r") != len(lines) - 1 or len(lines) > MAX_HEADERS:
         return None
     request_line = lines[0]
     if not (request_line.startswith(PREFIX) and request_line.endswith(SUFFIX)):
@@ -84,7 +88,7 @@ def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int) -> Head | 
         # an obs-fold continuation line, an empty name: aiohttp judges those)
         if not colon or not name.replace(b"-", b"").replace(b"_", b"").isalnum():
             return None
-        if len(value.translate(None, CONTROL)) != len(value):
+        if len(value.translate(None, CONTROL)) != len(value) or len(line) > MAX_LINE:
             return None
         key = name.decode("ascii")
         text = value.strip(b" \t").decode("utf-8", "surrogateescape")  # as aiohttp decodes header values
@@ -93,8 +97,8 @@ def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int) -> Head | 
             return None  # a repeated header: aiohttp refuses some (Host, Content-Length, ...), keeps others
         seen.add(lower)
         if lower == "content-length":
-            if not text.isascii() or not text.isdigit():
-                return None  # a length that is not plain digits
+            if not text.isascii() or not text.isdigit() or len(text) > 18:
+                return None  # a length that is not plain digits (or longer than int() takes at once)
             length = int(text)
         elif lower == "connection":
             token = text.lower()
@@ -158,13 +162,14 @@ class FastPath:
         return WebhookConnection(self)
 
     async def _close_idle(self) -> None:
-        """Close connections idle for longer than the keep-alive limit, as aiohttp does; one timer for
-        every connection instead of one per request."""
+        """One timer for every connection instead of one per request: close those idle (no request
+        pending) or not reading their answers for longer than the keep-alive limit, as aiohttp does."""
         while True:
             await asyncio.sleep(min(1.0, self.keepalive_s / 4))
             limit = time.monotonic() - self.keepalive_s
             for conn in list(self.connections):
-                if conn.idle_since is not None and conn.idle_since < limit:
+                since = conn.idle_since if conn.stalled_since is None else conn.stalled_since
+                if since is not None and since < limit:
                     conn.close()
 
     async def shutdown(self, timeout_s: float) -> None:
@@ -175,23 +180,32 @@ class FastPath:
         for conn in list(self.connections):
             if conn.idle_since is not None:
                 conn.close()
-        answering = [conn.task for conn in self.connections if conn.task is not None]
-        if answering:
-            await asyncio.wait(answering, timeout=timeout_s)  # each closes its connection once written
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (answering := [conn.task for conn in self.connections if conn.task is not None]) and (
+                remaining := deadline - loop.time()) > 0:
+            await asyncio.wait(answering, timeout=remaining)  # each closes its connection once written
         for conn in list(self.connections):
             conn.close()
 
 
 class WebhookConnection(asyncio.Protocol):
-    """One connection, while it is the fast path's: requests answered one at a time, in order."""
+    """One connection, while it is the fast path's: requests answered one at a time, in order.
+
+    The unanswered input is ``buffer[offset:]`` followed by ``arrived`` (chunks that came while an
+    answer was being decided): a request is read in place, and chunks are joined only when the
+    buffer holds no whole request, so no byte is copied again for every segment or request."""
 
     def __init__(self, path: FastPath) -> None:
         self.path = path
         self.transport: asyncio.Transport | None = None
         self.buffer = b""
+        self.offset = 0
+        self.arrived: list[bytes] = []
+        self.arrived_bytes = 0
         self.task: asyncio.Task[None] | None = None  # the request being answered
         self.idle_since: float | None = time.monotonic()
-        self.writing_paused = False
+        self.stalled_since: float | None = None  # when the client stopped reading its answers
         self.reading_paused = False
         self.eof = False  # the client will send no more
         self.gone = False  # closed, or handed over
@@ -209,26 +223,38 @@ class WebhookConnection(asyncio.Protocol):
         self.gone = True
         self.path.connections.discard(self)
 
+    def unanswered(self) -> int:
+        return len(self.buffer) - self.offset + self.arrived_bytes
+
     def data_received(self, data: bytes) -> None:
-        self.buffer = self.buffer + data if self.buffer else data
-        if self.task is None and not self.writing_paused:
+        if self.gone:
+            return
+        if self.task is None and self.stalled_since is None:
+            if self.offset < len(self.buffer) or self.arrived:
+                self.arrived.append(data)
+                self.arrived_bytes += len(data)
+            else:
+                self.buffer, self.offset = data, 0
             self._next()
-        elif len(self.buffer) > self.path.max_buffer and not self.reading_paused:
+            return
+        self.arrived.append(data)
+        self.arrived_bytes += len(data)
+        if self.unanswered() > self.path.max_buffer and not self.reading_paused:
             assert self.transport is not None
             self.transport.pause_reading()
             self.reading_paused = True
 
     def eof_received(self) -> bool | None:
         self.eof = True
-        if self.task is None and not self.buffer:
+        if self.task is None and not self.unanswered():
             return None  # nothing pending: the transport closes
         return True  # keep the transport open to answer what came first (then close: see _next)
 
     def pause_writing(self) -> None:
-        self.writing_paused = True
+        self.stalled_since = time.monotonic()
 
     def resume_writing(self) -> None:
-        self.writing_paused = False
+        self.stalled_since = None
         if self.task is None and not self.gone:
             self._next()
 
@@ -239,25 +265,38 @@ class WebhookConnection(asyncio.Protocol):
             self.path.connections.discard(self)
 
     def _next(self) -> None:
-        """Answer the request at the start of the buffer, or hand the connection over."""
-        buf = self.buffer
-        if not buf:
+        """Answer the request at the start of the unanswered input, or hand the connection over.
+        Whatever goes wrong here closes the connection: none may be left open and unanswered."""
+        try:
+            self._answer_next()
+        except Exception:
+            log.exception("closing a webhook connection after an unexpected error")
+            self.close()
+
+    def _answer_next(self) -> None:
+        path = self.path
+        head = parse_head(self.buffer, path.gateways, path.max_body, self.offset)
+        if head is None and self.arrived:
+            self.buffer = b"".join([self.buffer[self.offset:], *self.arrived])
+            self.offset, self.arrived, self.arrived_bytes = 0, [], 0
+            head = parse_head(self.buffer, path.gateways, path.max_body)
+        if head is None:
+            if self.offset < len(self.buffer):
+                self._hand_over()
+                return
+            self.buffer, self.offset = b"", 0
             self.idle_since = time.monotonic()
-            if self.path.closing or self.eof:
+            if path.closing or self.eof:
                 self.close()
             return
-        head = parse_head(buf, self.path.gateways, self.path.max_body)
-        if head is None:
-            self._hand_over()
-            return
-        self.buffer = buf[head.end:]
-        if self.reading_paused and len(self.buffer) <= self.path.max_buffer:
+        raw = self.buffer[head.body_start:head.end]
+        self.offset = head.end
+        if self.reading_paused and self.unanswered() <= path.max_buffer:
             assert self.transport is not None
             self.transport.resume_reading()
             self.reading_paused = False
         self.idle_since = None
-        self.task = asyncio.get_running_loop().create_task(
-            self._answer(head, buf[head.body_start:head.end]))
+        self.task = asyncio.get_running_loop().create_task(self._answer(head, raw))
 
     async def _answer(self, head: Head, raw: bytes) -> None:
         close = head.close
@@ -274,7 +313,7 @@ class WebhookConnection(asyncio.Protocol):
         self.transport.write(response(status, body, close))
         if close:
             self.close()
-        elif not self.writing_paused:
+        elif self.stalled_since is None:
             self._next()
 
     def _hand_over(self) -> None:
@@ -287,12 +326,13 @@ class WebhookConnection(asyncio.Protocol):
         handler: Any = self.path.fallback()
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        if self.writing_paused:
+        if self.stalled_since is not None:
             handler.pause_writing()
-        buf, self.buffer = self.buffer, b""
-        handler.data_received(buf)
         if self.reading_paused:
-            transport.resume_reading()
+            transport.resume_reading()  # before the bytes: aiohttp pauses it again when its own queue fills
+        unanswered = b"".join([self.buffer[self.offset:], *self.arrived])
+        self.buffer, self.offset, self.arrived = b"", 0, []
+        handler.data_received(unanswered)
 
 
 class WebhookSite(web.TCPSite):

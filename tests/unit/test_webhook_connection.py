@@ -217,7 +217,7 @@ async def _a_sender_that_outruns_its_answers_is_paused_not_buffered() -> None:
             writer.write(webhook(body))
         await asyncio.sleep(0.5)
         (conn,) = site.fast.connections
-        assert conn.reading_paused and len(conn.buffer) <= 2 * site.fast.max_buffer
+        assert conn.reading_paused and conn.unanswered() <= 2 * site.fast.max_buffer
         receiver.gate.set()
         answers = [await read_answer(reader) for _ in range(count)]
         assert all(status == 200 for status, _, _ in answers) and len(receiver.seen) == count
@@ -254,3 +254,88 @@ async def _shutdown_finishes_the_answer_in_flight_then_closes() -> None:
 
 test_shutdown_finishes_the_answer_in_flight_then_closes = on_each_loop(
     _shutdown_finishes_the_answer_in_flight_then_closes)
+
+
+async def _a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
+    receiver = Receiver()
+    receiver.gate = asyncio.Event()
+    async with served(receiver) as (port, site, handed_over):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b"b" * 60_000
+        for _ in range(4):
+            writer.write(webhook(body))
+        writer.write(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n" + webhook(b"tail"))
+        await asyncio.sleep(0.3)
+        (conn,) = site.fast.connections
+        assert conn.reading_paused
+        receiver.gate.set()
+        answers = [await read_answer(reader) for _ in range(6)]
+        assert [a[2] for a in answers[4:]] == [b"aiohttp GET /after ", b"aiohttp POST /webhooks/pg tail"]
+        assert handed_over == [1] and len(receiver.seen) == 4
+        writer.close()
+
+
+test_a_hand_over_while_reading_is_paused_keeps_the_order = on_each_loop(
+    _a_hand_over_while_reading_is_paused_keeps_the_order)
+
+
+async def _a_client_that_stops_reading_is_closed_after_the_keepalive_limit() -> None:
+    receiver = Receiver()
+    async with served(receiver, keepalive_s=0.4) as (port, site, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(webhook(b"x"))
+        await read_answer(reader)
+        (conn,) = site.fast.connections
+        conn.pause_writing()  # as the transport does when the client's unread answers fill its buffer
+        writer.write(webhook(b"waits"))
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert receiver.seen == [b"x"] and not site.fast.connections
+        writer.close()
+
+
+test_a_client_that_stops_reading_is_closed_after_the_keepalive_limit = on_each_loop(
+    _a_client_that_stops_reading_is_closed_after_the_keepalive_limit)
+
+
+async def _a_content_length_too_long_for_int_is_aiohttps_to_refuse() -> None:
+    receiver = Receiver()
+    async with served(receiver) as (port, _, handed_over):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(webhook(b"ok"))
+        await read_answer(reader)
+        writer.write(b"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"0" * 5000 + b"1\r\n\r\nz")
+        status, _, body = await read_answer(reader)
+        assert (status, body) == (200, b"aiohttp POST /webhooks/pg z")  # llhttp reads the leading zeros
+        assert handed_over == [1]
+        writer.close()
+
+
+test_a_content_length_too_long_for_int_is_aiohttps_to_refuse = on_each_loop(
+    _a_content_length_too_long_for_int_is_aiohttps_to_refuse)
+
+
+async def _segments_that_come_while_deciding_are_kept_not_copied_each_time() -> None:
+    receiver = Receiver()
+    receiver.gate = asyncio.Event()
+    async with served(receiver) as (port, site, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(webhook(b"first"))
+        await asyncio.sleep(0.1)
+        (conn,) = site.fast.connections
+        buffer = conn.buffer
+        for byte in webhook(b"second")[:40]:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.003)
+        await asyncio.sleep(0.1)
+        assert conn.buffer is buffer and len(conn.arrived) > 10  # joined once, when the next request is read
+        writer.write(webhook(b"second")[40:])
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the whole second request is in before the first answer is written
+        receiver.gate.set()
+        assert [(await read_answer(reader))[2] for _ in range(2)] == [b'{"fast":"first"}', b'{"fast":"second"}']
+        writer.close()
+
+
+test_segments_that_come_while_deciding_are_kept_not_copied_each_time = on_each_loop(
+    _segments_that_come_while_deciding_are_kept_not_copied_each_time)

@@ -96,6 +96,10 @@ def test_connection_close_is_kept() -> None:
     request([b"POST /webhooks/pg HTTP/1.1", b"Content-Length: 1"], b"x"),  # no Host (llhttp refuses it)
     request([b"POST /webhooks/pg HTTP/1.1", b"Host: x", b"Content-Length: %d" % (MAX_BODY + 1)], b"x" * (MAX_BODY + 1)),
     b"x" * 20_000,  # no head within the limit
+    plain(b"x", b"Content-Length: " + b"0" * 5000 + b"1"),  # past int()'s digit limit
+    plain(b"x", *(b"X-H%d: v" % i for i in range(120))),  # more headers than aiohttp takes
+    plain(b"x", b"X-Long: " + b"v" * 9000),  # a line longer than aiohttp takes
+    plain(b"x", b"Proxy-Connection: close"),  # aiohttp reads it as Connection
 ])
 def test_anything_unusual_is_aiohttps(data: bytes) -> None:
     assert parse_head(data, GATEWAYS, MAX_BODY) is None
@@ -138,6 +142,17 @@ def requests(draw: st.DrawFn) -> bytes:
     sep = b"\n" if draw(st.integers(0, 9)) == 0 else b"\r\n"
     trailing = draw(st.sampled_from([b"", b"", b"POST", b"\r\n", b"GET / HTTP/1.1\r\n\r\n"]))
     return request(lines, body, sep=sep) + trailing
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=30), requests())
+def test_a_request_further_in_the_buffer_reads_the_same(before: bytes, data: bytes) -> None:
+    here, there = parse_head(data, GATEWAYS, MAX_BODY), parse_head(before + data, GATEWAYS, MAX_BODY, len(before))
+    assert (here is None) == (there is None)
+    if here is not None and there is not None:
+        assert (there.body_start - len(before), there.end - len(before)) == (here.body_start, here.end)
+        assert (there.gateway, list(there.headers.items()), there.close) == (
+            here.gateway, list(here.headers.items()), here.close)
 
 
 @settings(max_examples=400, deadline=None)
