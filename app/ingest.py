@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
@@ -153,6 +154,41 @@ def public_reason(exc: BaseException) -> str:
     return type(cause or exc).__name__
 
 
+class Deadlines:
+    """Futures failed with TimeoutError once their deadline passes, by one timer for all of them
+    instead of an ``asyncio.timeout`` (a timer handle and a context) per request. Every deadline is
+    its start plus one ``timeout_s``, and starts come in order, so the earliest is always first."""
+
+    def __init__(self, timeout_s: float, tick_s: float = 0.05) -> None:
+        self.timeout_s = timeout_s
+        self.tick_s = tick_s
+        self._pending: deque[tuple[float, asyncio.Future[Any]]] = deque()
+
+    def watch(self, future: asyncio.Future[Any], started: float) -> None:
+        """Fail ``future`` at ``started + timeout_s`` (``started`` on the loop's clock, not before the last)."""
+        self._pending.append((started + self.timeout_s, future))
+
+    def expire(self, now: float) -> int:
+        """Fail the futures whose deadline is past and forget the finished ones; how many failed."""
+        pending = self._pending
+        failed = 0
+        while pending:
+            deadline, future = pending[0]
+            if not future.done():
+                if deadline > now:
+                    break
+                future.set_exception(TimeoutError())
+                failed += 1
+            pending.popleft()
+        return failed
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.expire(loop.time())
+
+
 class Appender:
     """An idempotent acks=all producer shared by every request, so concurrent appends batch."""
 
@@ -163,9 +199,12 @@ class Appender:
         self.metrics = metrics
         self._producer: KeyedProducer | None = None
         self._starting: asyncio.Task[None] | None = None
+        self.deadlines = Deadlines(timeout_s)
+        self._expiring: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._starting = asyncio.create_task(self._keep_trying_to_start())
+        self._expiring = asyncio.create_task(self.deadlines.run())
 
     async def _keep_trying_to_start(self) -> None:
         # The ingest comes up even when Kafka is down; until the producer starts it answers 503.
@@ -190,18 +229,30 @@ class Appender:
     async def stop(self) -> None:
         if self._starting is not None:
             self._starting.cancel()
+        if self._expiring is not None:
+            self._expiring.cancel()
         if self._producer is not None:
             await self._producer.stop()
 
     async def append(self, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
         started = time.perf_counter()
+        producer = self._producer
         try:
-            async with asyncio.timeout(self.timeout_s):
-                if self._producer is None and self._starting is not None:
-                    await asyncio.shield(self._starting)  # still connecting: wait within the deadline
-                if self._producer is None:
-                    raise Unavailable("kafka producer not connected")
-                await self._producer.send_and_wait(topic, key, value, headers)
+            if producer is None or self._expiring is None:
+                async with asyncio.timeout(self.timeout_s):
+                    if self._producer is None and self._starting is not None:
+                        await asyncio.shield(self._starting)  # still connecting: wait within the deadline
+                    if self._producer is None:
+                        raise Unavailable("kafka producer not connected")
+                    await self._producer.send_and_wait(topic, key, value, headers)
+            else:
+                # Handing the record over waits only when aiokafka's buffer is full or the topic's
+                # metadata is missing, and then at most its request timeout (the same deadline);
+                # the acknowledgement waits at most until the deadline, kept by self.deadlines.
+                now = asyncio.get_running_loop().time()
+                delivered = await producer.send(topic, key, value, headers)
+                self.deadlines.watch(delivered, now)
+                await delivered
         except (TimeoutError, KafkaError) as exc:
             self.metrics.append_failures.labels(topic).inc()
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc
