@@ -154,32 +154,53 @@ def public_reason(exc: BaseException) -> str:
     return type(cause or exc).__name__
 
 
+class Pending:
+    """One append under a deadline: while it is handed to the producer, the request's task (cancelled
+    at the deadline); then the delivery future (failed at the deadline)."""
+
+    __slots__ = ("deadline", "delivered", "expired", "finished", "task")
+
+    def __init__(self, deadline: float, task: asyncio.Task[Any] | None) -> None:
+        self.deadline = deadline
+        self.task = task
+        self.delivered: asyncio.Future[Any] | None = None
+        self.expired = False
+        self.finished = False
+
+
 class Deadlines:
-    """Futures failed with TimeoutError once their deadline passes, by one timer for all of them
-    instead of an ``asyncio.timeout`` (a timer handle and a context) per request. Every deadline is
-    its start plus one ``timeout_s``, and starts come in order, so the earliest is always first."""
+    """Appends failed once their deadline passes, by one timer for all of them instead of an
+    ``asyncio.timeout`` (a timer handle and a context) per request. Every deadline is its start plus
+    one ``timeout_s`` and appends are watched as they start, so the earliest is always first."""
 
     def __init__(self, timeout_s: float, tick_s: float = 0.05) -> None:
         self.timeout_s = timeout_s
         self.tick_s = tick_s
-        self._pending: deque[tuple[float, asyncio.Future[Any]]] = deque()
+        self._pending: deque[Pending] = deque()
 
-    def watch(self, future: asyncio.Future[Any], started: float) -> None:
-        """Fail ``future`` at ``started + timeout_s`` (``started`` on the loop's clock, not before the last)."""
-        self._pending.append((started + self.timeout_s, future))
+    def watch(self, started: float, task: asyncio.Task[Any] | None = None) -> Pending:
+        """An append started at ``started`` (the loop's clock, not before the last one's)."""
+        pending = Pending(started + self.timeout_s, task)
+        self._pending.append(pending)
+        return pending
 
     def expire(self, now: float) -> int:
-        """Fail the futures whose deadline is past and forget the finished ones; how many failed."""
-        pending = self._pending
+        """Fail the appends whose deadline is past and forget the finished ones; how many failed."""
+        queue = self._pending
         failed = 0
-        while pending:
-            deadline, future = pending[0]
-            if not future.done():
-                if deadline > now:
+        while queue:
+            pending = queue[0]
+            if not pending.finished:
+                if pending.deadline > now:
                     break
-                future.set_exception(TimeoutError())
+                pending.expired = True
+                if pending.delivered is not None:
+                    if not pending.delivered.done():
+                        pending.delivered.set_exception(TimeoutError())
+                elif pending.task is not None:
+                    pending.task.cancel()  # still waiting in the producer (buffer full, no metadata)
                 failed += 1
-            pending.popleft()
+            queue.popleft()
         return failed
 
     async def run(self) -> None:
@@ -238,7 +259,7 @@ class Appender:
         started = time.perf_counter()
         producer = self._producer
         try:
-            if producer is None or self._expiring is None:
+            if producer is None or self._expiring is None or self._expiring.done():
                 async with asyncio.timeout(self.timeout_s):
                     if self._producer is None and self._starting is not None:
                         await asyncio.shield(self._starting)  # still connecting: wait within the deadline
@@ -247,12 +268,20 @@ class Appender:
                     await self._producer.send_and_wait(topic, key, value, headers)
             else:
                 # Handing the record over waits only when aiokafka's buffer is full or the topic's
-                # metadata is missing, and then at most its request timeout (the same deadline);
-                # the acknowledgement waits at most until the deadline, kept by self.deadlines.
-                now = asyncio.get_running_loop().time()
-                delivered = await producer.send(topic, key, value, headers)
-                self.deadlines.watch(delivered, now)
-                await delivered
+                # metadata is missing; the whole append waits at most until the deadline, which
+                # self.deadlines keeps for every append in flight.
+                task = asyncio.current_task()
+                pending = self.deadlines.watch(asyncio.get_running_loop().time(), task)
+                try:
+                    pending.delivered = await producer.send(topic, key, value, headers)
+                    await pending.delivered
+                except asyncio.CancelledError:
+                    if not pending.expired or task is None:
+                        raise
+                    task.uncancel()  # our own cancellation, as asyncio.timeout does: the deadline passed
+                    raise TimeoutError from None
+                finally:
+                    pending.finished = True
         except (TimeoutError, KafkaError) as exc:
             self.metrics.append_failures.labels(topic).inc()
             raise Unavailable(f"kafka append failed: {type(exc).__name__}") from exc

@@ -34,6 +34,7 @@ Receive = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]
 MAX_HEAD = 16 * 1024  # a head longer than this (or not complete yet) goes to aiohttp, which limits it
 MAX_HEADERS = 100  # lines of a head (aiohttp refuses more than 128 headers)
 MAX_LINE = 8190  # bytes of a header line (aiohttp's max_field_size)
+MAX_NAME = 256  # bytes of a header name (llhttp counts two names together against MAX_LINE)
 PREFIX = b"POST /webhooks/"
 SUFFIX = b" HTTP/1.1"
 REASONS = {200: b"OK", 401: b"Unauthorized", 500: b"Internal Server Error", 503: b"Service Unavailable"}
@@ -86,7 +87,7 @@ def parse_head(buf: bytes, gateways: frozenset[bytes], max_body: int, start: int
         name, colon, value = line.partition(b":")
         # no colon, or a name that is not letters, digits, '-' and '_' (white space before the colon,
         # an obs-fold continuation line, an empty name: aiohttp judges those)
-        if not colon or not name.replace(b"-", b"").replace(b"_", b"").isalnum():
+        if not colon or len(name) > MAX_NAME or not name.replace(b"-", b"").replace(b"_", b"").isalnum():
             return None
         if len(value.translate(None, CONTROL)) != len(value) or len(line) > MAX_LINE:
             return None
@@ -168,8 +169,9 @@ class FastPath:
             await asyncio.sleep(min(1.0, self.keepalive_s / 4))
             limit = time.monotonic() - self.keepalive_s
             for conn in list(self.connections):
-                since = conn.idle_since if conn.stalled_since is None else conn.stalled_since
-                if since is not None and since < limit:
+                if conn.stalled_since is not None and conn.stalled_since < limit:
+                    conn.close(abort=True)  # its answers are not read: a close would wait on them for ever
+                elif conn.idle_since is not None and conn.idle_since < limit:
                     conn.close()
 
     async def shutdown(self, timeout_s: float) -> None:
@@ -186,7 +188,7 @@ class FastPath:
                 remaining := deadline - loop.time()) > 0:
             await asyncio.wait(answering, timeout=remaining)  # each closes its connection once written
         for conn in list(self.connections):
-            conn.close()
+            conn.close(abort=True)
 
 
 class WebhookConnection(asyncio.Protocol):
@@ -237,7 +239,12 @@ class WebhookConnection(asyncio.Protocol):
                 self.buffer, self.offset = data, 0
             self._next()
             return
-        self.arrived.append(data)
+        # Small segments are joined as they come (at most 4 KiB copied each): a list of one-byte
+        # chunks would cost fifty times its bytes in memory before the pause below.
+        if self.arrived and len(self.arrived[-1]) < 4096:
+            self.arrived[-1] += data
+        else:
+            self.arrived.append(data)
         self.arrived_bytes += len(data)
         if self.unanswered() > self.path.max_buffer and not self.reading_paused:
             assert self.transport is not None
@@ -258,10 +265,14 @@ class WebhookConnection(asyncio.Protocol):
         if self.task is None and not self.gone:
             self._next()
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
+        """Close (after the answers written so far are sent), or with ``abort`` at once."""
         if self.transport is not None and not self.gone:
             self.gone = True
-            self.transport.close()
+            if abort or self.transport.get_write_buffer_size():
+                self.transport.abort()  # what is left unsent would wait on a client that does not read
+            else:
+                self.transport.close()
             self.path.connections.discard(self)
 
     def _next(self) -> None:
@@ -322,17 +333,21 @@ class WebhookConnection(asyncio.Protocol):
         assert transport is not None and self.task is None
         self.gone = True
         self.path.connections.discard(self)
-        self.path.on_hand_over()
-        handler: Any = self.path.fallback()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
-        if self.stalled_since is not None:
-            handler.pause_writing()
-        if self.reading_paused:
-            transport.resume_reading()  # before the bytes: aiohttp pauses it again when its own queue fills
-        unanswered = b"".join([self.buffer[self.offset:], *self.arrived])
-        self.buffer, self.offset, self.arrived = b"", 0, []
-        handler.data_received(unanswered)
+        try:
+            self.path.on_hand_over()
+            handler: Any = self.path.fallback()
+            transport.set_protocol(handler)
+            handler.connection_made(transport)
+            if self.stalled_since is not None:
+                handler.pause_writing()
+            if self.reading_paused:
+                transport.resume_reading()  # before the bytes: aiohttp pauses it again when its own queue fills
+            unanswered = b"".join([self.buffer[self.offset:], *self.arrived])
+            self.buffer, self.offset, self.arrived = b"", 0, []
+            handler.data_received(unanswered)
+        except Exception:
+            log.exception("closing a webhook connection whose hand-over to aiohttp failed")
+            transport.abort()
 
 
 class WebhookSite(web.TCPSite):

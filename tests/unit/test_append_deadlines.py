@@ -1,5 +1,6 @@
-"""app/ingest.py's Deadlines: one timer for every append in flight fails exactly the futures whose
-deadline has passed, never one early, never one that already finished."""
+"""app/ingest.py's Deadlines: one timer for every append in flight fails exactly the appends whose
+deadline has passed (their delivery future, or their task while it still waits in the producer),
+never one early, never one that already finished."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from app.ingest import Deadlines, Pending
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("watch"), st.floats(0, 3)),  # a new append, started this much after the last
@@ -18,61 +21,68 @@ OPS = st.lists(st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(OPS)
 def test_exactly_the_late_ones_fail(ops: list[tuple[str, float]]) -> None:
-    from app.ingest import Deadlines
-
     async def scenario() -> None:
         deadlines = Deadlines(timeout_s=2.0)
         loop = asyncio.get_running_loop()
-        started: list[tuple[float, asyncio.Future[int]]] = []
+        started: list[tuple[float, Pending]] = []
+        failed_so_far = 0
         clock = 0.0
         for op, value in ops:
             if op == "watch":
                 clock += value
-                future: asyncio.Future[int] = loop.create_future()
-                deadlines.watch(future, clock)
-                started.append((clock, future))
+                pending = deadlines.watch(clock)
+                pending.delivered = loop.create_future()
+                started.append((clock, pending))
             elif op == "finish" and started:
-                _, future = started[int(value) % len(started)]
-                if not future.done():
-                    future.set_result(1)
+                _, pending = started[int(value) % len(started)]
+                assert pending.delivered is not None
+                if not pending.delivered.done():
+                    pending.delivered.set_result(1)
+                    pending.finished = True
             elif op == "tick":
                 clock += value
-                failed = deadlines.expire(clock)
-                assert failed == sum(1 for _, f in started if f.done() and f.exception() is not None) - sum(
-                    1 for _, f in started if getattr(f, "counted", False))
-                for start, f in started:
-                    if f.done() and f.exception() is not None:
-                        assert isinstance(f.exception(), TimeoutError) and start + 2.0 <= clock
-                        f.counted = True  # type: ignore[attr-defined]
-                    elif not f.done():
+                failed_so_far += deadlines.expire(clock)
+                timed_out = 0
+                for start, pending in started:
+                    future = pending.delivered
+                    assert future is not None
+                    if future.done() and future.exception() is not None:
+                        assert isinstance(future.exception(), TimeoutError) and start + 2.0 <= clock
+                        assert pending.expired
+                        timed_out += 1
+                    elif not future.done():
                         assert start + 2.0 > clock  # nothing late is left pending after a tick
                     else:
-                        assert f.result() == 1  # a finished append keeps its acknowledgement
-                assert len(deadlines._pending) <= sum(1 for _, f in started if not f.done()) + len(started)
+                        assert future.result() == 1 and not pending.expired  # finished keeps its ack
+                assert timed_out == failed_so_far
+                assert len(deadlines._pending) <= sum(1 for _, p in started if not p.finished) + len(started)
 
     asyncio.run(scenario())
 
 
-def test_the_timer_task_fails_a_late_append() -> None:
-    from app.ingest import Deadlines
-
+def test_an_append_still_waiting_in_the_producer_is_cancelled_at_its_deadline() -> None:
     async def scenario() -> None:
         deadlines = Deadlines(timeout_s=0.1, tick_s=0.01)
         loop = asyncio.get_running_loop()
         runner = asyncio.create_task(deadlines.run())
-        late: asyncio.Future[int] = loop.create_future()
+        never = asyncio.Event()
         on_time: asyncio.Future[int] = loop.create_future()
-        deadlines.watch(late, loop.time())
-        deadlines.watch(on_time, loop.time())
+
+        async def stuck() -> None:
+            deadlines.watch(loop.time(), asyncio.current_task())
+            await never.wait()  # as aiokafka's send waits for room in a full buffer
+
+        waiting = asyncio.create_task(stuck())
+        deadlines.watch(loop.time()).delivered = on_time
         on_time.set_result(7)
         try:
             async with asyncio.timeout(2):
                 try:
-                    await late
-                except TimeoutError:
+                    await waiting
+                except asyncio.CancelledError:
                     pass
                 else:
-                    raise AssertionError("the late append was not failed")
+                    raise AssertionError("the stuck append was not cancelled")
         finally:
             runner.cancel()
         assert on_time.result() == 7 and not deadlines._pending

@@ -48,7 +48,8 @@ async def fallback(request: web.Request) -> web.Response:
 
 
 @asynccontextmanager
-async def served(receiver: Receiver, keepalive_s: float = 30.0) -> AsyncIterator[tuple[int, WebhookSite, list[int]]]:
+async def served(receiver: Receiver, keepalive_s: float = 30.0, on_hand_over: Callable[[], None] | None = None,
+                 ) -> AsyncIterator[tuple[int, WebhookSite, list[int]]]:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", fallback)
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=keepalive_s, shutdown_timeout=5)
@@ -58,7 +59,7 @@ async def served(receiver: Receiver, keepalive_s: float = 30.0) -> AsyncIterator
         port = probe.getsockname()[1]
     handed_over: list[int] = []
     site = WebhookSite(runner, "127.0.0.1", port, receive=receiver, gateways=frozenset({"pg"}), max_body=64 * 1024,
-                       keepalive_s=keepalive_s, on_hand_over=lambda: handed_over.append(1))
+                       keepalive_s=keepalive_s, on_hand_over=on_hand_over or (lambda: handed_over.append(1)))
     await site.start()
     try:
         yield port, site, handed_over
@@ -328,7 +329,8 @@ async def _segments_that_come_while_deciding_are_kept_not_copied_each_time() -> 
             await writer.drain()
             await asyncio.sleep(0.003)
         await asyncio.sleep(0.1)
-        assert conn.buffer is buffer and len(conn.arrived) > 10  # joined once, when the next request is read
+        # kept apart from the buffer (small segments joined as they came), joined to it once, when read
+        assert conn.buffer is buffer and b"".join(conn.arrived) == webhook(b"second")[:40]
         writer.write(webhook(b"second")[40:])
         await writer.drain()
         await asyncio.sleep(0.1)  # the whole second request is in before the first answer is written
@@ -339,3 +341,18 @@ async def _segments_that_come_while_deciding_are_kept_not_copied_each_time() -> 
 
 test_segments_that_come_while_deciding_are_kept_not_copied_each_time = on_each_loop(
     _segments_that_come_while_deciding_are_kept_not_copied_each_time)
+
+
+async def _a_failed_hand_over_closes_the_connection() -> None:
+    def broken() -> None:
+        raise RuntimeError("hand-over failed")
+
+    async with served(Receiver(), on_hand_over=broken) as (port, site, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, not left open without a timer
+        assert not site.fast.connections
+        writer.close()
+
+
+test_a_failed_hand_over_closes_the_connection = on_each_loop(_a_failed_hand_over_closes_the_connection)

@@ -100,6 +100,7 @@ def test_connection_close_is_kept() -> None:
     plain(b"x", *(b"X-H%d: v" % i for i in range(120))),  # more headers than aiohttp takes
     plain(b"x", b"X-Long: " + b"v" * 9000),  # a line longer than aiohttp takes
     plain(b"x", b"Proxy-Connection: close"),  # aiohttp reads it as Connection
+    plain(b"x", b"X" * 4100 + b": a", b"Y" * 4100 + b": b"),  # llhttp counts two names together
 ])
 def test_anything_unusual_is_aiohttps(data: bytes) -> None:
     assert parse_head(data, GATEWAYS, MAX_BODY) is None
