@@ -91,10 +91,11 @@ def on_each_loop(scenario: Callable[[], Any]) -> Callable[[str], None]:
 
     test.__name__ = scenario.__name__
     test.__doc__ = scenario.__doc__
-    return test
+    return test  # the scenario under its own name, run once on each loop
 
 
-async def _pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
+@on_each_loop
+async def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -107,11 +108,9 @@ async def _pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
         writer.close()
 
 
-test_pipelined_requests_are_answered_in_order_one_at_a_time = on_each_loop(
-    _pipelined_requests_are_answered_in_order_one_at_a_time)
 
-
-async def _another_route_goes_to_aiohttp_after_the_answer_in_flight() -> None:
+@on_each_loop
+async def test_another_route_goes_to_aiohttp_after_the_answer_in_flight() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, _, handed_over):
@@ -130,11 +129,9 @@ async def _another_route_goes_to_aiohttp_after_the_answer_in_flight() -> None:
         writer.close()
 
 
-test_another_route_goes_to_aiohttp_after_the_answer_in_flight = on_each_loop(
-    _another_route_goes_to_aiohttp_after_the_answer_in_flight)
 
-
-async def _a_body_still_arriving_is_read_by_aiohttp() -> None:
+@on_each_loop
+async def test_a_body_still_arriving_is_read_by_aiohttp() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -151,10 +148,9 @@ async def _a_body_still_arriving_is_read_by_aiohttp() -> None:
         writer.close()
 
 
-test_a_body_still_arriving_is_read_by_aiohttp = on_each_loop(_a_body_still_arriving_is_read_by_aiohttp)
 
-
-async def _connection_close_and_end_of_input_close_after_the_answer() -> None:
+@on_each_loop
+async def test_connection_close_and_end_of_input_close_after_the_answer() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -171,11 +167,9 @@ async def _connection_close_and_end_of_input_close_after_the_answer() -> None:
         writer.close()
 
 
-test_connection_close_and_end_of_input_close_after_the_answer = on_each_loop(
-    _connection_close_and_end_of_input_close_after_the_answer)
 
-
-async def _an_idle_connection_is_closed_after_the_keepalive_limit() -> None:
+@on_each_loop
+async def test_an_idle_connection_is_closed_after_the_keepalive_limit() -> None:
     receiver = Receiver()
     async with served(receiver, keepalive_s=0.4) as (port, site, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -186,11 +180,9 @@ async def _an_idle_connection_is_closed_after_the_keepalive_limit() -> None:
         writer.close()
 
 
-test_an_idle_connection_is_closed_after_the_keepalive_limit = on_each_loop(
-    _an_idle_connection_is_closed_after_the_keepalive_limit)
 
-
-async def _a_receiver_error_is_a_500_and_the_connection_closes() -> None:
+@on_each_loop
+async def test_a_receiver_error_is_a_500_and_the_connection_closes() -> None:
     receiver = Receiver()
     receiver.fail = True
     async with served(receiver) as (port, _, _):
@@ -203,11 +195,9 @@ async def _a_receiver_error_is_a_500_and_the_connection_closes() -> None:
         writer.close()
 
 
-test_a_receiver_error_is_a_500_and_the_connection_closes = on_each_loop(
-    _a_receiver_error_is_a_500_and_the_connection_closes)
 
-
-async def _a_sender_that_outruns_its_answers_is_paused_not_buffered() -> None:
+@on_each_loop
+async def test_a_sender_that_outruns_its_answers_is_paused_not_buffered() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, _):
@@ -226,11 +216,9 @@ async def _a_sender_that_outruns_its_answers_is_paused_not_buffered() -> None:
         writer.close()
 
 
-test_a_sender_that_outruns_its_answers_is_paused_not_buffered = on_each_loop(
-    _a_sender_that_outruns_its_answers_is_paused_not_buffered)
 
-
-async def _shutdown_finishes_the_answer_in_flight_then_closes() -> None:
+@on_each_loop
+async def test_shutdown_finishes_the_answer_in_flight_then_closes() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, _):
@@ -253,11 +241,9 @@ async def _shutdown_finishes_the_answer_in_flight_then_closes() -> None:
         idle_writer.close()
 
 
-test_shutdown_finishes_the_answer_in_flight_then_closes = on_each_loop(
-    _shutdown_finishes_the_answer_in_flight_then_closes)
 
-
-async def _a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
+@on_each_loop
+async def test_a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, handed_over):
@@ -276,11 +262,9 @@ async def _a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
         writer.close()
 
 
-test_a_hand_over_while_reading_is_paused_keeps_the_order = on_each_loop(
-    _a_hand_over_while_reading_is_paused_keeps_the_order)
 
-
-async def _a_client_that_stops_reading_is_closed_after_the_keepalive_limit() -> None:
+@on_each_loop
+async def test_a_client_that_stops_reading_is_closed_after_the_keepalive_limit() -> None:
     receiver = Receiver()
     async with served(receiver, keepalive_s=0.4) as (port, site, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -294,11 +278,9 @@ async def _a_client_that_stops_reading_is_closed_after_the_keepalive_limit() -> 
         writer.close()
 
 
-test_a_client_that_stops_reading_is_closed_after_the_keepalive_limit = on_each_loop(
-    _a_client_that_stops_reading_is_closed_after_the_keepalive_limit)
 
-
-async def _a_content_length_too_long_for_int_is_aiohttps_to_refuse() -> None:
+@on_each_loop
+async def test_a_content_length_too_long_for_int_is_aiohttps_to_refuse() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -311,11 +293,9 @@ async def _a_content_length_too_long_for_int_is_aiohttps_to_refuse() -> None:
         writer.close()
 
 
-test_a_content_length_too_long_for_int_is_aiohttps_to_refuse = on_each_loop(
-    _a_content_length_too_long_for_int_is_aiohttps_to_refuse)
 
-
-async def _segments_that_come_while_deciding_are_kept_not_copied_each_time() -> None:
+@on_each_loop
+async def test_segments_that_come_while_deciding_are_kept_not_copied_each_time() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, _):
@@ -339,11 +319,9 @@ async def _segments_that_come_while_deciding_are_kept_not_copied_each_time() -> 
         writer.close()
 
 
-test_segments_that_come_while_deciding_are_kept_not_copied_each_time = on_each_loop(
-    _segments_that_come_while_deciding_are_kept_not_copied_each_time)
 
-
-async def _a_failed_hand_over_closes_the_connection() -> None:
+@on_each_loop
+async def test_a_failed_hand_over_closes_the_connection() -> None:
     def broken() -> None:
         raise RuntimeError("hand-over failed")
 
@@ -354,5 +332,3 @@ async def _a_failed_hand_over_closes_the_connection() -> None:
         assert not site.fast.connections
         writer.close()
 
-
-test_a_failed_hand_over_closes_the_connection = on_each_loop(_a_failed_hand_over_closes_the_connection)
