@@ -1,4 +1,4 @@
-"""app/ingest.py's Deadlines: one timer for every append in flight fails exactly the appends whose
+"""app/deadlines.py's Deadlines: one timer for every append in flight fails exactly the appends whose
 deadline has passed (their delivery future, or their task while it still waits in the producer),
 never one early, never one that already finished."""
 
@@ -9,7 +9,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ingest import Deadlines, Pending
+from app.deadlines import Deadlines, Pending
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("watch"), st.floats(0, 3)),  # a new append, started this much after the last

@@ -67,6 +67,15 @@ async def served(receiver: Receiver, keepalive_s: float = 30.0, on_hand_over: Ca
         await runner.cleanup()
 
 
+@asynccontextmanager
+async def client(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield reader, writer
+    finally:
+        writer.close()  # left open, uvloop's loop refuses to close
+
+
 def webhook(body: bytes, *extra: bytes) -> bytes:
     return b"\r\n".join([b"POST /webhooks/pg HTTP/1.1", b"Host: x", b"Content-Length: %d" % len(body), *extra,
                          b"", body])
@@ -98,14 +107,13 @@ def on_each_loop(scenario: Callable[[], Any]) -> Callable[[str], None]:
 async def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"1") + webhook(b"22") + webhook(b"333"))
-        answers = [await read_answer(reader) for _ in range(3)]
-        assert [a[2] for a in answers] == [b'{"fast":"1"}', b'{"fast":"22"}', b'{"fast":"333"}']
-        assert all(a[0] == 200 and a[1]["content-type"] == "application/json" for a in answers)
-        assert "connection" not in answers[0][1] and "date" in answers[0][1]
-        assert receiver.most_active == 1 and not handed_over
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"1") + webhook(b"22") + webhook(b"333"))
+            answers = [await read_answer(reader) for _ in range(3)]
+            assert [a[2] for a in answers] == [b'{"fast":"1"}', b'{"fast":"22"}', b'{"fast":"333"}']
+            assert all(a[0] == 200 and a[1]["content-type"] == "application/json" for a in answers)
+            assert "connection" not in answers[0][1] and "date" in answers[0][1]
+            assert receiver.most_active == 1 and not handed_over
 
 
 
@@ -114,19 +122,18 @@ async def test_another_route_goes_to_aiohttp_after_the_answer_in_flight() -> Non
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, _, handed_over):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        # the second request arrives while the first is being decided: aiohttp must not answer it first
-        writer.write(webhook(b"first") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        await asyncio.sleep(0.2)
-        assert not handed_over
-        receiver.gate.set()
-        assert (await read_answer(reader))[2] == b'{"fast":"first"}'
-        assert (await read_answer(reader))[2] == b"aiohttp GET /healthz "
-        # the connection stays aiohttp's: even a plain webhook is now answered there
-        writer.write(webhook(b"later"))
-        assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg later"
-        assert handed_over == [1] and receiver.seen == [b"first"]
-        writer.close()
+        async with client(port) as (reader, writer):
+            # the second request arrives while the first is being decided: aiohttp must not answer it first
+            writer.write(webhook(b"first") + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.sleep(0.2)
+            assert not handed_over
+            receiver.gate.set()
+            assert (await read_answer(reader))[2] == b'{"fast":"first"}'
+            assert (await read_answer(reader))[2] == b"aiohttp GET /healthz "
+            # the connection stays aiohttp's: even a plain webhook is now answered there
+            writer.write(webhook(b"later"))
+            assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg later"
+            assert handed_over == [1] and receiver.seen == [b"first"]
 
 
 
@@ -134,18 +141,17 @@ async def test_another_route_goes_to_aiohttp_after_the_answer_in_flight() -> Non
 async def test_a_body_still_arriving_is_read_by_aiohttp() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        request = webhook(b"split body")
-        writer.write(request[:-4])
-        await writer.drain()
-        await asyncio.sleep(0.1)
-        writer.write(request[-4:])
-        assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg split body"
-        writer.write(b"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"3\r\nabc\r\n0\r\n\r\n")
-        assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg abc"
-        assert handed_over == [1] and receiver.seen == []
-        writer.close()
+        async with client(port) as (reader, writer):
+            request = webhook(b"split body")
+            writer.write(request[:-4])
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(request[-4:])
+            assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg split body"
+            writer.write(b"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\n\r\n")
+            assert (await read_answer(reader))[2] == b"aiohttp POST /webhooks/pg abc"
+            assert handed_over == [1] and receiver.seen == []
 
 
 
@@ -153,18 +159,16 @@ async def test_a_body_still_arriving_is_read_by_aiohttp() -> None:
 async def test_connection_close_and_end_of_input_close_after_the_answer() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"x", b"Connection: close"))
-        status, headers, body = await read_answer(reader)
-        assert (status, headers["connection"], body) == (200, "close", b'{"fast":"x"}')
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        writer.close()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"y"))
-        writer.write_eof()  # the sender will send no more, but still reads its answer
-        assert (await read_answer(reader))[2] == b'{"fast":"y"}'
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"x", b"Connection: close"))
+            status, headers, body = await read_answer(reader)
+            assert (status, headers["connection"], body) == (200, "close", b'{"fast":"x"}')
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"y"))
+            writer.write_eof()  # the sender will send no more, but still reads its answer
+            assert (await read_answer(reader))[2] == b'{"fast":"y"}'
+            assert await asyncio.wait_for(reader.read(), 5) == b""
 
 
 
@@ -172,12 +176,11 @@ async def test_connection_close_and_end_of_input_close_after_the_answer() -> Non
 async def test_an_idle_connection_is_closed_after_the_keepalive_limit() -> None:
     receiver = Receiver()
     async with served(receiver, keepalive_s=0.4) as (port, site, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"x"))
-        await read_answer(reader)
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server, well within 5 s
-        assert not site.fast.connections
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"x"))
+            await read_answer(reader)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server, well within 5 s
+            assert not site.fast.connections
 
 
 
@@ -186,13 +189,12 @@ async def test_a_receiver_error_is_a_500_and_the_connection_closes() -> None:
     receiver = Receiver()
     receiver.fail = True
     async with served(receiver) as (port, _, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"x") + webhook(b"never"))
-        status, headers, _ = await read_answer(reader)
-        assert (status, headers["connection"]) == (500, "close")
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        assert receiver.seen == [b"x"]
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"x") + webhook(b"never"))
+            status, headers, _ = await read_answer(reader)
+            assert (status, headers["connection"]) == (500, "close")
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert receiver.seen == [b"x"]
 
 
 
@@ -201,19 +203,18 @@ async def test_a_sender_that_outruns_its_answers_is_paused_not_buffered() -> Non
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = b"b" * 60_000
-        count = 8  # 480 kB of requests while the first one waits: past the 2 x 64 KiB + head bound
-        for _ in range(count):
-            writer.write(webhook(body))
-        await asyncio.sleep(0.5)
-        (conn,) = site.fast.connections
-        assert conn.reading_paused and conn.unanswered() <= 2 * site.fast.max_buffer
-        receiver.gate.set()
-        answers = [await read_answer(reader) for _ in range(count)]
-        assert all(status == 200 for status, _, _ in answers) and len(receiver.seen) == count
-        assert not conn.reading_paused
-        writer.close()
+        async with client(port) as (reader, writer):
+            body = b"b" * 60_000
+            count = 8  # 480 kB of requests while the first one waits: past the 2 x 64 KiB + head bound
+            for _ in range(count):
+                writer.write(webhook(body))
+            await asyncio.sleep(0.5)
+            (conn,) = site.fast.connections
+            assert conn.reading_paused and conn.unanswered() <= 2 * site.fast.max_buffer
+            receiver.gate.set()
+            answers = [await read_answer(reader) for _ in range(count)]
+            assert all(status == 200 for status, _, _ in answers) and len(receiver.seen) == count
+            assert not conn.reading_paused
 
 
 
@@ -247,19 +248,18 @@ async def test_a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, handed_over):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        body = b"b" * 60_000
-        for _ in range(4):
-            writer.write(webhook(body))
-        writer.write(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n" + webhook(b"tail"))
-        await asyncio.sleep(0.3)
-        (conn,) = site.fast.connections
-        assert conn.reading_paused
-        receiver.gate.set()
-        answers = [await read_answer(reader) for _ in range(6)]
-        assert [a[2] for a in answers[4:]] == [b"aiohttp GET /after ", b"aiohttp POST /webhooks/pg tail"]
-        assert handed_over == [1] and len(receiver.seen) == 4
-        writer.close()
+        async with client(port) as (reader, writer):
+            body = b"b" * 60_000
+            for _ in range(4):
+                writer.write(webhook(body))
+            writer.write(b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n" + webhook(b"tail"))
+            await asyncio.sleep(0.3)
+            (conn,) = site.fast.connections
+            assert conn.reading_paused
+            receiver.gate.set()
+            answers = [await read_answer(reader) for _ in range(6)]
+            assert [a[2] for a in answers[4:]] == [b"aiohttp GET /after ", b"aiohttp POST /webhooks/pg tail"]
+            assert handed_over == [1] and len(receiver.seen) == 4
 
 
 
@@ -267,15 +267,14 @@ async def test_a_hand_over_while_reading_is_paused_keeps_the_order() -> None:
 async def test_a_client_that_stops_reading_is_closed_after_the_keepalive_limit() -> None:
     receiver = Receiver()
     async with served(receiver, keepalive_s=0.4) as (port, site, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"x"))
-        await read_answer(reader)
-        (conn,) = site.fast.connections
-        conn.pause_writing()  # as the transport does when the client's unread answers fill its buffer
-        writer.write(webhook(b"waits"))
-        assert await asyncio.wait_for(reader.read(), 5) == b""
-        assert receiver.seen == [b"x"] and not site.fast.connections
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"x"))
+            await read_answer(reader)
+            (conn,) = site.fast.connections
+            conn.pause_writing()  # as the transport does when the client's unread answers fill its buffer
+            writer.write(webhook(b"waits"))
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            assert receiver.seen == [b"x"] and not site.fast.connections
 
 
 
@@ -283,14 +282,13 @@ async def test_a_client_that_stops_reading_is_closed_after_the_keepalive_limit()
 async def test_a_content_length_too_long_for_int_is_aiohttps_to_refuse() -> None:
     receiver = Receiver()
     async with served(receiver) as (port, _, handed_over):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"ok"))
-        await read_answer(reader)
-        writer.write(b"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"0" * 5000 + b"1\r\n\r\nz")
-        status, _, body = await read_answer(reader)
-        assert (status, body) == (200, b"aiohttp POST /webhooks/pg z")  # llhttp reads the leading zeros
-        assert handed_over == [1]
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"ok"))
+            await read_answer(reader)
+            writer.write(b"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"0" * 5000 + b"1\r\n\r\nz")
+            status, _, body = await read_answer(reader)
+            assert (status, body) == (200, b"aiohttp POST /webhooks/pg z")  # llhttp reads the leading zeros
+            assert handed_over == [1]
 
 
 
@@ -299,24 +297,23 @@ async def test_segments_that_come_while_deciding_are_kept_not_copied_each_time()
     receiver = Receiver()
     receiver.gate = asyncio.Event()
     async with served(receiver) as (port, site, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(webhook(b"first"))
-        await asyncio.sleep(0.1)
-        (conn,) = site.fast.connections
-        buffer = conn.buffer
-        for byte in webhook(b"second")[:40]:
-            writer.write(bytes([byte]))
+        async with client(port) as (reader, writer):
+            writer.write(webhook(b"first"))
+            await asyncio.sleep(0.1)
+            (conn,) = site.fast.connections
+            buffer = conn.buffer
+            for byte in webhook(b"second")[:40]:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.003)
+            await asyncio.sleep(0.1)
+            # kept apart from the buffer (small segments joined as they came), joined to it once, when read
+            assert conn.buffer is buffer and b"".join(conn.arrived) == webhook(b"second")[:40]
+            writer.write(webhook(b"second")[40:])
             await writer.drain()
-            await asyncio.sleep(0.003)
-        await asyncio.sleep(0.1)
-        # kept apart from the buffer (small segments joined as they came), joined to it once, when read
-        assert conn.buffer is buffer and b"".join(conn.arrived) == webhook(b"second")[:40]
-        writer.write(webhook(b"second")[40:])
-        await writer.drain()
-        await asyncio.sleep(0.1)  # the whole second request is in before the first answer is written
-        receiver.gate.set()
-        assert [(await read_answer(reader))[2] for _ in range(2)] == [b'{"fast":"first"}', b'{"fast":"second"}']
-        writer.close()
+            await asyncio.sleep(0.1)  # the whole second request is in before the first answer is written
+            receiver.gate.set()
+            assert [(await read_answer(reader))[2] for _ in range(2)] == [b'{"fast":"first"}', b'{"fast":"second"}']
 
 
 
@@ -326,9 +323,8 @@ async def test_a_failed_hand_over_closes_the_connection() -> None:
         raise RuntimeError("hand-over failed")
 
     async with served(Receiver(), on_hand_over=broken) as (port, site, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, not left open without a timer
-        assert not site.fast.connections
-        writer.close()
+        async with client(port) as (reader, writer):
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, not left open without a timer
+            assert not site.fast.connections
 
