@@ -53,8 +53,9 @@ def command(argv: list[str]) -> int:
     ratios: dict[str, list[float]] = {name: [] for name in variants}
     with embedded("orderly-bench-ab-") as (work, kafka, postgres):
         for round_no in range(args.rounds):
-            base = e2e.run_baseline(postgres, work, round_no)["rate"]
-            line = f"round {round_no + 1}: baseline {base:.0f}/s"
+            baseline = e2e.run_baseline(postgres, work, round_no)
+            base = baseline["rate"]
+            line = f"round {round_no + 1}: baseline {base:.0f}/s, CPU s {baseline['cpu_s']}"
             for index, (name, env) in enumerate(variants.items()):
                 with environment(env):
                     result = e2e.run_pipeline(kafka, postgres, args.mode, work, round_no * len(variants) + index)

