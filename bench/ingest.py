@@ -16,7 +16,7 @@ from app.bootstrap import prepare
 from app.settings import dev_settings
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
 from bench.load import spawn
-from bench.stack import embedded, save_results
+from bench.stack import embedded, process_cpu, save_results
 from tests.support import signed_headers
 
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "64"))
@@ -53,11 +53,6 @@ def _load(url: str, requests_file: Path) -> dict[str, float]:
     return spawn(url, requests_file, CONCURRENCY, DURATION, WARMUP)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -83,10 +78,10 @@ def main() -> None:
         try:
             for _ in range(ROUNDS):  # alternate, so both see the same machine noise
                 results["bare"].append(_load(f"http://127.0.0.1:{bare_port}", requests_file))
-                before = cpu_seconds(kafka.pid or 0), cpu_seconds(ingest.pid)
+                before = process_cpu(kafka.pid or 0), process_cpu(ingest.pid)
                 run = _load(f"http://127.0.0.1:{ingest_port}", requests_file)
-                run["kafka_cpu_s"] = cpu_seconds(kafka.pid or 0) - before[0]
-                run["ingest_cpu_s"] = cpu_seconds(ingest.pid) - before[1]
+                run["kafka_cpu_s"] = process_cpu(kafka.pid or 0) - before[0]
+                run["ingest_cpu_s"] = process_cpu(ingest.pid) - before[1]
                 results["ingest"].append(run)
         finally:
             stop_process(ingest, 15)
