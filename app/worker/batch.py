@@ -20,7 +20,7 @@ from app.worker.consumer import consumer_of
 from app.worker.exits import FAILED_EXIT_CODE, SKIPPED_EXIT_CODE, OffsetGuard, exit_for_restart
 from app.worker.shared import WorkerState
 from app.worker.store import PartitionStore, inside
-from app.worker.transactions import Target, TransactionStage, producer_of
+from app.worker.transactions import Target, TransactionStage, producer_of, transactional_id
 from topics.catalog import TopicNames
 
 log = logging.getLogger("orderly.worker")
@@ -57,7 +57,8 @@ class BatchProcessor:
     state whose outputs are already durable; a crash before the commit replays the batch, which
     re-emits the same records with the same keys, and every sink dedupes on them. With exactly-once
     its outputs and table values are staged for its source partition's transaction
-    (TransactionStage). Either way the batch's offsets become committable only once that is done."""
+    (TransactionStage), and sent into it as the batch ends. Either way the batch's offsets become
+    committable only once that is done."""
 
     def __init__(self, app: AppT, state: WorkerState, table: TableT[bytes, bytes], n: TopicNames,
                  producer: KeyedProducer, liveness: Liveness, max_record_bytes: int) -> None:
@@ -121,6 +122,8 @@ class BatchProcessor:
         await self.emit(plan.records)
         await self.write_state(plan.states, {key: events[index] for key, index in plan.last.items()})
         self.advance(events)
+        if self.app.in_transaction:
+            self.stage.send()  # into the open transactions, unless a commit holds them
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_size.observe(len(events))
 
@@ -187,8 +190,7 @@ class BatchProcessor:
         changelog with the consumed offsets; None if this worker holds no transaction for it."""
         if not self.app.in_transaction:
             return self.producer.producer, contextlib.nullcontext()
-        group = self.app.assignor.group_for_topic(self.names.changelog)
-        return producer_of(self.app).transactional(f"{self.app.conf.id}-{group}-{partition}")
+        return producer_of(self.app).transactional(transactional_id(self.app, self.names.changelog, partition))
 
     def assigned(self, tps: set[Any]) -> None:
         """A new assignment starts at the committed offsets."""

@@ -191,10 +191,10 @@ class _Consumer(faust_aiokafka.Consumer):
         return state.decided.get(tp)
 
     async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
-        """With exactly-once, the batches' staged outputs and changelog go into the partitions' open
-        transactions first, and each committed partition's values reach the local store once they
-        commit. The offsets are taken again in the same step as the staged writes: a batch decided
-        since Faust chose them is in both or in neither."""
+        """With exactly-once, the batches' writes are all in the partitions' open transactions and
+        acknowledged first, and each committed partition's values reach the local store once they
+        commit. The offsets are taken again in the same step as the flush starts holding new
+        writes back: a batch decided since Faust chose them is in both or in neither."""
         started = time.perf_counter()
         state = worker_state(self.app)
         stage = state.stage if state is not None else None
@@ -203,11 +203,14 @@ class _Consumer(faust_aiokafka.Consumer):
             did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
-            await stage.flush()  # takes the staged writes before it first waits
-            did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
-            if did_commit:
-                assigned = self.assignment()
-                stage.committed({tp.partition for tp in offsets if tp in assigned})
+            try:
+                await stage.flush()  # sends the held writes before it first waits, and holds new ones
+                did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
+                if did_commit:
+                    assigned = self.assignment()
+                    stage.committed({tp.partition for tp in offsets if tp in assigned})
+            finally:
+                stage.commit_ended(transactions_open=start_new_transaction)
         if did_commit:  # how busy the worker is: the wait before the next commit depends on it
             self.last_commit_covered = sum(offset - previous for tp, offset in offsets.items()
                                            if (previous := before.get(tp)) is not None)

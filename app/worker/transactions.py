@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -27,23 +27,27 @@ Target = tuple[AIOKafkaProducer, AbstractAsyncContextManager[Any]]
 
 class TransactionStage:
     """Exactly-once: what a batch writes, its outputs (decisions, effects, facts, state snapshots)
-    and its table values, goes into its source partition's Kafka transaction when Faust commits
-    that with the consumed offsets; the local store gets the values only once it has committed. So
+    and its table values, goes into its source partition's Kafka transaction, which Faust commits
+    with the consumed offsets; the local store gets the values only once it has committed. So
     a crash or a revocation before the commit loses all of it together: read_committed readers
     (projector, effects worker, fetcher, replay) never see outputs whose offsets were not
     committed, and the records are decided again from committed state, with their full outputs.
     (A local store ahead of the committed changelog would recognise them as decided and re-emit
     only a summary: seen here as reversals whose read-model row and debit were lost.)
 
-    Sent at commit, a record per resource changed since the last commit for the changelog,
-    instead of a produce request per partition's transactional producer in every batch, which
-    made small batches much slower with exactly-once than with at-least-once. ``get`` reads the
-    values not yet committed, which the worker consults before the table. The worker's consumer
-    calls ``flush`` before Faust commits the transactions and ``committed`` after: every offset a
-    commit covers was acked after its writes were staged, so they are in the transaction that
-    commits the offset. ``committed`` also writes the store's changelog offset, which Faust's own
-    exactly-once path never persists (it keeps it under the changelog partition and looks it up
-    under the source partitions), so a restart reads on from local state."""
+    A batch's writes are sent into the open transactions as the batch ends (``send``), each send
+    after the one before it (a key's changelog values stay in order), while no commit is under
+    way; the batches decided during a commit are held until it ends. The worker's consumer calls
+    ``flush`` in the same step as it takes the offsets to commit: it sends what is held, waits
+    until Kafka acknowledged every write of the batches those offsets cover, and from then on
+    holds new batches' writes until ``commit_ended``: a transaction never carries the writes of a
+    batch whose offsets it does not commit. (Sent all at the commit instead, thousands of records
+    serialised at once held up the next batches, and every decision waited for that too.)
+
+    ``get`` reads the values not yet committed, which the worker consults before the table.
+    ``committed`` also writes the store's changelog offset, which Faust's own exactly-once path
+    never persists (it keeps it under the changelog partition and looks it up under the source
+    partitions), so a restart reads on from local state."""
 
     def __init__(self, topic: str, producer_for: Callable[[int], Target | None], store: PartitionStore,
                  outputs: KeyedProducer) -> None:
@@ -55,6 +59,11 @@ class TransactionStage:
         self.pending_outputs: dict[int, list[Record]] = {}
         self.in_flight: dict[int, dict[bytes, bytes]] = {}  # table values sent in the open transaction
         self.sent: dict[int, int] = {}  # partition -> last changelog offset sent in its open transaction
+        self.holding = False  # a commit is under way (or the transactions ended): writes wait
+        self.sends: list[asyncio.Task[None]] = []  # since the last flush, each awaiting the one before
+        self.unacked: dict[int, list[Awaitable[Any]]] = {}  # per partition: outputs' acks, changelog's last offsets
+        self.generation: dict[int, int] = {}  # per partition, the revocations seen
+        self.dirty: set[int] = set()  # revoked with writes in their open transaction: it must be aborted
 
     def stage(self, partition: int, key: bytes, value: bytes) -> None:
         self.pending.setdefault(partition, {})[key] = value
@@ -69,27 +78,61 @@ class TransactionStage:
                 return value
         return None
 
-    async def flush(self) -> None:
+    def send(self) -> None:
+        """Send the staged writes into the open transactions, unless a commit holds them."""
+        if self.holding or not (self.pending or self.pending_outputs):
+            return
         staged, self.pending = self.pending, {}
         outputs, self.pending_outputs = self.pending_outputs, {}
         for partition, changed in staged.items():
             self.in_flight.setdefault(partition, {}).update(changed)
-        sent, acks = [], []
-        for partition in staged.keys() | outputs.keys():
+        partitions = {partition: self.generation.get(partition, 0) for partition in staged.keys() | outputs.keys()}
+        before = self.sends[-1] if self.sends else None
+        self.sends.append(asyncio.ensure_future(self._send(before, partitions, staged, outputs)))
+
+    async def _send(self, before: asyncio.Task[None] | None, partitions: dict[int, int],
+                    staged: dict[int, dict[bytes, bytes]], outputs: dict[int, list[Record]]) -> None:
+        if before is not None:
+            await asyncio.wait([before])  # its failure is flush's to raise, once
+        for partition, generation in sorted(partitions.items()):
             target = self.producer_for(partition)
-            if target is None:  # no transaction for it any more (revoked): its offsets are not committed here
-                continue
+            if target is None or self.generation.get(partition, 0) != generation:
+                continue  # revoked since: these writes are dropped, their records decided again
             kafka, lock = target
+            acks = self.unacked.setdefault(partition, [])
             if partition in outputs:
                 async with lock:
                     acks.append(await self.outputs.enqueue_all(outputs[partition], via=kafka, partition=partition))
             if partition in staged:
-                items = staged[partition].items()
-                sent.append((partition, await send_keyed(kafka, lock, (self.topic, partition), items)))
-        for acknowledged in acks:
-            await acknowledged
-        for partition, last in sent:
-            self.sent[partition] = max(self.sent.get(partition, -1), await last)
+                last = await send_keyed(kafka, lock, (self.topic, partition), staged[partition].items())
+                acks.append(asyncio.ensure_future(self._changelog_sent(partition, generation, last)))
+
+    async def _changelog_sent(self, partition: int, generation: int, last: Awaitable[int]) -> None:
+        offset = await last
+        if self.generation.get(partition, 0) == generation:
+            self.sent[partition] = max(self.sent.get(partition, -1), offset)
+
+    async def flush(self) -> None:
+        """Send what is held, and wait until every write sent since the last flush is acknowledged.
+        Called in the same step as the offsets to commit are taken; holds new writes from then on."""
+        self.holding = False
+        self.send()
+        self.holding = True
+        sends, self.sends = self.sends, []
+        if sends:
+            await asyncio.wait(sends)
+        for sent in sends:
+            sent.result()  # a failed send fails the commit
+        unacked, self.unacked = self.unacked, {}
+        for acks in unacked.values():
+            for acknowledged in acks:
+                await acknowledged
+
+    def commit_ended(self, transactions_open: bool) -> None:
+        """A commit ended: the writes of batches decided meanwhile go into the new transactions,
+        if there are new ones (none after the last commit of a stop)."""
+        self.holding = not transactions_open
+        self.send()
 
     def committed(self, partitions: set[int]) -> None:
         for partition in partitions:
@@ -97,11 +140,29 @@ class TransactionStage:
             self.store.write(partition, self.in_flight.pop(partition, {}).items(), last)
 
     def revoked(self, partitions: set[int]) -> None:
-        """A revoked partition's staged writes and uncommitted offset are dropped: Faust stops its
-        transactional producer without committing, and its offsets are the next owner's to decide again."""
+        """A revoked partition's staged writes and uncommitted offset are dropped. Writes already
+        sent into its open transaction make it dirty: its producer is replaced at the rebalance
+        (settle), which aborts the transaction, before the partition's records are decided again."""
         for partition in partitions:
-            for staged in (self.pending, self.pending_outputs, self.in_flight, self.sent):
+            self.generation[partition] = self.generation.get(partition, 0) + 1
+            if partition in self.in_flight or partition in self.unacked or partition in self.sent:
+                self.dirty.add(partition)
+            for staged in (self.pending, self.pending_outputs, self.in_flight, self.sent, self.unacked):
                 staged.pop(partition, None)
+
+    async def settle(self) -> set[int]:
+        """At a rebalance, before producers are stopped or begun: wait until the sends under way
+        are handed over (a later one would go into a new producer's transaction), and return the
+        dirty partitions, whose open transactions must be aborted. A send that failed did so into
+        a partition revoked meanwhile (its writes were in flight): its transaction is aborted too."""
+        sends, self.sends = self.sends, []
+        if sends:
+            await asyncio.wait(sends)
+        for sent in sends:
+            if sent.exception() is not None:
+                log.info("a send into a revoked partition's transaction failed: %r", sent.exception())
+        dirty, self.dirty = self.dirty, set()
+        return dirty
 
 
 class _Producer(faust_aiokafka.Producer):
@@ -154,16 +215,23 @@ class _TransactionManager(TransactionManager):
     async def on_rebalance(self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP]) -> None:
         producer = producer_of(self.app)
         owned = self._tps_to_transactional_ids(assigned)
-        stale = sorted(set(producer._transaction_producers) - owned)
+        state = getattr(self.app, "worker_state", None)  # the worker's (app/worker/shared.py)
+        stage: TransactionStage | None = getattr(state, "stage", None)
+        dirty = await stage.settle() if stage is not None else set()
+        # a kept partition whose open transaction holds writes of records to be decided again
+        aborted = {transactional_id(self.app, stage.topic, partition) for partition in dirty} if stage else set()
+        producers = set(producer._transaction_producers)
+        stale = sorted((producers - owned) | (aborted & producers))
         if stale:
-            log.info("stopping the transactional producers of %d partitions this worker no longer owns: %s",
+            log.info("stopping the transactional producers of %d partitions this worker no longer owns or whose "
+                     "open transactions hold writes of records to be decided again (a new producer aborts them): %s",
                      len(stale), ", ".join(stale))
             # Not under a commit: stopping a producer whose commit is in flight leaves that commit
             # waiting for ever (aiokafka never resolves its futures), and every later commit behind it.
             await self.consumer.maybe_wait_for_commit_to_finish()  # type: ignore[attr-defined]  # Faust's Consumer's
-            for transactional_id in stale:
-                async with producer._trn_locks[transactional_id]:
-                    await producer.stop_transaction(transactional_id)
+            for tid in stale:
+                async with producer._trn_locks[tid]:
+                    await producer.stop_transaction(tid)
         await super().on_rebalance(assigned, revoked, newly_assigned)
 
     async def _start_transactions(self, tids: Any) -> None:
@@ -181,6 +249,11 @@ class _TransactionManager(TransactionManager):
                 exit_for_restart(FAILED_EXIT_CODE, "the transactional producer %s could not begin its transaction "
                                  "(the log above says why): exiting so that the supervisor restarts this worker",
                                  transactional_id)
+
+
+def transactional_id(app: AppT, topic: str, partition: int) -> str:
+    """The transactional id of the producer that writes ``topic``'s ``partition``, as Faust names it."""
+    return f"{app.conf.id}-{app.assignor.group_for_topic(topic)}-{partition}"
 
 
 def producer_of(app: AppT) -> _Producer:

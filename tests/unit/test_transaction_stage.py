@@ -1,0 +1,268 @@
+"""Exactly-once's staged writes (app/worker/transactions.py TransactionStage) with stand-ins for
+aiokafka's transactional producers: a batch's writes go into the open transaction as it ends, a
+commit carries exactly the writes of the batches whose offsets it takes, those decided during a
+commit wait for the next transaction, and a revoked partition's writes never reach a commit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from faust.transport.consumer import TransactionManager
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.producer import KeyedProducer
+from app.worker import transactions
+from app.worker.transactions import TransactionStage, _TransactionManager
+
+CHANGELOG = "changelog"
+
+
+class Builder:
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+
+    def append(self, *, key: bytes, value: bytes, timestamp: Any, headers: Any) -> object:
+        self.records.append((key, value))
+        return object()
+
+    def record_count(self) -> int:
+        return len(self.records)
+
+
+class Acked:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+class Transactional:
+    """One partition's transactional producer: what its open transaction holds, and its acks."""
+
+    def __init__(self) -> None:
+        self.open: list[tuple[str, bytes, bytes]] = []  # topic, key, value
+        self.unacked: list[tuple[asyncio.Future[Any], int]] = []
+        self.offset = 0
+
+    def create_batch(self) -> Builder:
+        return Builder()
+
+    async def send_batch(self, builder: Builder, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        await asyncio.sleep(0)  # handing over may suspend (aiokafka waits for room)
+        self.open += [(topic, key, value) for key, value in builder.records]
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.unacked.append((done, self.offset))
+        self.offset += len(builder.records)
+        return done
+
+    def ack(self) -> None:
+        for done, offset in self.unacked:
+            done.set_result(Acked(offset))
+        self.unacked = []
+
+    def commit(self) -> list[tuple[str, bytes, bytes]]:
+        committed, self.open = self.open, []
+        return committed
+
+
+class Store:
+    def __init__(self) -> None:
+        self.writes: list[tuple[int, dict[bytes, bytes], int | None]] = []
+
+    def write(self, partition: int, values: Any, offset: int | None) -> None:
+        self.writes.append((partition, dict(values), offset))
+
+
+def stage_for(partitions: int) -> tuple[TransactionStage, list[Transactional], Store]:
+    producers = [Transactional() for _ in range(partitions)]
+    locks = [asyncio.Lock() for _ in range(partitions)]
+    store = Store()
+    stage = TransactionStage(CHANGELOG, lambda p: (producers[p], locks[p]),
+                             store, KeyedProducer("unused:9092"))  # type: ignore[arg-type]
+    return stage, producers, store
+
+
+def decide(stage: TransactionStage, batch: int, partitions: list[int]) -> None:
+    """A batch as BatchProcessor.decide leaves it: outputs and values staged, then sent."""
+    for p in partitions:
+        stage.stage_outputs(p, [("decisions", f"r{p}".encode(), f"b{batch}".encode())])
+        stage.stage(p, f"r{p}".encode(), f"b{batch}".encode())
+    stage.send()
+
+
+async def settle_loop() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_batch_goes_into_the_open_transaction_as_it_ends_and_a_flush_waits_for_its_acks() -> None:
+    stage, (kafka,), store = stage_for(1)
+    decide(stage, 1, [0])
+    await settle_loop()
+    assert kafka.open == [("decisions", b"r0", b"b1"), (CHANGELOG, b"r0", b"b1")]
+    assert stage.get(0, b"r0") == b"b1"  # read before the table until committed
+    flush = asyncio.ensure_future(stage.flush())
+    await settle_loop()
+    assert not flush.done()  # not acknowledged yet
+    kafka.ack()
+    await flush
+    stage.committed({0})
+    assert store.writes == [(0, {b"r0": b"b1"}, 1)]  # the changelog record's offset (outputs took 0)
+    assert stage.get(0, b"r0") is None
+
+
+async def test_a_batch_decided_during_a_commit_waits_for_the_next_transaction() -> None:
+    stage, (kafka,), _ = stage_for(1)
+    decide(stage, 1, [0])
+    flush = asyncio.ensure_future(stage.flush())  # the commit takes batch 1's offsets
+    await settle_loop()
+    decide(stage, 2, [0])
+    await settle_loop()
+    kafka.ack()
+    await flush
+    assert [value for _, _, value in kafka.commit()] == [b"b1", b"b1"]  # batch 2 is not in this commit
+    stage.committed({0})
+    assert stage.get(0, b"r0") == b"b2"  # still staged
+    stage.commit_ended(transactions_open=True)
+    await settle_loop()
+    assert [value for _, _, value in kafka.open] == [b"b2", b"b2"]
+
+
+async def test_after_the_last_commit_of_a_stop_nothing_is_sent() -> None:
+    stage, (kafka,), _ = stage_for(1)
+    decide(stage, 1, [0])
+    flush = asyncio.ensure_future(stage.flush())
+    await settle_loop()
+    kafka.ack()
+    await flush
+    kafka.commit()
+    stage.committed({0})
+    stage.commit_ended(transactions_open=False)
+    decide(stage, 2, [0])
+    await settle_loop()
+    assert kafka.open == []
+
+
+async def test_a_revoked_partition_is_dirty_its_writes_dropped_and_its_later_sends_skipped() -> None:
+    stage, (k0, k1), store = stage_for(2)
+    decide(stage, 1, [0, 1])
+    await settle_loop()
+    assert k0.open and k1.open
+    decide(stage, 2, [0])
+    stage.revoked({0})  # before batch 2's send ran: it sends nothing for partition 0
+    assert await stage.settle() == {0}  # its transaction holds batch 1's writes: to be aborted
+    assert [value for _, _, value in k0.open] == [b"b1", b"b1"]
+    k0.ack()
+    k1.ack()
+    await stage.flush()
+    stage.committed({1})
+    assert store.writes == [(1, {b"r1": b"b1"}, 1)]
+    assert stage.sent == {} and stage.get(0, b"r0") is None
+
+
+async def test_a_partition_revoked_with_nothing_sent_is_not_dirty() -> None:
+    stage, _, _ = stage_for(2)
+    stage.revoked({0, 1})
+    assert await stage.settle() == set()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["decide0", "decide1", "decide01", "step", "commit", "ack"]), max_size=40))
+def test_every_commit_carries_exactly_the_writes_of_the_batches_its_offsets_cover(actions: list[str]) -> None:
+    """Whatever the interleaving of batches, sends, acks and commits: each commit's transaction
+    holds, per partition, the outputs of exactly the batches decided before its offsets were taken
+    and after the previous commit's, and their changelog values in the order decided (those staged
+    together as one record, the latest); the store gets each committed partition's last values."""
+
+    async def run() -> None:
+        stage, producers, store = stage_for(2)
+        decided: list[tuple[int, list[int]]] = []  # every batch, in order
+        covered = 0  # batches the commits so far took
+        batch = 0
+        flush: asyncio.Future[None] | None = None
+        taken = 0
+
+        async def finish_commit() -> None:
+            nonlocal flush, covered
+            assert flush is not None
+            for _ in range(1000):  # Kafka acknowledges whatever is sent, until the flush is through
+                if flush.done():
+                    break
+                for kafka in producers:
+                    kafka.ack()
+                await asyncio.sleep(0)
+            await flush
+            for p, kafka in enumerate(producers):
+                expected = [f"b{b}".encode() for b, parts in decided[covered:taken] if p in parts]
+                committed = kafka.commit()
+                assert [v for topic, _, v in committed if topic == "decisions"] == expected
+                changelog = [v for topic, _, v in committed if topic == CHANGELOG]
+                # values staged together are one record, the latest: in order, ending on the last
+                assert changelog == sorted(set(changelog), key=expected.index)
+                assert changelog[-1:] == expected[-1:]
+            stage.committed({0, 1})
+            covered = taken
+            stage.commit_ended(transactions_open=True)
+            flush = None
+
+        for action in [*actions, "commit", "commit"]:
+            if action.startswith("decide"):
+                batch += 1
+                parts = [int(c) for c in action[len("decide"):]]
+                decided.append((batch, parts))
+                decide(stage, batch, parts)
+            elif action == "step":
+                await asyncio.sleep(0)
+            elif action == "ack":
+                for kafka in producers:
+                    kafka.ack()
+            elif flush is None:  # commit: offsets taken and the flush begun in one step
+                taken = len(decided)
+                flush = asyncio.ensure_future(stage.flush())
+                await asyncio.sleep(0)
+            else:
+                await finish_commit()
+        if flush is not None:
+            await finish_commit()
+        last: dict[int, bytes] = {}
+        for b, parts in decided[:covered]:
+            for p in parts:
+                last[p] = f"b{b}".encode()
+        stored: dict[int, bytes] = {}
+        for p, values, _ in store.writes:
+            for value in values.values():  # one resource per partition
+                stored[p] = value
+        assert stored == last
+
+    asyncio.run(run())
+
+
+async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_dropped_writes(monkeypatch: Any) -> None:
+    stage, _, _ = stage_for(2)
+    stage.dirty = {1}
+    stopped: list[str] = []
+
+    class Producer(transactions._Producer):
+        async def stop_transaction(self, transactional_id: str) -> None:
+            stopped.append(transactional_id)
+
+    producer = object.__new__(Producer)
+    producer._transaction_producers = {"w-0-0": object(), "w-0-1": object(), "w-0-2": object()}
+    producer._trn_locks = {tid: asyncio.Lock() for tid in producer._transaction_producers}
+    app = type("App", (), {})()
+    app.producer = producer
+    app.worker_state = type("State", (), {"stage": stage})()
+    app.conf = type("Conf", (), {"id": "w"})()
+    app.assignor = type("Assignor", (), {"group_for_topic": staticmethod(lambda topic: 0)})()
+    manager = object.__new__(_TransactionManager)
+    manager.app = app
+    manager.consumer = type("Consumer", (), {"maybe_wait_for_commit_to_finish": staticmethod(
+        lambda: asyncio.sleep(0))})()
+    monkeypatch.setattr(manager, "_tps_to_transactional_ids", lambda tps: {"w-0-0", "w-0-1"}, raising=False)
+
+    async def parent_on_rebalance(self: Any, assigned: Any, revoked: Any, newly_assigned: Any) -> None:
+        pass
+    monkeypatch.setattr(TransactionManager, "on_rebalance", parent_on_rebalance)
+    await manager.on_rebalance(set(), set(), set())
+    assert stopped == ["w-0-1", "w-0-2"]  # the dirty one it keeps, and the one it no longer owns
+    assert stage.dirty == set()
