@@ -12,6 +12,7 @@ from faust.types import TP, AppT, Message
 from mode import Service, ServiceT
 
 from app.core.pacing import BUSY_BATCH
+from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import worker_state
 
 # Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
@@ -206,11 +207,16 @@ class _Consumer(faust_aiokafka.Consumer):
             try:
                 await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
-                if did_commit:
-                    assigned = self.assignment()
-                    stage.committed({tp.partition for tp in offsets if tp in assigned})
-            finally:
-                stage.commit_ended(transactions_open=start_new_transaction)
+            except Exception:
+                # Faust would crash the app, and its stop commits once more: the offsets of the batches
+                # whose writes just failed, without those writes (and the store would take their values).
+                exit_for_restart(FAILED_EXIT_CODE, "an exactly-once commit failed: exiting without committing "
+                                 "again, so that the supervisor restarts this worker (the open transactions are "
+                                 "aborted, their records decided again)", exc_info=True)
+            if did_commit:
+                assigned = self.assignment()
+                stage.committed({tp.partition for tp in offsets if tp in assigned})
+            stage.commit_ended(transactions_open=start_new_transaction)
         if did_commit:  # how busy the worker is: the wait before the next commit depends on it
             self.last_commit_covered = sum(offset - previous for tp, offset in offsets.items()
                                            if (previous := before.get(tp)) is not None)

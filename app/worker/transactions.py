@@ -63,6 +63,7 @@ class TransactionStage:
         self.sends: list[asyncio.Task[None]] = []  # since the last flush, each awaiting the one before
         self.unacked: dict[int, list[Awaitable[Any]]] = {}  # per partition: outputs' acks, changelog's last offsets
         self.generation: dict[int, int] = {}  # per partition, the revocations seen
+        self.written: set[int] = set()  # partitions written to since their last commit
         self.dirty: set[int] = set()  # revoked with writes in their open transaction: it must be aborted
 
     def stage(self, partition: int, key: bytes, value: bytes) -> None:
@@ -99,6 +100,7 @@ class TransactionStage:
             if target is None or self.generation.get(partition, 0) != generation:
                 continue  # revoked since: these writes are dropped, their records decided again
             kafka, lock = target
+            self.written.add(partition)  # before the first write can start
             acks = self.unacked.setdefault(partition, [])
             if partition in outputs:
                 async with lock:
@@ -114,19 +116,22 @@ class TransactionStage:
 
     async def flush(self) -> None:
         """Send what is held, and wait until every write sent since the last flush is acknowledged.
-        Called in the same step as the offsets to commit are taken; holds new writes from then on."""
+        Called in the same step as the offsets to commit are taken; holds new writes from then on.
+        A failed write raises, and the caller must not commit these offsets ever after (_Consumer
+        ends the worker). Cancelled, nothing is forgotten: the next flush waits for the same."""
         self.holding = False
         self.send()
         self.holding = True
+        if self.sends:
+            await asyncio.wait(self.sends)  # no send starts while holding: the list stays as it is
+        acks = [acknowledged for pending in self.unacked.values() for acknowledged in pending]
+        outcomes = await asyncio.gather(*acks, return_exceptions=True) if acks else []
         sends, self.sends = self.sends, []
-        if sends:
-            await asyncio.wait(sends)
-        for sent in sends:
-            sent.result()  # a failed send fails the commit
-        unacked, self.unacked = self.unacked, {}
-        for acks in unacked.values():
-            for acknowledged in acks:
-                await acknowledged
+        self.unacked = {}
+        failures = [asyncio.CancelledError() if sent.cancelled() else sent.exception() for sent in sends]
+        for failed in failures + outcomes:
+            if isinstance(failed, BaseException):
+                raise failed
 
     def commit_ended(self, transactions_open: bool) -> None:
         """A commit ended: the writes of batches decided meanwhile go into the new transactions,
@@ -136,6 +141,7 @@ class TransactionStage:
 
     def committed(self, partitions: set[int]) -> None:
         for partition in partitions:
+            self.written.discard(partition)
             last = self.sent.pop(partition, None)
             self.store.write(partition, self.in_flight.pop(partition, {}).items(), last)
 
@@ -145,8 +151,9 @@ class TransactionStage:
         (settle), which aborts the transaction, before the partition's records are decided again."""
         for partition in partitions:
             self.generation[partition] = self.generation.get(partition, 0) + 1
-            if partition in self.in_flight or partition in self.unacked or partition in self.sent:
+            if partition in self.written or partition in self.in_flight:
                 self.dirty.add(partition)
+            self.written.discard(partition)
             for staged in (self.pending, self.pending_outputs, self.in_flight, self.sent, self.unacked):
                 staged.pop(partition, None)
 
@@ -176,11 +183,14 @@ class _Producer(faust_aiokafka.Producer):
         """Faust commits each partition's transaction after the previous one has finished, each a
         few round trips to the broker; they are independent (a producer each), so they go at once."""
         async def commit(transactional_id: str, offsets: Any) -> None:
-            async with self._trn_locks[transactional_id]:
+            lock = self._trn_locks.get(transactional_id)
+            if lock is None:  # Faust would count it committed, and the store would take its values
+                raise RuntimeError(f"a commit was asked of {transactional_id}, a transaction this worker does not hold")
+            async with lock:
                 transactional = self._transaction_producers.get(transactional_id)
                 if transactional is None:
-                    log.warning("commit asked for unknown transaction %s", transactional_id)
-                    return
+                    raise RuntimeError(f"a commit was asked of {transactional_id}, a transaction this worker "
+                                       "no longer holds")
                 await transactional.send_offsets_to_transaction(offsets, group_id)
                 await transactional.commit_transaction()
                 if start_new_transaction:

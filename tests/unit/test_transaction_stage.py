@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+from aiokafka.errors import KafkaTimeoutError
 from faust.transport.consumer import TransactionManager
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -266,3 +268,91 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     await manager.on_rebalance(set(), set(), set())
     assert stopped == ["w-0-1", "w-0-2"]  # the dirty one it keeps, and the one it no longer owns
     assert stage.dirty == set()
+
+
+async def test_a_failed_write_fails_every_flush_after_its_acks_were_all_awaited() -> None:
+    """The flush raises a send's failure and an ack's, having awaited every other ack (none left
+    unretrieved); the consumer then ends the worker (below) instead of committing."""
+    stage, (k0, k1), _ = stage_for(2)
+    real = k0.send_batch
+
+    async def refused(builder: Builder, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        raise KafkaTimeoutError()
+    k0.send_batch = refused  # type: ignore[method-assign]
+    decide(stage, 1, [0, 1])
+    flush = asyncio.ensure_future(stage.flush())
+    await settle_loop()
+    k1.ack()
+    with pytest.raises(KafkaTimeoutError):
+        await flush
+    k0.send_batch = real  # type: ignore[method-assign]
+    decide(stage, 2, [0])
+    flush = asyncio.ensure_future(stage.flush())
+    await settle_loop()
+    k0.unacked[0][0].set_exception(KafkaTimeoutError())
+    k0.unacked = k0.unacked[1:]
+    k0.ack()
+    with pytest.raises(KafkaTimeoutError):
+        await flush
+
+
+class Exited(Exception):
+    pass
+
+
+async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_commits_again(
+        monkeypatch: Any) -> None:
+    """Faust would crash the app on the failure, and its stop would commit once more: the offsets
+    of the batch whose writes failed, without them."""
+    from aiokafka import TopicPartition
+
+    from app.worker import consumer as consumer_module
+    from app.worker.consumer import _Consumer
+    from app.worker.exits import FAILED_EXIT_CODE
+
+    codes: list[int] = []
+
+    def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
+        codes.append(code)
+        raise Exited(message % args)
+    monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
+
+    ended: list[bool] = []
+
+    class Stage:
+
+        async def flush(self) -> None:
+            raise KafkaTimeoutError()
+
+        def commit_ended(self, transactions_open: bool) -> None:
+            ended.append(transactions_open)
+
+    state = type("State", (), {})()
+    state.stage = Stage()
+    state.decided = {TopicPartition("raw", 0): 5}
+    state.metrics = type("Metrics", (), {})()
+    consumer = object.__new__(_Consumer)
+    consumer.in_transaction = True
+    consumer._committed_offset = {TopicPartition("raw", 0): 1}
+    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
+    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    with pytest.raises(Exited, match="commit failed"):
+        await consumer._commit_offsets({TopicPartition("raw", 0): 5})
+    assert codes == [FAILED_EXIT_CODE]
+    assert ended == []  # nothing sent into the transactions after the failure
+
+
+async def test_a_partition_written_but_left_out_of_a_commit_is_dirty_when_revoked() -> None:
+    """Outputs only (a set-aside record changes no state), flushed, but the commit left the
+    partition out (Faust drops a partition no longer in the assignment): its open transaction
+    still holds them."""
+    stage, (kafka,), _ = stage_for(1)
+    stage.stage_outputs(0, [("quarantine", b"r0", b"bad")])
+    stage.send()
+    flush = asyncio.ensure_future(stage.flush())
+    await settle_loop()
+    kafka.ack()
+    await flush
+    stage.commit_ended(transactions_open=True)  # committed() not called for partition 0
+    stage.revoked({0})
+    assert await stage.settle() == {0}

@@ -121,3 +121,12 @@ def test_a_revoked_partition_drops_its_decided_offsets_with_its_staged_writes() 
     processor.revoked({1, 3})
     assert processor.stage.dropped == {1, 3}  # type: ignore[attr-defined]
     assert set(processor.state.decided) == {TopicPartition("raw", 0), TopicPartition("raw", 2)}
+
+
+def test_a_commit_of_a_transaction_the_worker_does_not_hold_fails(exits: list[int]) -> None:
+    """Faust would count it committed, and the local store would take values never committed."""
+    ok = FakeTransactional()
+    producer = producer_with(a=ok)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        asyncio.run(producer.commit_transactions({"a": {}, "gone": {}}, "group"))
+    assert ok.committed and exits == []
