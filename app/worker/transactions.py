@@ -99,15 +99,26 @@ class TransactionStage:
             target = self.producer_for(partition)
             if target is None or self.generation.get(partition, 0) != generation:
                 continue  # revoked since: these writes are dropped, their records decided again
-            kafka, lock = target
             self.written.add(partition)  # before the first write can start
-            acks = self.unacked.setdefault(partition, [])
-            if partition in outputs:
-                async with lock:
-                    acks.append(await self.outputs.enqueue_all(outputs[partition], via=kafka, partition=partition))
-            if partition in staged:
-                last = await send_keyed(kafka, lock, (self.topic, partition), staged[partition].items())
-                acks.append(asyncio.ensure_future(self._changelog_sent(partition, generation, last)))
+            try:
+                await self._send_partition(target, partition, generation, staged.get(partition),
+                                           outputs.get(partition))
+            except Exception:
+                if self.generation.get(partition, 0) == generation:
+                    raise  # flush raises it: the transaction lacks writes its offsets need
+                log.info("a write into the transaction of partition %d failed after its revocation (the "
+                         "transaction is aborted)", partition, exc_info=True)
+
+    async def _send_partition(self, target: Target, partition: int, generation: int,
+                              values: dict[bytes, bytes] | None, outputs: list[Record] | None) -> None:
+        kafka, lock = target
+        acks = self.unacked.setdefault(partition, [])
+        if outputs:
+            async with lock:
+                acks.append(await self.outputs.enqueue_all(outputs, via=kafka, partition=partition))
+        if values:
+            last = await send_keyed(kafka, lock, (self.topic, partition), values.items())
+            acks.append(asyncio.ensure_future(self._changelog_sent(partition, generation, last)))
 
     async def _changelog_sent(self, partition: int, generation: int, last: Awaitable[int]) -> None:
         offset = await last
@@ -160,14 +171,11 @@ class TransactionStage:
     async def settle(self) -> set[int]:
         """At a rebalance, before producers are stopped or begun: wait until the sends under way
         are handed over (a later one would go into a new producer's transaction), and return the
-        dirty partitions, whose open transactions must be aborted. A send that failed did so into
-        a partition revoked meanwhile (its writes were in flight): its transaction is aborted too."""
-        sends, self.sends = self.sends, []
-        if sends:
-            await asyncio.wait(sends)
-        for sent in sends:
-            if sent.exception() is not None:
-                log.info("a send into a revoked partition's transaction failed: %r", sent.exception())
+        dirty partitions, whose open transactions must be aborted. A send that failed for a
+        partition not revoked stays for the next flush to raise."""
+        if self.sends:
+            await asyncio.wait(self.sends)
+        self.sends = [sent for sent in self.sends if sent.cancelled() or sent.exception() is not None]
         dirty, self.dirty = self.dirty, set()
         return dirty
 

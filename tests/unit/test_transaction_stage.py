@@ -356,3 +356,26 @@ async def test_a_partition_written_but_left_out_of_a_commit_is_dirty_when_revoke
     stage.commit_ended(transactions_open=True)  # committed() not called for partition 0
     stage.revoked({0})
     assert await stage.settle() == {0}
+
+
+async def test_a_write_failing_after_its_partition_was_revoked_fails_no_commit_but_one_kept_does() -> None:
+    stage, (k0, k1), _ = stage_for(2)
+    release = asyncio.Event()
+
+    async def refused_later(builder: Builder, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        await release.wait()
+        raise KafkaTimeoutError()
+    k0.send_batch = refused_later  # type: ignore[method-assign]
+    decide(stage, 1, [0])
+    await settle_loop()
+    stage.revoked({0})  # while its write is under way
+    release.set()
+    assert await stage.settle() == {0}
+    await stage.flush()  # nothing to raise: partition 0's transaction is aborted anyway
+    stage.commit_ended(transactions_open=True)
+    k1.send_batch = refused_later  # type: ignore[method-assign]
+    decide(stage, 2, [1])
+    await settle_loop()
+    assert await stage.settle() == set()  # partition 1 kept: its failed write stays for the flush
+    with pytest.raises(KafkaTimeoutError):
+        await stage.flush()
