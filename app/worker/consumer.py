@@ -195,7 +195,8 @@ class _Consumer(faust_aiokafka.Consumer):
         """With exactly-once, the batches' writes are all in the partitions' open transactions and
         acknowledged first, and each committed partition's values reach the local store once they
         commit. The offsets are taken again in the same step as the flush starts holding new
-        writes back: a batch decided since Faust chose them is in both or in neither."""
+        writes back: a batch decided since Faust chose them is in both or in neither. A partition
+        revoked during the flush is left out: a send may have skipped its writes."""
         started = time.perf_counter()
         state = worker_state(self.app)
         stage = state.stage if state is not None else None
@@ -205,7 +206,8 @@ class _Consumer(faust_aiokafka.Consumer):
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
             try:
-                await stage.flush()  # sends the held writes before it first waits, and holds new ones
+                revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
+                offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
                 did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
             except Exception:
                 # Faust would crash the app, and its stop commits once more: the offsets of the batches

@@ -25,6 +25,15 @@ log = logging.getLogger("orderly.worker")
 Target = tuple[AIOKafkaProducer, AbstractAsyncContextManager[Any]]
 
 
+class WriteFailed(Exception):
+    """A write into ``partition``'s open transaction failed (the cause says how), in its ``generation``."""
+
+    def __init__(self, partition: int, generation: int) -> None:
+        super().__init__(f"a write into the open transaction of partition {partition} failed")
+        self.partition = partition
+        self.generation = generation
+
+
 class TransactionStage:
     """Exactly-once: what a batch writes, its outputs (decisions, effects, facts, state snapshots)
     and its table values, goes into its source partition's Kafka transaction, which Faust commits
@@ -103,9 +112,11 @@ class TransactionStage:
             try:
                 await self._send_partition(target, partition, generation, staged.get(partition),
                                            outputs.get(partition))
-            except Exception:
+            except Exception as exc:
                 if self.generation.get(partition, 0) == generation:
-                    raise  # flush raises it: the transaction lacks writes its offsets need
+                    # flush raises it: the transaction lacks writes its offsets need (unless the
+                    # partition is revoked before that flush: settle forgets it then)
+                    raise WriteFailed(partition, generation) from exc
                 log.info("a write into the transaction of partition %d failed after its revocation (the "
                          "transaction is aborted)", partition, exc_info=True)
 
@@ -125,11 +136,15 @@ class TransactionStage:
         if self.generation.get(partition, 0) == generation:
             self.sent[partition] = max(self.sent.get(partition, -1), offset)
 
-    async def flush(self) -> None:
+    async def flush(self) -> set[int]:
         """Send what is held, and wait until every write sent since the last flush is acknowledged.
         Called in the same step as the offsets to commit are taken; holds new writes from then on.
-        A failed write raises, and the caller must not commit these offsets ever after (_Consumer
-        ends the worker). Cancelled, nothing is forgotten: the next flush waits for the same."""
+        Returns the partitions revoked meanwhile: their writes may have been dropped (a send skips
+        a revoked partition), so their offsets must not be committed (their transactions are
+        aborted at the rebalance). A failed write raises, and the caller must not commit these
+        offsets ever after (_Consumer ends the worker). Cancelled, nothing is forgotten: the next
+        flush waits for the same."""
+        generations = dict(self.generation)
         self.holding = False
         self.send()
         self.holding = True
@@ -139,10 +154,14 @@ class TransactionStage:
         outcomes = await asyncio.gather(*acks, return_exceptions=True) if acks else []
         sends, self.sends = self.sends, []
         self.unacked = {}
-        failures = [asyncio.CancelledError() if sent.cancelled() else sent.exception() for sent in sends]
-        for failed in failures + outcomes:
+        for sent in sends:
+            if self._still_failed(sent):
+                raise asyncio.CancelledError() if sent.cancelled() else sent.exception()  # type: ignore[misc]
+        for failed in outcomes:
             if isinstance(failed, BaseException):
                 raise failed
+        return {partition for partition, generation in self.generation.items()
+                if generation != generations.get(partition, 0)}
 
     def commit_ended(self, transactions_open: bool) -> None:
         """A commit ended: the writes of batches decided meanwhile go into the new transactions,
@@ -172,12 +191,22 @@ class TransactionStage:
         """At a rebalance, before producers are stopped or begun: wait until the sends under way
         are handed over (a later one would go into a new producer's transaction), and return the
         dirty partitions, whose open transactions must be aborted. A send that failed for a
-        partition not revoked stays for the next flush to raise."""
+        partition revoked since is forgotten (its transaction is aborted); any other failure stays
+        for the next flush to raise."""
         if self.sends:
-            await asyncio.wait(self.sends)
-        self.sends = [sent for sent in self.sends if sent.cancelled() or sent.exception() is not None]
+            await asyncio.wait(list(self.sends))
+        self.sends = [sent for sent in self.sends if not sent.done() or self._still_failed(sent)]
         dirty, self.dirty = self.dirty, set()
         return dirty
+
+    def _still_failed(self, sent: asyncio.Task[None]) -> bool:
+        """Whether a finished send failed for a partition not revoked since."""
+        if sent.cancelled():
+            return True
+        failed = sent.exception()
+        if isinstance(failed, WriteFailed):
+            return self.generation.get(failed.partition, 0) == failed.generation
+        return failed is not None
 
 
 class _Producer(faust_aiokafka.Producer):
