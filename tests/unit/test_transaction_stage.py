@@ -405,3 +405,46 @@ async def test_a_partition_revoked_while_a_commit_flushes_is_left_out_of_that_co
         k1.ack()
         await asyncio.sleep(0)
     assert await flush == {1}
+
+
+async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the_flush(monkeypatch: Any) -> None:
+    from aiokafka import TopicPartition
+    from faust.transport import consumer as faust_consumer
+
+    from app.worker import consumer as consumer_module
+    from app.worker.consumer import _Consumer
+
+    committed_offsets: list[dict[Any, int]] = []
+
+    async def faust_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        committed_offsets.append(dict(offsets))
+        return True
+    monkeypatch.setattr(faust_consumer.Consumer, "_commit_offsets", faust_commit)
+
+    stored: list[set[int]] = []
+
+    class Stage:
+        async def flush(self) -> set[int]:
+            return {1}  # revoked while the writes were flushed
+
+        def committed(self, partitions: set[int]) -> None:
+            stored.append(partitions)
+
+        def commit_ended(self, transactions_open: bool) -> None:
+            pass
+
+    raw0, raw1 = TopicPartition("raw", 0), TopicPartition("raw", 1)
+    stage = Stage()
+    state = type("State", (), {})()
+    state.stage = stage
+    state.decided = {raw0: 5, raw1: 7}
+    state.metrics = type("Metrics", (), {"commit_seconds": type("H", (), {"observe": lambda self, v: None})()})()
+    consumer = object.__new__(_Consumer)
+    consumer.in_transaction = True
+    consumer._committed_offset = {raw0: 1, raw1: 1}
+    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
+    monkeypatch.setattr(consumer, "assignment", lambda: {raw0, raw1}, raising=False)
+    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    assert await consumer._commit_offsets({raw0: 5, raw1: 7})
+    assert committed_offsets == [{raw0: 5}]
+    assert stored == [{0}]
