@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -181,7 +182,7 @@ class TransactionStage:
         (settle), which aborts the transaction, before the partition's records are decided again."""
         for partition in partitions:
             self.generation[partition] = self.generation.get(partition, 0) + 1
-            if partition in self.written or partition in self.in_flight:
+            if partition in self.written:  # a write may have reached its transaction
                 self.dirty.add(partition)
             self.written.discard(partition)
             for staged in (self.pending, self.pending_outputs, self.in_flight, self.sent, self.unacked):
@@ -220,14 +221,11 @@ class _Producer(faust_aiokafka.Producer):
         """Faust commits each partition's transaction after the previous one has finished, each a
         few round trips to the broker; they are independent (a producer each), so they go at once."""
         async def commit(transactional_id: str, offsets: Any) -> None:
-            lock = self._trn_locks.get(transactional_id)
-            if lock is None:  # Faust would count it committed, and the store would take its values
-                raise RuntimeError(f"a commit was asked of {transactional_id}, a transaction this worker does not hold")
-            async with lock:
+            async with self._trn_locks.get(transactional_id) or contextlib.nullcontext():
                 transactional = self._transaction_producers.get(transactional_id)
-                if transactional is None:
+                if transactional is None:  # Faust would count it committed, and the store would take its values
                     raise RuntimeError(f"a commit was asked of {transactional_id}, a transaction this worker "
-                                       "no longer holds")
+                                       "does not hold")
                 await transactional.send_offsets_to_transaction(offsets, group_id)
                 await transactional.commit_transaction()
                 if start_new_transaction:
