@@ -32,7 +32,7 @@ from aiohttp import web
 
 from app.settings import Settings
 from app.simulator import api, lifecycles
-from app.simulator.deliver import Stats, deliver
+from app.simulator.deliver import Chaos, Stats, deliver
 from app.simulator.expected import Expected, expected
 from app.stack.process import free_port
 from app.supervisor import Stack, supervise_until_stopped
@@ -179,7 +179,8 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
 
     supervisor = asyncio.create_task(supervise())
     try:
-        results = await asyncio.gather(deliver(stack.ingest_url, events, secrets, rng),
+        results = await asyncio.gather(deliver(stack.ingest_url, events, secrets, rng, Chaos(late=late_authorisations(
+                                           events), late_s=LATE_S)),
                                        _correlate(stack.ingest_url, settings.api_token, truth, rng), outage())
         stats = results[0]
         deadline = time.monotonic() + 180
@@ -204,6 +205,20 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
 MERCHANT_PATH = "/merchant/effects"
 OUTAGE_AT_S = 1.0  # while the card payments are still being delivered: some wait parked for seconds
 FETCH_PARKED_AFTER_S = 2.0  # the playbook's 60 s, compressed like the gateways' retry schedule
+# Every LATE_EVERY-th card payment's authorisation comes LATE_S late (a retry after days, compressed),
+# so its captures wait parked past FETCH_PARKED_AFTER_S, whatever the outage's length on this
+# machine: the truth pass has payments to fetch, the 404 pass waits for the authorisation.
+LATE_EVERY = 10
+LATE_S = 6.0
+
+
+def late_authorisations(events: list[lifecycles.Emitted]) -> frozenset[bytes]:
+    """The first event (the authorisation) of every LATE_EVERY-th card payment."""
+    first: dict[str, bytes] = {}
+    for e in events:
+        if e.gateway == "card":
+            first.setdefault(e.resource, e.body)
+    return frozenset(body for n, body in enumerate(first.values()) if n % LATE_EVERY == 0)
 FETCH_API_MEANS = {"404": "every GET answers 404: the reducers alone",
                    "truth": "answers the gateway's final state",
                    "stale": "answers one event behind"}

@@ -34,6 +34,8 @@ class Chaos:
     duplicate: float = 0.05  # the 200 was lost: the same event is delivered again
     time_scale: float = 1 / 40  # gateway milliseconds → real milliseconds
     jitter_s: float = 0.5
+    late: frozenset[bytes] = frozenset()  # bodies whose first delivery comes ``late_s`` after it was due
+    late_s: float = 0.0
 
 
 @dataclass
@@ -61,6 +63,8 @@ async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng:
     queue: list[tuple[float, int, Emitted, int, bool]] = []  # (due, tie, event, attempt, simulate failure)
     for e in events:
         due = start + (e.created_ms - T0_MS) / 1000 * chaos.time_scale + rng.random() * chaos.jitter_s
+        if e.body in chaos.late:
+            due += chaos.late_s
         heapq.heappush(queue, (due, next(order), e, 1, rng.random() < chaos.first_attempt_fails))
         if rng.random() < chaos.duplicate:
             stats.duplicates[e.gateway] += 1

@@ -141,3 +141,15 @@ def test_the_stale_api_answers_one_event_behind() -> None:
     assert status == 200 and [b["sequence"] for b in page["data"]] == list(range(1, pg_count))  # the newest held back
     with pytest.raises(ValueError, match="fetch_api"):
         api.build(truth, events, "sometimes")
+
+
+def test_the_demo_holds_back_every_tenth_card_payments_authorisation() -> None:
+    from app.demo import LATE_EVERY, late_authorisations
+
+    _, events = generated(7)
+    late = late_authorisations(events)
+    held = [orjson.loads(body) for body in late]
+    payments = len({e.resource for e in events if e.gateway == "card"})
+    assert len(held) == -(-payments // LATE_EVERY)  # the 1st, 11th, 21st, … payment
+    assert {h["type"] for h in held} == {"payment.authorised"}
+    assert all(any(e.body == body and e.gateway == "card" for e in events) for body in late)
