@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
-from app.core.pacing import busy_pause, fetch_min_bytes
+from app.core.pacing import busy_pause
 from app.kafka_client import client_options
 from app.settings import Settings
 from projections import sql
@@ -39,12 +39,6 @@ UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.I
                asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
 REASON_MAX = 500
 DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
-# Under load a fetch waits up to FETCH_MAX_WAIT_MS for BUSY_FETCH_MIN_BYTES rather than return every
-# few records: the broker shares the machine, and fewer, larger fetches cost it far less CPU. After a
-# small batch (low load) a fetch returns with any record: 64 KiB would not come within the wait, and
-# every decision would wait it out (with exactly-once, after each commit made its records visible).
-BUSY_FETCH_MIN_BYTES = 64 * 1024
-FETCH_MAX_WAIT_MS = 40
 
 
 class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -78,7 +72,9 @@ class PgSink:
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
             max_poll_records=self.max_records, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
-            fetch_min_bytes=1, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,  # then as each batch says (run_once)
+            # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
+            # the machine, and fewer, larger fetches cost it far less CPU
+            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,
             max_partition_fetch_bytes=REQUEST_BYTES,  # never a record too large to read
             **client_options(self.settings))
         self.consumer.subscribe([self.topic], listener=_Resume(self))
@@ -107,12 +103,11 @@ class PgSink:
         a busy batch it waits (busy_pause) before returning, so that the next one grows."""
         assert self.pool is not None and self.consumer is not None
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
-        size = sum(len(messages) for messages in batch.values())
-        self._fetch_at_least(fetch_min_bytes(size, BUSY_FETCH_MIN_BYTES))
         if not batch:
             return 0
         taken = time.monotonic()
         written = await self._write(batch)
+        size = sum(len(messages) for messages in batch.values())
         # Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch
         # of 100+ records it takes the next one no sooner than sink_busy_interval_s after it, unless a
         # full batch was taken (a backlog). Every batch is a PostgreSQL transaction with a fixed cost
@@ -123,12 +118,6 @@ class PgSink:
         if pause:
             await asyncio.sleep(pause)
         return written
-
-    def _fetch_at_least(self, min_bytes: int) -> None:
-        """From the next fetch request on (aiokafka's fetcher reads the attribute for each one)."""
-        fetcher = getattr(self.consumer, "_fetcher", None)  # there once the consumer started
-        if fetcher is not None:
-            fetcher._fetch_min_bytes = min_bytes
 
     async def _write(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> int:
         assert self.pool is not None

@@ -13,11 +13,3 @@ def busy_pause(batch_size: int, waiting: int, taken: float, now: float, interval
     batch (low load), nor when ``waiting`` records already make a ``full`` batch (a backlog: waiting
     would only slow the consumer down)."""
     return max(0.0, taken + interval - now) if batch_size >= BUSY_BATCH and waiting < full else 0.0
-
-
-def fetch_min_bytes(batch_size: int, busy_bytes: int) -> int:
-    """What a consumer's next fetches wait for (up to its fetch wait), given the size of the batch
-    it just took: after a busy one, ``busy_bytes``, so that fewer, larger fetches carry the load;
-    after a small one, any record at all, so that at low load nothing waits for bytes that are
-    not coming."""
-    return busy_bytes if batch_size >= BUSY_BATCH else 1

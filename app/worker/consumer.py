@@ -11,7 +11,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, Message
 from mode import Service, ServiceT
 
-from app.core import pacing
+from app.core.pacing import BUSY_BATCH
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import worker_state
 
@@ -58,7 +58,7 @@ def commit_due(since_commit: float, wait: float, since_batch: float, quiet: floa
 
 def fetch_min_bytes(batch_size: int) -> int:
     """What the worker's next fetches wait for, given the size of the batch it just decided."""
-    return pacing.fetch_min_bytes(batch_size, BUSY_FETCH_MIN_BYTES)
+    return BUSY_FETCH_MIN_BYTES if batch_size >= BUSY_BATCH else 1
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):

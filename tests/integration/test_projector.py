@@ -3,20 +3,15 @@ changes nothing), and a record PostgreSQL refuses is set aside instead of wedgin
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import asyncpg
 import orjson
 
 from app.bootstrap import prepare
 from app.core.model import Delivery
-from app.core.pacing import BUSY_BATCH
 from app.core.pg import apply_correlation, apply_event
 from app.producer import KeyedProducer
 from app.projector import Projector
 from app.settings import Settings
-from app.sink import BUSY_FETCH_MIN_BYTES
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections import sql
@@ -97,39 +92,3 @@ async def test_a_refused_record_is_set_aside(kafka: KafkaBroker, postgres: Postg
         assert sum(r["next_offset"] for r in offsets) == 3
     finally:
         await conn.close()
-
-
-async def test_the_sink_fetches_more_bytes_only_after_a_busy_batch(kafka: KafkaBroker, postgres: PostgresServer,
-                                                                    namespace: str) -> None:
-    """After a batch of BUSY_BATCH records or more the sink's next fetches wait (up to 40 ms) for
-    64 KiB; after a smaller one, or none, for any record: at low load no decision waits out the fetch."""
-    s = make_settings(kafka.bootstrap, postgres.dsn, namespace)
-    await prepare(s)
-    await publish(s, decisions_for([deposit("dep_p", v, "pending") for v in range(1, BUSY_BATCH + 20)]))
-    projector = Projector(s)
-    await projector.start()
-    sink = projector.sink
-    assert sink.consumer is not None
-    taken: list[tuple[int, int]] = []  # (batch size, the fetch minimum set after it)
-    getmany = sink.consumer.getmany
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        batch = await getmany(*args, **kwargs)
-        taken.append((sum(len(records) for records in batch.values()), -1))
-        return batch
-
-    sink.consumer.getmany = counted
-    try:
-        written = 0
-        async with asyncio.timeout(60):
-            while written < BUSY_BATCH + 20:  # the correlation and every deposit event
-                written += await sink.run_once(timeout_ms=500)
-                taken[-1] = (taken[-1][0], sink.consumer._fetcher._fetch_min_bytes)
-            await sink.run_once(timeout_ms=300)  # nothing left: a quiet fetch
-            taken[-1] = (taken[-1][0], sink.consumer._fetcher._fetch_min_bytes)
-    finally:
-        await projector.stop()
-    assert any(size >= BUSY_BATCH for size, _ in taken), taken  # they were all in the log at the start
-    assert taken[-1] == (0, 1)
-    for size, min_bytes in taken:
-        assert min_bytes == (BUSY_FETCH_MIN_BYTES if size >= BUSY_BATCH else 1), taken

@@ -1,6 +1,6 @@
 """The pause between batches of the worker and the sinks (app.core.pacing.busy_pause): only after
 a large batch while less than a full batch waits, only until the interval since that batch was
-taken has passed, never negative. And what their next fetches wait for (fetch_min_bytes)."""
+taken has passed, never negative."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.pacing import BUSY_BATCH, busy_pause, fetch_min_bytes
+from app.core.pacing import BUSY_BATCH, busy_pause
 from app.settings import dev_settings
 
 BATCH_MAX = dev_settings({}).worker_batch_max  # the default
@@ -34,9 +34,3 @@ def test_low_load_and_a_backlog_never_wait_and_busy_batches_wait_the_rest() -> N
     assert busy_pause(BUSY_BATCH - 1, 0, 10.0, 10.0, 0.1, BATCH_MAX) == 0.0  # low load: latency first
     assert busy_pause(BATCH_MAX, BATCH_MAX, 10.0, 10.0, 0.1, BATCH_MAX) == 0.0  # a full batch waits already
     assert busy_pause(BUSY_BATCH, 150, 10.0, 10.03, 0.1, BATCH_MAX) == pytest.approx(0.07)
-
-
-@given(st.integers(min_value=0, max_value=BATCH_MAX), st.integers(min_value=2, max_value=1 << 24))
-def test_a_fetch_waits_for_more_bytes_only_after_a_large_batch(size: int, busy_bytes: int) -> None:
-    wanted = fetch_min_bytes(size, busy_bytes)
-    assert wanted == (busy_bytes if size >= BUSY_BATCH else 1)
