@@ -179,8 +179,8 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
 
     supervisor = asyncio.create_task(supervise())
     try:
-        results = await asyncio.gather(deliver(stack.ingest_url, events, secrets, rng, Chaos(late=late_authorisations(
-                                           events), late_s=LATE_S)),
+        chaos = Chaos(late=late_authorisations(events), late_s=LATE_S)
+        results = await asyncio.gather(deliver(stack.ingest_url, events, secrets, rng, chaos),
                                        _correlate(stack.ingest_url, settings.api_token, truth, rng), outage())
         stats = results[0]
         deadline = time.monotonic() + 180
@@ -211,6 +211,11 @@ FETCH_PARKED_AFTER_S = 2.0  # the playbook's 60 s, compressed like the gateways'
 LATE_EVERY = 10
 LATE_S = 6.0
 
+FETCH_API_MEANS = {"404": "every GET answers 404: the reducers alone",
+                   "truth": "answers the gateway's final state",
+                   "stale": "answers one event behind"}
+DEFAULT_FETCH_APIS = ("404", "truth")  # the reducers alone first, then with the fetcher's help
+
 
 def late_authorisations(events: list[lifecycles.Emitted]) -> frozenset[bytes]:
     """The first event (the authorisation) of every LATE_EVERY-th card payment."""
@@ -219,10 +224,6 @@ def late_authorisations(events: list[lifecycles.Emitted]) -> frozenset[bytes]:
         if e.gateway == "card":
             first.setdefault(e.resource, e.body)
     return frozenset(body for n, body in enumerate(first.values()) if n % LATE_EVERY == 0)
-FETCH_API_MEANS = {"404": "every GET answers 404: the reducers alone",
-                   "truth": "answers the gateway's final state",
-                   "stale": "answers one event behind"}
-DEFAULT_FETCH_APIS = ("404", "truth")  # the reducers alone first, then with the fetcher's help
 
 
 def fetch_apis_argument(text: str) -> tuple[str, ...]:
