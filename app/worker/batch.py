@@ -96,7 +96,9 @@ class BatchProcessor:
         fresh = []
         for event in events:
             tp, offset = event.message.tp, event.message.offset
-            again, first_skipped = self.guard.check(tp, offset, consumer.committed_offset(tp))
+            committed = consumer.committed_offset(tp)
+            start = await consumer.start_offset(tp) if self.guard.needs_start(tp, committed) else None
+            again, first_skipped = self.guard.check(tp, offset, committed, start)
             if not again:
                 fresh.append(event)
             if first_skipped is None:

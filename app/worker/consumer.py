@@ -157,6 +157,20 @@ class _Consumer(faust_aiokafka.Consumer):
         """Where ``tp`` was last committed or sought to by Faust (None: not known yet)."""
         return self._committed_offset.get(tp)
 
+    async def start_offset(self, tp: TP) -> int | None:
+        """Where the consumer began reading ``tp`` in this assignment, asked of the broker: the
+        group's committed offset, or with none the partition's earliest (the auto offset reset).
+        None if the broker could not say (the caller then takes the first record as the start)."""
+        thread = self._thread
+        try:
+            committed = await thread.call_thread(thread._ensure_consumer().committed, tp)
+            if committed is not None:
+                return int(committed)
+            return (await self.earliest_offsets(tp)).get(tp)
+        except Exception as exc:  # a guard, not a step the batch depends on
+            self.log.warning("could not ask where %s[%d] starts: %r", tp.topic, tp.partition, exc)
+            return None
+
     @Service.task
     async def _commit_handler(self) -> None:
         """Faust's commit timer (a fixed interval), with the wait chosen after each commit."""

@@ -36,14 +36,24 @@ class OffsetGuard:
         for tp in tps:
             self.high.pop(tp, None)
 
-    def check(self, tp: Any, offset: int, committed: int | None) -> tuple[bool, int | None]:
+    def needs_start(self, tp: Any, committed: int | None) -> bool:
+        """Whether the next record of ``tp`` is its first in this assignment and Faust does not know
+        where it starts: Faust keeps no committed offset for a partition its group never committed
+        (nor for one committed at 0), and the record Faust skipped there was the partition's first."""
+        return committed is None and tp not in self.high
+
+    def check(self, tp: Any, offset: int, committed: int | None,
+              start: int | None = None) -> tuple[bool, int | None]:
         """Whether ``offset`` of ``tp`` was handed over before (or is below ``committed``), and the
         first offset skipped before it, or None; ``committed`` is where the partition's first
-        record is expected (None: unknown)."""
+        record is expected (None: unknown). With ``committed`` unknown, ``start`` is where the
+        consumer began reading (the group's committed offset from the broker, or the partition's
+        earliest): a first record beyond it is a skip, one at or below it is the start (records below
+        ``start`` are not taken as decided when only the broker says so)."""
         high = self.high.get(tp, committed)
         self.high[tp] = offset + 1 if high is None else max(high, offset + 1)
         if high is None:
-            return False, None
+            return False, (start if start is not None and offset > start else None)
         return offset < high, (high if offset > high else None)
 
 

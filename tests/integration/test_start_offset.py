@@ -1,0 +1,71 @@
+"""Where the worker's consumer began reading a partition, as the broker says it
+(app.worker.consumer._Consumer.start_offset, what the skip guard asks when Faust knows no committed
+offset): the partition's earliest offset for a group that never committed, its committed offset
+once it has, retention included."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.structs import OffsetAndMetadata
+
+from app.stack.kafka import KafkaBroker
+from app.worker.consumer import _Consumer
+
+
+def _faust_side(consumer: AIOKafkaConsumer) -> Any:
+    """What start_offset reads of Faust's consumer: its thread (which runs calls on the aiokafka
+    consumer's loop, here the test's) and earliest_offsets."""
+    async def call_thread(fun: Any, *args: Any) -> Any:
+        return await fun(*args)
+
+    async def earliest_offsets(*tps: TopicPartition) -> Any:
+        return await consumer.beginning_offsets(list(tps))
+
+    thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: consumer)
+    return SimpleNamespace(_thread=thread, earliest_offsets=earliest_offsets, log=logging.getLogger("test"))
+
+
+async def test_the_start_is_the_earliest_offset_until_the_group_commits(kafka: KafkaBroker, namespace: str) -> None:
+    topic = f"{namespace}.start"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, group_id=f"{namespace}-g",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+        await producer.start()
+        for n in range(10):
+            await producer.send_and_wait(topic, b"x%d" % n, partition=0)
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(4)}, timeout_ms=10_000)
+        await consumer.start()
+        async with asyncio.timeout(30):
+            while not consumer.assignment():
+                await consumer.getmany(timeout_ms=200)
+        faust = _faust_side(consumer)
+        p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+        assert await _Consumer.start_offset(faust, p0) == 4  # nothing committed: the earliest left by retention
+        assert await _Consumer.start_offset(faust, p1) == 0  # an empty partition
+        await consumer.commit({p0: OffsetAndMetadata(7, "")})
+        assert await _Consumer.start_offset(faust, p0) == 7
+        await consumer.commit({p0: OffsetAndMetadata(0, "")})  # committed at 0, which Faust records as unknown
+        assert await _Consumer.start_offset(faust, p0) == 0
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        await admin.close()
+
+
+async def test_a_broker_that_cannot_answer_gives_no_start() -> None:
+    async def refuse(*_a: Any) -> Any:
+        raise ConnectionError("no broker")
+
+    faust: Any = SimpleNamespace(_thread=SimpleNamespace(call_thread=refuse, _ensure_consumer=lambda: SimpleNamespace(
+        committed=None)), earliest_offsets=refuse, log=logging.getLogger("test"))
+    assert await _Consumer.start_offset(faust, TopicPartition("t", 0)) is None
