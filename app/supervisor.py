@@ -83,10 +83,27 @@ class Child:
         return "\n".join(line for line in tail[-lines:] if line.strip())
 
 
+SERVING_ATTEMPTS = 3  # starts of a served child whose metrics port was taken meanwhile, each on a new one
+
+
 def _wait_serving(child: Child, port: int, host: str) -> None:
-    proc = child.proc
-    assert proc is not None
-    wait_until(lambda: port_accepts(port, host), 30, child.name, lambda: proc.poll() is None)
+    """Wait until ``child`` accepts connections on ``port``. Its metrics port was free when it
+    started, but the local end of an outgoing connection can take it before the child binds it, and
+    the child dies: then it starts again on a fresh one (Child.start moves it), up to
+    SERVING_ATTEMPTS times. A death with the metrics port still free is the child's own: raised."""
+    for attempt in range(1, SERVING_ATTEMPTS + 1):
+        proc = child.proc
+        assert proc is not None
+        try:
+            wait_until(lambda: port_accepts(port, host), 30, child.name, lambda: proc.poll() is None)  # noqa: B023
+            return
+        except RuntimeError:
+            if (attempt == SERVING_ATTEMPTS or proc.poll() is None or not child.metrics_port
+                    or port_is_free(child.metrics_port, host)):
+                raise
+        log.warning("%s exited while starting, its metrics port %d taken meanwhile; starting it again. "
+                    "Its log ends:\n%s", child.name, child.metrics_port, child.last_words())
+        child.start(host)
 
 
 class Stack:
