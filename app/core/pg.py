@@ -16,6 +16,7 @@ each delivery with these functions. The rules it enforces:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -82,8 +83,6 @@ def check_deposit_money(obj: dict[str, Any]) -> None:
 def _ms_to_iso(ms: int | None) -> str | None:
     if ms is None:
         return None
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
