@@ -211,32 +211,47 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
 
 def main() -> None:
     """The three designs alternate for ROUNDS rounds on one broker and one PostgreSQL (the first
-    round also warms the broker's JIT); each design's best round is reported, and the median of
-    its ratios to the baseline of the same round (this shared machine's speed drifts by a quarter
-    within minutes: the same work costs every process that much more CPU)."""
+    round also warms the broker's JIT), and the baseline runs once more after the last round. A
+    round's ratio is Orderly's rate to the mean of the baseline runs just before and just after it:
+    this shared machine's speed drifts within minutes (the same work costs every process up to a
+    quarter more CPU), and within a run of this benchmark it mostly slows down, so a ratio to the
+    baseline before it alone is lowered for whichever design runs last. Each design's best run is
+    reported too."""
     results: dict[str, dict[str, Any]] = {}
-    ratios: dict[str, list[float]] = {"at_least_once": [], "exactly_once": []}
+    rates: dict[str, list[float]] = {"baseline": [], "at_least_once": [], "exactly_once": []}
     with embedded("orderly-bench-e2e-") as (work, kafka, postgres):
-        for round_no in range(ROUNDS):
-            base_rate = 0.0
+        for round_no in range(ROUNDS + 1):
             for design in ("baseline", "at_least_once", "exactly_once"):
+                if round_no == ROUNDS and design != "baseline":
+                    break
                 result = (run_baseline(postgres, work, round_no) if design == "baseline"
                           else run_pipeline(kafka, postgres, design, work, round_no))
+                rates[design].append(result["rate"])
                 work_done = f"{cpu_per_thousand(result):.2f} CPU-s per 1,000 webhooks"
+                name = f"round {round_no + 1}" if round_no < ROUNDS else "after the last round"
                 if design == "baseline":
-                    base_rate = result["rate"]
-                    print(f"round {round_no + 1}: {design} {result['rate']:.0f} events/s, {work_done}", flush=True)
+                    print(f"{name}: {design} {result['rate']:.0f} events/s, {work_done}", flush=True)
                 else:
-                    ratios[design].append(result["rate"] / base_rate)
-                    print(f"round {round_no + 1}: {design} {result['rate']:.0f} events/s "
-                          f"({ratios[design][-1]:.2f}x this round's baseline), {work_done}", flush=True)
+                    before = result["rate"] / rates["baseline"][-1]
+                    print(f"{name}: {design} {result['rate']:.0f} events/s ({before:.2f}x the baseline before it), "
+                          f"{work_done}", flush=True)
                 if design not in results or result["rate"] > results[design]["rate"]:
                     results[design] = result
+    around = [(rates["baseline"][k] + rates["baseline"][k + 1]) / 2 for k in range(ROUNDS)]
+    ratios = {mode: [rate / base for rate, base in zip(rates[mode], around, strict=True)]
+              for mode in ("at_least_once", "exactly_once")}
     for mode, found in ratios.items():
         results[mode]["round_ratios"] = [round(r, 3) for r in found]
+        results[mode]["round_ratios_to_the_baseline_before"] = [
+            round(rate / base, 3) for rate, base in zip(rates[mode], rates["baseline"], strict=False)]
+    results["baseline"]["round_rates"] = [round(r) for r in rates["baseline"]]
     base = results["baseline"]["rate"]
     print(f"\nend-to-end benchmark: {DEPOSITS} deposits x 3 signed webhooks, {CONCURRENCY} concurrent clients, "
           f"{os.cpu_count()} cores, Kafka and PostgreSQL on the same machine")
+    print("per round, x the mean of the baseline runs before and after it:")
+    for mode, found in ratios.items():
+        print(f"  {mode}: {', '.join(f'{r:.2f}' for r in found)} (median {statistics.median(found):.2f}, "
+              f"worst {min(found):.2f})")
     print(f"{'design':<44}{'best events/s':>14}{'x best baseline':>17}{'median x same round':>21}")
     print(f"{'baseline: one PostgreSQL transaction per webhook':<44}{base:>14.0f}{1:>17.2f}")
     for mode in ("at_least_once", "exactly_once"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from subprocess import Popen
+
+import asyncpg
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -31,22 +34,22 @@ def embedded(prefix: str, heap_mb: int = 512) -> Iterator[tuple[Path, KafkaBroke
 
 
 def settle(postgres: PostgresServer) -> None:
-    """Write out what earlier runs left behind before a timed run starts: a PostgreSQL checkpoint
-    (the dirty pages of every earlier run, and the WAL distance that triggers the next one) and the
-    kernel's dirty pages (Kafka's logs included). Without it the checkpoint the earlier runs' WAL
-    called for fell inside whichever run came next: in `bench e2e` the last one, every time."""
-    import asyncio
+    """Do before a timed run starts what earlier runs left for later: vacuum and analyze every table
+    they wrote (else autovacuum's next pass, once a minute, does it for all of them at once: 8 s in
+    a kept `bench e2e` run), then a PostgreSQL checkpoint (the dirty pages of every earlier run, and
+    the WAL distance that triggers the next one) and the kernel's dirty pages (Kafka's logs
+    included). Without the checkpoint the one the earlier runs' WAL called for fell inside
+    whichever run came next: in `bench e2e` the last one, every time."""
 
-    import asyncpg
-
-    async def checkpoint() -> None:
+    async def tidy() -> None:
         conn = await asyncpg.connect(postgres.dsn)
         try:
+            await conn.execute("VACUUM (ANALYZE)")
             await conn.execute("CHECKPOINT")
         finally:
             await conn.close()
 
-    asyncio.run(checkpoint())
+    asyncio.run(tidy())
     os.sync()
 
 
