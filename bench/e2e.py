@@ -213,10 +213,10 @@ def main() -> None:
     """The three designs alternate for ROUNDS rounds on one broker and one PostgreSQL (the first
     round also warms the broker's JIT), and the baseline runs once more after the last round. A
     round's ratio is Orderly's rate to the mean of the baseline runs just before and just after it:
-    this shared machine's speed drifts within minutes (the same work costs every process up to a
-    quarter more CPU), and within a run of this benchmark it mostly slows down, so a ratio to the
-    baseline before it alone is lowered for whichever design runs last. Each design's best run is
-    reported too."""
+    this shared machine's speed drifts within minutes, either way (the same work costs every
+    process up to a quarter more CPU), and the runs around a round tell its speed during the round
+    better than the one before it alone (which also favoured whichever design ran first). Each
+    design's best run is reported too."""
     results: dict[str, dict[str, Any]] = {}
     rates: dict[str, list[float]] = {"baseline": [], "at_least_once": [], "exactly_once": []}
     with embedded("orderly-bench-e2e-") as (work, kafka, postgres):
@@ -227,7 +227,7 @@ def main() -> None:
                 result = (run_baseline(postgres, work, round_no) if design == "baseline"
                           else run_pipeline(kafka, postgres, design, work, round_no))
                 rates[design].append(result["rate"])
-                work_done = f"{cpu_per_thousand(result):.2f} CPU-s per 1,000 webhooks"
+                work_done = f"{cpu_per_thousand(result):.2f} CPU-s per 1,000 webhooks {result['cpu_s']}"
                 name = f"round {round_no + 1}" if round_no < ROUNDS else "after the last round"
                 if design == "baseline":
                     print(f"{name}: {design} {result['rate']:.0f} events/s, {work_done}", flush=True)
