@@ -137,7 +137,7 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
     with pipeline(kafka, postgres, guarantee, work, f"e2e{round_no}") as (settings, url, procs):
         requests_file = work / f"requests-{guarantee}-{round_no}.json"
         count = write_requests(settings, requests_file)
-        settle(postgres)
+        settle(postgres, settings.namespace)
         cpu_before = cpu_by_process(procs, kafka, postgres)
         result = load(url, requests_file, count)
         acked = int(result["requests"] - result["non_2xx"])
@@ -186,7 +186,7 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
     proc = serve([sys.executable, "-m", "bench.baseline", postgres.dsn, schema, settings.secrets["pg"][0], str(port)],
                  dict(os.environ), port, work / "baseline.log")
     try:
-        settle(postgres)
+        settle(postgres, schema)
         cpu_before = process_cpu(proc.pid), postgres_cpu(postgres)
         result = load(f"http://127.0.0.1:{port}", requests_file, count)
         cpu = {"server": round(process_cpu(proc.pid) - cpu_before[0], 1),
@@ -209,46 +209,51 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
             "cpu_s": cpu}
 
 
+DESIGNS = ("baseline", "at_least_once", "exactly_once", "baseline")  # a round, in order
+
+
 def main() -> None:
-    """The three designs alternate for ROUNDS rounds on one broker and one PostgreSQL (the first
-    round also warms the broker's JIT), and the baseline runs once more after the last round. A
-    round's ratio is Orderly's rate to the mean of the baseline runs just before and just after it:
-    this shared machine's speed drifts within minutes, either way (the same work costs every
-    process up to a quarter more CPU), and the runs around a round tell its speed during the round
-    better than the one before it alone (which also favoured whichever design ran first). Each
-    design's best run is reported too."""
+    """ROUNDS rounds, each on a broker and a PostgreSQL of its own: the baseline, Orderly
+    at-least-once, Orderly exactly-once, and the baseline again. A round's ratio is Orderly's rate
+    to the mean of its two baseline runs. Why: this shared machine's speed drifts within minutes,
+    either way (the same work costs every process up to a quarter more CPU), and the runs around
+    Orderly's tell its speed then better than the one before alone (which also favoured whichever
+    design ran first); and on one stack reused round after round Orderly's later runs cost more
+    (the worker, the broker and PostgreSQL 30-70 % more CPU in the third round, the ingest
+    and the load generator not, the baseline not), so a later round compared a design on a stack
+    full of earlier runs' topics and tables with one that has none. Each design's best run is
+    reported too."""
     results: dict[str, dict[str, Any]] = {}
     rates: dict[str, list[float]] = {"baseline": [], "at_least_once": [], "exactly_once": []}
-    with embedded("orderly-bench-e2e-") as (work, kafka, postgres):
-        for round_no in range(ROUNDS + 1):
-            for design in ("baseline", "at_least_once", "exactly_once"):
-                if round_no == ROUNDS and design != "baseline":
-                    break
-                result = (run_baseline(postgres, work, round_no) if design == "baseline"
+    for round_no in range(ROUNDS):
+        with embedded("orderly-bench-e2e-") as (work, kafka, postgres):
+            for index, design in enumerate(DESIGNS):
+                result = (run_baseline(postgres, work, index) if design == "baseline"
                           else run_pipeline(kafka, postgres, design, work, round_no))
                 rates[design].append(result["rate"])
                 work_done = f"{cpu_per_thousand(result):.2f} CPU-s per 1,000 webhooks {result['cpu_s']}"
-                name = f"round {round_no + 1}" if round_no < ROUNDS else "after the last round"
                 if design == "baseline":
-                    print(f"{name}: {design} {result['rate']:.0f} events/s, {work_done}", flush=True)
+                    again = " again" if index else ""
+                    print(f"round {round_no + 1}: {design}{again} {result['rate']:.0f} events/s, {work_done}",
+                          flush=True)
                 else:
                     before = result["rate"] / rates["baseline"][-1]
-                    print(f"{name}: {design} {result['rate']:.0f} events/s ({before:.2f}x the baseline before it), "
-                          f"{work_done}", flush=True)
+                    print(f"round {round_no + 1}: {design} {result['rate']:.0f} events/s ({before:.2f}x the "
+                          f"baseline before it), {work_done}", flush=True)
                 if design not in results or result["rate"] > results[design]["rate"]:
                     results[design] = result
-    around = [(rates["baseline"][k] + rates["baseline"][k + 1]) / 2 for k in range(ROUNDS)]
+    around = [(rates["baseline"][2 * k] + rates["baseline"][2 * k + 1]) / 2 for k in range(ROUNDS)]
     ratios = {mode: [rate / base for rate, base in zip(rates[mode], around, strict=True)]
               for mode in ("at_least_once", "exactly_once")}
     for mode, found in ratios.items():
         results[mode]["round_ratios"] = [round(r, 3) for r in found]
         results[mode]["round_ratios_to_the_baseline_before"] = [
-            round(rate / base, 3) for rate, base in zip(rates[mode], rates["baseline"], strict=False)]
+            round(rate / rates["baseline"][2 * k], 3) for k, rate in enumerate(rates[mode])]
     results["baseline"]["round_rates"] = [round(r) for r in rates["baseline"]]
     base = results["baseline"]["rate"]
     print(f"\nend-to-end benchmark: {DEPOSITS} deposits x 3 signed webhooks, {CONCURRENCY} concurrent clients, "
           f"{os.cpu_count()} cores, Kafka and PostgreSQL on the same machine")
-    print("per round, x the mean of the baseline runs before and after it:")
+    print("per round, x the mean of its two baseline runs (before and after Orderly's):")
     for mode, found in ratios.items():
         print(f"  {mode}: {', '.join(f'{r:.2f}' for r in found)} (median {statistics.median(found):.2f}, "
               f"worst {min(found):.2f})")
