@@ -86,24 +86,31 @@ class Child:
 SERVING_ATTEMPTS = 3  # starts of a served child whose metrics port was taken meanwhile, each on a new one
 
 
+def _lost_its_metrics_port(child: Child, host: str) -> bool:
+    """Whether ``child``, dead while starting, died binding its metrics port: the port is taken
+    now, or its log ends with the bind's error (the connection that held it may be closed by now)."""
+    return bool(child.metrics_port) and (not port_is_free(child.metrics_port, host)
+                                         or "address already in use" in child.last_words(20).lower())
+
+
 def _wait_serving(child: Child, port: int, host: str) -> None:
     """Wait until ``child`` accepts connections on ``port``. Its metrics port was free when it
     started, but the local end of an outgoing connection can take it before the child binds it, and
-    the child dies: then it starts again on a fresh one (Child.start moves it), up to
-    SERVING_ATTEMPTS times. A death with the metrics port still free is the child's own: raised."""
+    the child dies: then it starts again (on a fresh one if its own is still taken: Child.start
+    moves it), up to SERVING_ATTEMPTS starts in all. A death for another reason is the child's
+    own: raised."""
     for attempt in range(1, SERVING_ATTEMPTS + 1):
         proc = child.proc
         assert proc is not None
         try:
             wait_until(lambda: port_accepts(port, host), 30, child.name, lambda: proc.poll() is None)  # noqa: B023
             return
-        except RuntimeError:
-            if (attempt == SERVING_ATTEMPTS or proc.poll() is None or not child.metrics_port
-                    or port_is_free(child.metrics_port, host)):
+        except RuntimeError:  # it exited while starting
+            if attempt == SERVING_ATTEMPTS or not _lost_its_metrics_port(child, host):
                 raise
         log.warning("%s exited while starting, its metrics port %d taken meanwhile; starting it again. "
                     "Its log ends:\n%s", child.name, child.metrics_port, child.last_words())
-        child.start(host)
+        child.start(host)  # on a fresh metrics port if its own is still taken
 
 
 class Stack:

@@ -103,7 +103,11 @@ class BatchProcessor:
                 fresh.append(event)
             if first_skipped is None:
                 continue
-            earliest = (await consumer.earliest_offsets(tp)).get(tp)
+            try:
+                earliest = (await consumer.earliest_offsets(tp)).get(tp)
+            except Exception:  # unknown: taken as skipped (the restart reads from the committed offsets)
+                log.warning("could not read the earliest offset of %s[%d]", tp.topic, tp.partition, exc_info=True)
+                earliest = None
             if earliest is not None and earliest >= offset:  # deleted by retention, not skipped
                 continue
             exit_for_restart(SKIPPED_EXIT_CODE, "records %s[%d] %d-%d were never handed to the worker (Faust "

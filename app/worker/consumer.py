@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+from aiokafka import TopicPartition
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP, AppT, Message
@@ -38,6 +39,7 @@ BUSY_FETCH_MIN_BYTES = 256 * 1024
 BUSY_COMMIT_RECORDS = 250
 QUIET_MARGIN_S = 0.05  # the quiet time is longer than a busy worker's pause between batches by this
 DRAIN_YIELD_EVERY = 100  # the fetch loop lets other tasks run after this many records (as Faust's does)
+START_OFFSET_TIMEOUT_S = 5.0  # the skip guard's question to the broker (ask_start_offset), at most
 
 
 def quiet_after(busy_interval: float) -> float:
@@ -158,15 +160,14 @@ class _Consumer(faust_aiokafka.Consumer):
         return self._committed_offset.get(tp)
 
     async def start_offset(self, tp: TP) -> int | None:
-        """Where the consumer began reading ``tp`` in this assignment, asked of the broker: the
-        group's committed offset, or with none the partition's earliest (the auto offset reset).
-        None if the broker could not say (the caller then takes the first record as the start)."""
+        """Where the consumer began reading ``tp`` in this assignment, asked of the broker (on
+        Faust's consumer thread, where aiokafka's consumer runs): see ``ask_start_offset``. None if
+        the broker could not say within START_OFFSET_TIMEOUT_S (the caller then takes the first
+        record as the start)."""
         thread = self._thread
         try:
-            committed = await thread.call_thread(thread._ensure_consumer().committed, tp)
-            if committed is not None:
-                return int(committed)
-            return (await self.earliest_offsets(tp)).get(tp)
+            start: int | None = await thread.call_thread(ask_start_offset, thread._ensure_consumer(), tp)
+            return start
         except Exception as exc:  # a guard, not a step the batch depends on
             self.log.warning("could not ask where %s[%d] starts: %r", tp.topic, tp.partition, exc)
             return None
@@ -239,6 +240,19 @@ class _Consumer(faust_aiokafka.Consumer):
         if state is not None:
             state.metrics.commit_seconds.observe(time.perf_counter() - started)
         return did_commit
+
+
+async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSET_TIMEOUT_S) -> int | None:
+    """The group's committed offset of ``tp``, or with none the partition's earliest (the auto
+    offset reset): where ``consumer`` (aiokafka's) began reading it. Bounded: aiokafka retries an
+    offset fetch without end while the group's coordinator is away or loading."""
+    async with asyncio.timeout(timeout_s):
+        committed = await consumer.committed(TopicPartition(tp.topic, tp.partition))
+        if committed is not None:
+            return int(committed)
+        earliest = TopicPartition(tp.topic, tp.partition)
+        found = await consumer.beginning_offsets([earliest])
+        return int(found[earliest]) if earliest in found else None
 
 
 def consumer_of(app: AppT) -> _Consumer:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,20 +16,17 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.structs import OffsetAndMetadata
 
 from app.stack.kafka import KafkaBroker
-from app.worker.consumer import _Consumer
+from app.worker.consumer import START_OFFSET_TIMEOUT_S, _Consumer
 
 
-def _faust_side(consumer: AIOKafkaConsumer) -> Any:
-    """What start_offset reads of Faust's consumer: its thread (which runs calls on the aiokafka
-    consumer's loop, here the test's) and earliest_offsets."""
+def _faust_side(consumer: Any) -> Any:
+    """What start_offset reads of Faust's consumer: its thread, which runs a call on the aiokafka
+    consumer's loop (here the test's own) and hands over that consumer."""
     async def call_thread(fun: Any, *args: Any) -> Any:
         return await fun(*args)
 
-    async def earliest_offsets(*tps: TopicPartition) -> Any:
-        return await consumer.beginning_offsets(list(tps))
-
     thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: consumer)
-    return SimpleNamespace(_thread=thread, earliest_offsets=earliest_offsets, log=logging.getLogger("test"))
+    return SimpleNamespace(_thread=thread, log=logging.getLogger("test"))
 
 
 async def test_the_start_is_the_earliest_offset_until_the_group_commits(kafka: KafkaBroker, namespace: str) -> None:
@@ -63,9 +61,20 @@ async def test_the_start_is_the_earliest_offset_until_the_group_commits(kafka: K
 
 
 async def test_a_broker_that_cannot_answer_gives_no_start() -> None:
+    class Away:
+        """aiokafka's offset fetch while the group's coordinator is away: it retries without end."""
+
+        async def committed(self, _tp: Any) -> int:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+    started = time.monotonic()
+    assert await _Consumer.start_offset(_faust_side(Away()), TopicPartition("t", 0)) is None
+    assert time.monotonic() - started < START_OFFSET_TIMEOUT_S + 2  # bounded, not a wait for ever
+
     async def refuse(*_a: Any) -> Any:
         raise ConnectionError("no broker")
 
-    faust: Any = SimpleNamespace(_thread=SimpleNamespace(call_thread=refuse, _ensure_consumer=lambda: SimpleNamespace(
-        committed=None)), earliest_offsets=refuse, log=logging.getLogger("test"))
+    faust: Any = SimpleNamespace(_thread=SimpleNamespace(call_thread=refuse, _ensure_consumer=lambda: None),
+                                 log=logging.getLogger("test"))
     assert await _Consumer.start_offset(faust, TopicPartition("t", 0)) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,12 +63,39 @@ def test_a_served_child_whose_metrics_port_was_taken_meanwhile_starts_again_else
             stop_process(child.proc, 5)
 
 
+def test_a_port_freed_again_by_the_time_the_child_died_is_told_by_its_log(
+        tmp_path: Path, squatted: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outgoing connection that held the port may be closed by the time the supervisor looks:
+    the child's log ("Address already in use") tells why it died."""
+    taken = squatted.getsockname()[1]
+    monkeypatch.setattr(supervisor, "port_is_free", lambda port, host="127.0.0.1": True)
+    child, port = child_of(tmp_path, taken, "serve")
+    child.start("127.0.0.1")
+    first = child.proc
+    assert first is not None
+
+    def release() -> None:  # the connection ends once the child died on it
+        first.wait(30)
+        squatted.close()
+
+    releasing = threading.Thread(target=release)
+    releasing.start()
+    try:
+        _wait_serving(child, port, "127.0.0.1")
+        assert first.returncode == 1 and child.proc is not first and child.metrics_port == taken
+    finally:
+        releasing.join(30)
+        if child.proc is not None:
+            stop_process(child.proc, 5)
+
+
 def test_a_served_child_dying_for_its_own_reason_fails_the_start(tmp_path: Path) -> None:
     child, port = child_of(tmp_path, free_port(), "die")
     child.start("127.0.0.1")
+    first = child.proc
     with pytest.raises(RuntimeError, match="exited while starting"):
         _wait_serving(child, port, "127.0.0.1")
-    assert child.proc is not None and child.proc.returncode == 2  # not started again
+    assert child.proc is first and first is not None and first.returncode == 2  # not started again
 
 
 def test_a_metrics_port_taken_at_every_start_gives_up(tmp_path: Path, squatted: socket.socket,
@@ -76,6 +104,15 @@ def test_a_metrics_port_taken_at_every_start_gives_up(tmp_path: Path, squatted: 
     monkeypatch.setattr(supervisor, "port_is_free", lambda port, host="127.0.0.1": port != taken)
     monkeypatch.setattr(supervisor, "free_port", lambda host="127.0.0.1": taken)  # every new one is taken too
     child, port = child_of(tmp_path, taken, "serve")
+    starts: list[str] = []
+    start = child.start
+
+    def counted(host: str) -> None:
+        starts.append(host)
+        start(host)
+
+    monkeypatch.setattr(child, "start", counted)
     child.start("127.0.0.1")
     with pytest.raises(RuntimeError, match="exited while starting"):
         _wait_serving(child, port, "127.0.0.1")
+    assert len(starts) == supervisor.SERVING_ATTEMPTS == 3
