@@ -83,7 +83,7 @@ class Child:
         return "\n".join(line for line in tail[-lines:] if line.strip())
 
 
-SERVING_ATTEMPTS = 3  # starts of a served child whose metrics port was taken meanwhile, each on a new one
+SERVING_ATTEMPTS = 3  # starts in all of a served child that keeps losing its metrics port as it binds it
 
 
 def _lost_its_metrics_port(child: Child, host: str) -> bool:

@@ -246,13 +246,13 @@ async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSE
     """The group's committed offset of ``tp``, or with none the partition's earliest (the auto
     offset reset): where ``consumer`` (aiokafka's) began reading it. Bounded: aiokafka retries an
     offset fetch without end while the group's coordinator is away or loading."""
+    partition = TopicPartition(tp.topic, tp.partition)  # aiokafka's own type, which beginning_offsets asks for
     async with asyncio.timeout(timeout_s):
-        committed = await consumer.committed(TopicPartition(tp.topic, tp.partition))
+        committed = await consumer.committed(partition)
         if committed is not None:
             return int(committed)
-        earliest = TopicPartition(tp.topic, tp.partition)
-        found = await consumer.beginning_offsets([earliest])
-        return int(found[earliest]) if earliest in found else None
+        found = await consumer.beginning_offsets([partition])
+        return int(found[partition]) if partition in found else None
 
 
 def consumer_of(app: AppT) -> _Consumer:
