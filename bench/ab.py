@@ -2,8 +2,11 @@
 
 Each round runs bench/e2e.py's baseline once, then Orderly (MODE: at_least_once or exactly_once)
 once per variant, each variant with its environment on top of the current one (``{}``: as it is),
-in the order given, on one broker and one PostgreSQL; prints every round and each variant's ratios
-to its round's baseline. How a setting's effect is told apart from this machine's drift.
+on one broker and one PostgreSQL; prints every round and each variant's ratios to its round's
+baseline. How a setting's effect is told apart from this machine's drift. The variants' order
+turns by one each round (round 1 in the order given): a later run on the same stack costs more
+(docs/benchmarks.md), so a fixed order would charge that to the same variants every round; give
+as many rounds as variants, or a multiple, for each to go first equally often.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ import os
 import statistics
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import TypeVar
 
 import orjson
 
 from bench import e2e
 from bench.stack import embedded
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -33,6 +39,12 @@ def environment(extra: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def turned(items: list[T], round_no: int) -> list[T]:
+    """``items`` turned left by ``round_no`` places: each item goes first once in len(items) rounds."""
+    shift = round_no % len(items) if items else 0
+    return items[shift:] + items[:shift]
 
 
 def command(argv: list[str]) -> int:
@@ -56,7 +68,7 @@ def command(argv: list[str]) -> int:
             baseline = e2e.run_baseline(postgres, work, round_no)
             base = baseline["rate"]
             line = f"round {round_no + 1}: baseline {base:.0f}/s, CPU s {baseline['cpu_s']}"
-            for index, (name, env) in enumerate(variants.items()):
+            for index, (name, env) in enumerate(turned(list(variants.items()), round_no)):
                 with environment(env):
                     result = e2e.run_pipeline(kafka, postgres, args.mode, work, round_no * len(variants) + index)
                 ratios[name].append(result["rate"] / base)
