@@ -4,9 +4,10 @@ Each round runs bench/e2e.py's baseline once, then Orderly (MODE: at_least_once 
 once per variant, each variant with its environment on top of the current one (``{}``: as it is),
 on one broker and one PostgreSQL; prints every round and each variant's ratios to its round's
 baseline. How a setting's effect is told apart from this machine's drift. The variants' order
-turns by one each round (round 1 in the order given): a later run on the same stack costs more
-(docs/benchmarks.md), so a fixed order would charge that to the same variants every round; give
-as many rounds as variants, or a multiple, for each to go first equally often.
+turns by one each round (round 1 in the order given): the same settings run twice on one stack
+ran slower the second time in the rounds measured (docs/benchmarks.md), so a fixed order could
+charge that to the same variants every round. The rounds (twice the variants by default) should
+be a multiple of the variants, for each to go first equally often.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench ab", description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("at_least_once", "exactly_once"))
     parser.add_argument("variants", help='JSON: {"name": {"ENV": "value", ...}, ...}')
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=None, help="default: twice the number of variants")
     args = parser.parse_args(argv)
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
     try:
         variants = orjson.loads(args.variants)
@@ -62,15 +63,21 @@ def command(argv: list[str]) -> int:
     if not isinstance(variants, dict) or not variants or not all(
             isinstance(env, dict) and all(isinstance(v, str) for v in env.values()) for env in variants.values()):
         parser.error('variants must be a JSON object of objects of strings, e.g. {"now": {}}')
+    rounds = args.rounds or 2 * len(variants)
+    if rounds % len(variants):
+        print(f"{rounds} rounds for {len(variants)} variants: some variants go first more often than others",
+              flush=True)
     ratios: dict[str, list[float]] = {name: [] for name in variants}
+    number = {name: index for index, name in enumerate(variants)}  # a run's logs are named by it
     with embedded("orderly-bench-ab-") as (work, kafka, postgres):
-        for round_no in range(args.rounds):
+        for round_no in range(rounds):
             baseline = e2e.run_baseline(postgres, work, round_no)
             base = baseline["rate"]
             line = f"round {round_no + 1}: baseline {base:.0f}/s, CPU s {baseline['cpu_s']}"
-            for index, (name, env) in enumerate(turned(list(variants.items()), round_no)):
+            for name, env in turned(list(variants.items()), round_no):
                 with environment(env):
-                    result = e2e.run_pipeline(kafka, postgres, args.mode, work, round_no * len(variants) + index)
+                    result = e2e.run_pipeline(kafka, postgres, args.mode, work,
+                                              round_no * len(variants) + number[name])
                 ratios[name].append(result["rate"] / base)
                 line += f" | {name} {result['rate']:.0f}/s {ratios[name][-1]:.2f}x, CPU s {result['cpu_s']}"
             print(line, flush=True)
