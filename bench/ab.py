@@ -17,14 +17,11 @@ import os
 import statistics
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TypeVar
 
 import orjson
 
 from bench import e2e
 from bench.stack import embedded
-
-T = TypeVar("T")
 
 
 @contextmanager
@@ -40,12 +37,6 @@ def environment(extra: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def turned(items: list[T], round_no: int) -> list[T]:
-    """``items`` turned left by ``round_no`` places: each item goes first once in len(items) rounds."""
-    shift = round_no % len(items) if items else 0
-    return items[shift:] + items[:shift]
 
 
 def command(argv: list[str]) -> int:
@@ -74,7 +65,7 @@ def command(argv: list[str]) -> int:
             baseline = e2e.run_baseline(postgres, work, round_no)
             base = baseline["rate"]
             line = f"round {round_no + 1}: baseline {base:.0f}/s, CPU s {baseline['cpu_s']}"
-            for name, env in turned(list(variants.items()), round_no):
+            for name, env in e2e.turned(list(variants.items()), round_no):
                 with environment(env):
                     result = e2e.run_pipeline(kafka, postgres, args.mode, work,
                                               round_no * len(variants) + number[name])

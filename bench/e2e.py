@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -209,7 +209,14 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
             "cpu_s": cpu}
 
 
-MODES = ("at_least_once", "exactly_once")
+MODES = ["at_least_once", "exactly_once"]
+T = TypeVar("T")
+
+
+def turned(items: list[T], round_no: int) -> list[T]:
+    """``items`` turned left by ``round_no`` places: each item goes first once in len(items) rounds."""
+    shift = round_no % len(items) if items else 0
+    return items[shift:] + items[:shift]
 
 
 def designs(round_no: int) -> tuple[str, ...]:
@@ -217,8 +224,7 @@ def designs(round_no: int) -> tuple[str, ...]:
     modes take turns at going first: the same settings run twice on one stack ran slower the second
     time in the rounds measured (docs/benchmarks.md), so a fixed order could charge that to one
     mode in every round."""
-    modes = MODES if round_no % 2 == 0 else MODES[::-1]
-    return ("baseline", *modes, "baseline")
+    return ("baseline", *turned(MODES, round_no), "baseline")
 
 
 def main() -> None:

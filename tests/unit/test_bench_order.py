@@ -11,8 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import ab, e2e
-from bench.ab import turned
-from bench.e2e import MODES, designs
+from bench.e2e import MODES, designs, turned
 
 
 @given(st.integers(min_value=0, max_value=1000))
