@@ -70,7 +70,8 @@ def command(argv: list[str]) -> int:
                     result = e2e.run_pipeline(kafka, postgres, args.mode, work,
                                               round_no * len(variants) + number[name])
                 ratios[name].append(result["rate"] / base)
-                line += f" | {name} {result['rate']:.0f}/s {ratios[name][-1]:.2f}x, CPU s {result['cpu_s']}"
+                line += (f" | {name} {result['rate']:.0f}/s {ratios[name][-1]:.2f}x (read model "
+                         f"{result['tail_s']:.2f} s after the last answer), CPU s {result['cpu_s']}")
             print(line, flush=True)
     for name, found in ratios.items():
         print(f"{name}: {', '.join(f'{r:.2f}' for r in found)}x the round's baseline "

@@ -86,6 +86,7 @@ async def run(url: str, requests: list[dict[str, Any]], concurrency: int, durati
     return {
         "requests": len(latencies),
         "rate": len(latencies) / max(elapsed, 1e-3),
+        "answered_s": elapsed,  # from the first request (after the warm-up) to the last answer
         "p50_ms": percentile(latencies, 0.50) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
         "non_2xx": sum(n for s, n in statuses.items() if not 200 <= s < 300),

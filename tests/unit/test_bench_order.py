@@ -54,7 +54,8 @@ class FakeStack:
 
 
 def run(rate: float) -> dict[str, Any]:
-    return {"rate": rate, "events": 30_000, "cpu_s": {"ingest": 1.0}, "elapsed_s": 30_000 / rate}
+    return {"rate": rate, "events": 30_000, "cpu_s": {"ingest": 1.0}, "elapsed_s": 30_000 / rate,
+            "answered_s": 25_000 / rate, "tail_s": 5_000 / rate}
 
 
 def test_e2e_runs_the_modes_in_turn_and_pairs_each_with_its_own_rounds_baselines(
@@ -85,6 +86,9 @@ def test_e2e_runs_the_modes_in_turn_and_pairs_each_with_its_own_rounds_baselines
     assert saved["exactly_once"]["round_ratios"] == [2.0] * 4
     assert saved["exactly_once"]["round_ratios_to_at_least_once"] == [0.8] * 4
     assert saved["at_least_once"]["round_ratios_to_the_first_baseline"] == [5.0] * 4
+    # each round's own tail (a sixth of its run in run()), in round order
+    assert saved["at_least_once"]["round_tails_s"] == [round(1.0 / k, 3) for k in range(1, 5)]
+    assert saved["exactly_once"]["round_tails_s"] == [round(1.25 / k, 3) for k in range(1, 5)]
     assert "at_least_once: 2.50, 2.50, 2.50, 2.50 (median 2.50, worst 2.50)" in capsys.readouterr().out
 
 
