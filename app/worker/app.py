@@ -30,7 +30,7 @@ from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app import logs
-from app.core.pacing import busy_pause
+from app.core.pacing import busy_pause, hold_take
 from app.kafka_client import client_options, faust_credentials
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
@@ -81,6 +81,11 @@ class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
     Producer = _Producer
     TransactionManager = _TransactionManager
+
+
+def queued(stream: faust.StreamT[Any]) -> int:
+    """Records Faust has fetched for the stream and not yet passed to its take."""
+    return int(stream.channel.queue.qsize())  # type: ignore[attr-defined]  # StreamT types it a bare AsyncIterator
 
 
 def build_app(settings: Settings, max_record_bytes: int | None = None) -> WorkerApp:
@@ -161,19 +166,37 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         # noack_take is Faust's Stream's, missing from its StreamT interface.
         batch_max = settings.worker_batch_max
-        async for events in stream.noack_take(batch_max, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+
+        async def decide(events: list[Any]) -> None:
             taken = state.last_batch_at = time.monotonic()
             await batches.handle(events)
             for event in events:
                 await stream.ack(event)
-            # records Faust has fetched for us; StreamT types its channel as a bare AsyncIterator
-            waiting = stream.channel.queue.qsize()  # type: ignore[attr-defined]
+            waiting = queued(stream)
             consumer_of(app).set_fetch_min_bytes(fetch_min_bytes(len(events)))
             state.last_batch_at = time.monotonic()  # a long batch is not a quiet time
             pause = busy_pause(len(events), waiting, taken, state.last_batch_at, settings.worker_busy_interval_s,
                                batch_max)
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
+
+        held_since = 0.0
+        async for took in stream.noack_take(batch_max, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
+            # A take cut short while a backlog waits is held and decided with the next (hold_take).
+            # Only state.held refers to held records: a rebalance or a stop forgets them.
+            held, state.held = state.held, []
+            if len(held) + len(took) > batch_max:  # never more than a batch: the held records go first
+                await decide(held)
+                held = []
+            if not held:
+                held_since = time.monotonic()
+            held.extend(took)
+            del took
+            if hold_take(len(held), queued(stream), time.monotonic() - held_since, batch_max):
+                state.held = held
+                del held
+                continue
+            await decide(held)
 
     async def watch_membership() -> None:
         """From the start on (before any assignment, which a worker outside its group never gets)."""
