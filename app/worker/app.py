@@ -30,7 +30,7 @@ from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app import logs
-from app.core.pacing import busy_pause, hold_take
+from app.core.pacing import busy_pause
 from app.kafka_client import client_options, faust_credentials
 from app.liveness import Liveness
 from app.metrics import WorkerMetrics
@@ -50,6 +50,7 @@ from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, ex
 from app.worker.recovery import WorkerTableManager
 from app.worker.shared import WorkerApp, WorkerState
 from app.worker.store import ROCKSDB_OPTIONS, TABLE
+from app.worker.takes import decide_takes
 from app.worker.transactions import _Producer, _TransactionManager
 from topics.admin import topic_configs
 from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
@@ -180,23 +181,11 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
             if pause:
                 await asyncio.sleep(pause)  # under load: let the next batch grow
 
-        held_since = 0.0
-        async for took in stream.noack_take(batch_max, within=BATCH_WITHIN_S):  # type: ignore[attr-defined]
-            # A take cut short while a backlog waits is held and decided with the next (hold_take).
-            # Only state.held refers to held records: a rebalance or a stop forgets them.
-            held, state.held = state.held, []
-            if len(held) + len(took) > batch_max:  # never more than a batch: the held records go first
-                await decide(held)
-                held = []
-            if not held:
-                held_since = time.monotonic()
-            held.extend(took)
-            del took
-            if hold_take(len(held), queued(stream), time.monotonic() - held_since, batch_max):
-                state.held = held
-                del held
-                continue
-            await decide(held)
+        def may_hold() -> bool:  # not while the flow stops: no next take may come then
+            return not (app.should_stop or getattr(app, "rebalancing", False) or not app.flow_control.is_active())
+
+        await decide_takes(stream.noack_take(batch_max, within=BATCH_WITHIN_S),  # type: ignore[attr-defined]
+                           decide, lambda: queued(stream), may_hold, batch_max)
 
     async def watch_membership() -> None:
         """From the start on (before any assignment, which a worker outside its group never gets)."""

@@ -28,10 +28,6 @@ class WorkerState:
     decided: dict[TopicPartition, int] = field(default_factory=dict)
     stage: TransactionStage | None = None  # exactly-once only: the writes waiting for their transaction
     last_batch_at: float = 0.0  # time.monotonic() when a batch was last taken or finished
-    # Records of takes cut short while a backlog waited, to be decided with the next take
-    # (app/core/pacing.py, hold_take). Forgotten at a rebalance or a stop, where no next take may
-    # come: they are neither decided nor acked, so read again from the committed offsets.
-    held: list[Any] = field(default_factory=list)
 
 
 class FlowControl(FlowControlEvent):
@@ -70,19 +66,6 @@ class WorkerApp(faust.App):
         await super().on_start()
         for task in self.early_tasks:
             self.add_future(task())
-
-    def on_rebalance_start(self) -> None:
-        super().on_rebalance_start()
-        self.forget_held()  # Faust skips the records of an earlier generation: these too
-
-    async def on_stop(self) -> None:
-        self.forget_held()  # Faust's stop waits until every record passed to the agent is acked
-        await super().on_stop()
-
-    def forget_held(self) -> None:
-        state = getattr(self, "worker_state", None)
-        if state is not None:
-            state.held.clear()
 
 
 def worker_state(app: AppT) -> WorkerState | None:

@@ -77,23 +77,3 @@ def test_a_direct_hand_over_completes_without_suspending() -> None:
         assert channel.queue.qsize() == 1
 
     asyncio.run(run())
-
-
-def test_a_rebalance_or_a_stop_forgets_the_held_records() -> None:
-    """Records held for the next take (hold_take) wait for a take that a rebalance or a stop never
-    brings (Faust clears the queues, and its stop waits until every record passed on is acked):
-    both forget them, to be read again from the committed offsets."""
-    from app.metrics import WorkerMetrics
-    from app.worker.shared import WorkerState
-
-    async def run() -> None:
-        app, _, _ = _setup()
-        app.worker_state = WorkerState(WorkerMetrics(), busy_commit_interval=0.3, quiet_s=0.15)
-        app.worker_state.held.extend([_message(1), _message(2)])
-        app.on_rebalance_start()
-        assert app.worker_state.held == []
-        app.worker_state.held.append(_message(3))
-        await app.on_stop()
-        assert app.worker_state.held == []
-
-    asyncio.run(run())
