@@ -4,7 +4,6 @@ with the next one, for a bounded time (I/O shell; the rule is app/core/pacing.py
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -18,7 +17,8 @@ async def decide_takes(takes: AsyncIterator[Sequence[Any]], decide: Callable[[li
     """Decide every record of ``takes`` in order, in batches of at most ``batch_max``. A take of
     fewer than BUSY_BATCH records while ``waiting()`` says a backlog waits behind it is held for the
     next take, but never longer than HOLD_MAX_S: when the next take is not there by then, the held
-    records are decided alone (the next take is still awaited afterwards, not dropped). Nothing is
+    records are decided alone (the next take goes on meanwhile, taking up to a batch of records from
+    Faust's queue, and is awaited afterwards: nothing is dropped or reordered). Nothing is
     held unless ``may_hold()`` (the worker: not during a rebalance or a stop, when no next take
     may come and Faust waits for every record it handed over to be acknowledged)."""
     held: list[Any] = []
@@ -53,8 +53,7 @@ async def decide_takes(takes: AsyncIterator[Sequence[Any]], decide: Callable[[li
             await decide(batch)
         if held:  # the takes ended (a stream ends only as the worker stops): decide what is left
             await decide(held)
-    finally:
-        if next_take is not None and not next_take.done():
+    finally:  # stopped (or failed): end the take under way, whatever it ended with
+        if next_take is not None:
             next_take.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await next_take
+            await asyncio.gather(next_take, return_exceptions=True)

@@ -6,14 +6,19 @@ late), and never while holding is not allowed (a rebalance or a stop)."""
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.pacing import BUSY_BATCH
+from app.core.pacing import BUSY_BATCH, HOLD_MAX_S
+from app.worker.app import queued
 from app.worker.takes import decide_takes
+from tests.unit.test_worker_flow import _message, _setup
 
 BATCH_MAX = 1000
 
@@ -29,13 +34,16 @@ async def at_once(takes: list[list[int]]) -> AsyncIterator[Sequence[int]]:
 
 def run(takes: AsyncIterator[Sequence[int]], waiting: int, may_hold: bool = True,
         batch_max: int = BATCH_MAX) -> list[list[int]]:
+    """The batches decided; the clock stands still (no hold runs out), so that a slow machine
+    cannot split what the rule merges."""
     decided: list[list[int]] = []
 
     async def decide(batch: list[Any]) -> None:
         decided.append(list(batch))
 
     async def main() -> None:
-        await asyncio.wait_for(decide_takes(takes, decide, lambda: waiting, lambda: may_hold, batch_max), 5)
+        await asyncio.wait_for(decide_takes(takes, decide, lambda: waiting, lambda: may_hold, batch_max,
+                                            clock=lambda: 0.0), 5)
 
     asyncio.run(main())
     return decided
@@ -71,15 +79,18 @@ def test_held_records_go_first_when_the_next_take_would_make_more_than_a_batch()
 
 def test_a_late_next_take_does_not_hold_the_records_longer_than_the_limit() -> None:
     """The second take comes only once the first one's records are decided: without the limit the
-    loop would wait for it for ever (wait_for's 5 s fails the test)."""
+    loop would wait for it for ever (wait_for's 5 s fails the test), and they are decided within a
+    few times HOLD_MAX_S."""
     first_decided = asyncio.Event()
+    decided: list[list[int]] = []
+    waited: list[float] = []
 
     async def late() -> AsyncIterator[Sequence[int]]:
         yield records(0, 7)
+        started = time.monotonic()
         await first_decided.wait()
+        waited.append(time.monotonic() - started)
         yield records(7, 3)
-
-    decided: list[list[int]] = []
 
     async def decide(batch: list[Any]) -> None:
         decided.append(list(batch))
@@ -90,27 +101,126 @@ def test_a_late_next_take_does_not_hold_the_records_longer_than_the_limit() -> N
 
     asyncio.run(main())
     assert decided == [records(0, 7), records(7, 3)]
+    assert HOLD_MAX_S * 0.9 <= waited[0] < 10 * HOLD_MAX_S  # held, and not for long
 
 
-def test_stopping_the_loop_ends_the_take_it_was_waiting_for() -> None:
-    ended = asyncio.Event()
+def test_records_held_when_holding_stops_being_allowed_are_decided_first() -> None:
+    """A rebalance begins while records are held: they are decided within the limit, before the
+    take that comes after them, which is not held (holding is no longer allowed)."""
+    allowed = [True]
+    decided: list[list[int]] = []
 
-    async def endless() -> AsyncIterator[Sequence[int]]:
+    async def takes() -> AsyncIterator[Sequence[int]]:
+        yield records(0, 7)
+        allowed[0] = False
+        await asyncio.sleep(4 * HOLD_MAX_S)
+        yield records(7, 5)
+
+    async def decide(batch: list[Any]) -> None:
+        decided.append(list(batch))
+
+    async def main() -> None:
+        await asyncio.wait_for(decide_takes(takes(), decide, lambda: 1500, lambda: allowed[0], BATCH_MAX), 5)
+
+    asyncio.run(main())
+    assert decided == [records(0, 7), records(7, 5)]
+
+
+class Endless:
+    """Takes of 7 records while 1,500 wait, the second one never coming; says when it was ended."""
+
+    def __init__(self) -> None:
+        self.ended = asyncio.Event()
+
+    async def takes(self) -> AsyncIterator[Sequence[int]]:
         try:
             yield records(0, 7)
             await asyncio.sleep(3600)
             yield records(7, 1)
         finally:
-            ended.set()
+            self.ended.set()
 
-    async def decide(batch: list[Any]) -> None:
-        return None
 
+@pytest.mark.parametrize("where", ["holding", "deciding", "awaiting the next take"])
+def test_stopping_the_loop_ends_the_take_under_way_and_leaves_no_task(where: str) -> None:
     async def main() -> None:
-        loop = asyncio.ensure_future(decide_takes(endless(), decide, lambda: 1500, lambda: True, BATCH_MAX))
-        await asyncio.sleep(0.2)  # the 7 records held, then decided alone; the next take awaited
+        source = Endless()
+        in_decide = asyncio.Event()
+
+        async def decide(batch: list[Any]) -> None:
+            in_decide.set()
+            await asyncio.sleep(3600)  # stopped while deciding
+
+        async def quick(batch: list[Any]) -> None:
+            return None
+
+        loop = asyncio.ensure_future(decide_takes(source.takes(), decide if where == "deciding" else quick,
+                                                  lambda: 1500, lambda: True, BATCH_MAX))
+        if where == "holding":
+            await asyncio.sleep(HOLD_MAX_S / 5)  # the 7 records held, waiting for the next take
+        elif where == "deciding":
+            await asyncio.wait_for(in_decide.wait(), 1)  # the hold ran out: deciding them alone
+        else:
+            await asyncio.sleep(4 * HOLD_MAX_S)  # decided alone; the next take awaited
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
-        await asyncio.wait_for(ended.wait(), 1)
+        await asyncio.wait_for(source.ended.wait(), 1)
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+    asyncio.run(main())
+
+
+def test_against_faust_s_own_take_on_a_crowded_loop_every_record_once_in_order() -> None:
+    """Faust's noack_take on the worker's real channel (test_worker_flow's setup), ten tasks
+    crowding the event loop, decisions of random lengths and records arriving in bursts: every
+    record decided once, in offset order, no batch above the maximum, every record acked."""
+    async def once(seed: int, count: int = 3000) -> None:
+        rnd = random.Random(seed)
+        app, conductor, channel = _setup()
+        app.consumer_generation_id = 1
+        app.flow_control.resume()
+        stream = app.stream(channel)
+        decided: list[int] = []
+        sizes: list[int] = []
+
+        async def decide(events: list[Any]) -> None:
+            sizes.append(len(events))
+            await asyncio.sleep(rnd.choice([0, 0.001, 0.03, 0.08]))
+            for event in events:
+                decided.append(event.message.offset)
+                await stream.ack(event)
+
+        async def feed() -> None:
+            for offset in range(count):
+                await conductor.on_message(_message(offset))
+                if rnd.random() < 0.01:
+                    await asyncio.sleep(rnd.choice([0, 0.01, 0.06]))
+
+        async def crowd() -> None:
+            while True:
+                await asyncio.sleep(0)
+
+        crowds = [asyncio.ensure_future(crowd()) for _ in range(10)]
+        feeding = asyncio.ensure_future(feed())
+        loop = asyncio.ensure_future(decide_takes(stream.noack_take(BATCH_MAX, within=0.02), decide,
+                                                  lambda: queued(stream), lambda: True, BATCH_MAX))
+        try:
+            deadline = time.monotonic() + 60
+            while len(decided) < count and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            loop.cancel()
+            for task in (*crowds, feeding):
+                task.cancel()
+            await asyncio.gather(loop, feeding, *crowds, return_exceptions=True)
+            await stream.stop()
+        assert decided == list(range(count))
+        assert max(sizes) <= BATCH_MAX
+        consumer: Any = app.consumer
+        assert not consumer._unacked_messages
+
+    async def main() -> None:
+        for seed in range(2):
+            await once(seed)
 
     asyncio.run(main())
