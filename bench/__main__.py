@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from bench import ab, decide, e2e, ingest, latency, replay, restart, state, worker
+from bench import ab, decide, e2e, ingest, latency, replay, restart, state, txn, worker
 
 BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, "e2e": e2e.main,
            "latency": latency.main, "replay": replay.main, "state": state.main,
-           "restart": restart.main}
+           "restart": restart.main, "txn": txn.main}
 
 
 def main(argv: list[str]) -> int:
