@@ -17,10 +17,13 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from app.kafka_client import client_options
+from app.settings import dev_settings
 from bench.e2e import turned
 from bench.stack import embedded, process_cpu, save_results
 
@@ -35,9 +38,9 @@ VALUE = b"x" * 300
 VARIANTS = ("per_partition", "per_commit", "none")
 
 
-async def create_topics(bootstrap: str, prefix: str) -> None:
+async def create_topics(bootstrap: str, prefix: str, client: dict[str, Any]) -> None:
     """The run's topics, each partition written once (its leader known to the clients) before the timing."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(f"{prefix}-out{k}", PARTITIONS, 1) for k in range(TOPICS)]
@@ -45,7 +48,7 @@ async def create_topics(bootstrap: str, prefix: str) -> None:
     finally:
         await admin.close()
     await asyncio.sleep(1.0)  # a partition created a moment ago answers its first writes "not the leader"
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client)
     await producer.start()
     try:
         await asyncio.gather(*[await producer.send(f"{prefix}-out{k}", b"ready", partition=p)
@@ -54,9 +57,9 @@ async def create_topics(bootstrap: str, prefix: str) -> None:
         await producer.stop()
 
 
-def producers(bootstrap: str, variant: str, prefix: str) -> list[AIOKafkaProducer]:
+def producers(bootstrap: str, variant: str, prefix: str, client: dict[str, Any]) -> list[AIOKafkaProducer]:
     """One per partition (per_partition), else one; the worker's linger and batch size."""
-    options = {"bootstrap_servers": bootstrap, "linger_ms": 5, "max_batch_size": 256 * 1024}
+    options = {"bootstrap_servers": bootstrap, "linger_ms": 5, "max_batch_size": 256 * 1024, **client}
     if variant == "per_partition":
         return [AIOKafkaProducer(transactional_id=f"{prefix}-{p}", **options) for p in range(PARTITIONS)]
     if variant == "per_commit":
@@ -82,10 +85,10 @@ async def commit(variant: str, kafka: Sequence[AIOKafkaProducer], prefix: str, o
         await one(kafka[0], range(PARTITIONS))
 
 
-async def run(bootstrap: str, broker_pid: int, variant: str, prefix: str) -> dict[str, float]:
+async def run(bootstrap: str, broker_pid: int, variant: str, prefix: str, client: dict[str, Any]) -> dict[str, float]:
     """One run: the broker's and this process's CPU seconds, and the wall time, for the whole work."""
-    await create_topics(bootstrap, prefix)
-    kafka = producers(bootstrap, variant, prefix)
+    await create_topics(bootstrap, prefix, client)
+    kafka = producers(bootstrap, variant, prefix, client)
     for producer in kafka:
         await producer.start()
     try:
@@ -124,12 +127,13 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     with embedded("orderly-bench-txn-") as (_work, kafka, _postgres):
         assert kafka.pid is not None
+        client = client_options(dev_settings({"ORDERLY_KAFKA": kafka.bootstrap}))  # the embedded broker's
         for variant in VARIANTS:  # a fresh broker's first transactions cost it several times more: not counted
-            asyncio.run(run(kafka.bootstrap, kafka.pid, variant, f"warm-{variant}"))
+            asyncio.run(run(kafka.bootstrap, kafka.pid, variant, f"warm-{variant}", client))
         for round_no in range(ROUNDS):
             line = f"round {round_no + 1}:"
             for variant in turned(list(VARIANTS), round_no):
-                result = asyncio.run(run(kafka.bootstrap, kafka.pid, variant, f"r{round_no}-{variant}"))
+                result = asyncio.run(run(kafka.bootstrap, kafka.pid, variant, f"r{round_no}-{variant}", client))
                 runs[variant].append(result)
                 line += (f" | {variant} broker {result['broker_cpu_s']:.2f} CPU-s, client "
                          f"{result['client_cpu_s']:.2f} CPU-s, {result['wall_s']:.2f} s")
