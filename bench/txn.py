@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.kafka_client import client_options
 from app.settings import dev_settings
 from bench.e2e import turned
 from bench.stack import embedded, process_cpu, save_results
+from topics.admin import ensure_topics
+from topics.catalog import TopicSpec
 
 PARTITIONS = int(os.environ.get("BENCH_PARTITIONS", "12"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))
@@ -40,13 +41,8 @@ VARIANTS = ("per_partition", "per_commit", "none")
 
 async def create_topics(bootstrap: str, prefix: str, client: dict[str, Any]) -> None:
     """The run's topics, each partition written once (its leader known to the clients) before the timing."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(f"{prefix}-out{k}", PARTITIONS, 1) for k in range(TOPICS)]
-                                  + [NewTopic(f"{prefix}-source", PARTITIONS, 1)])
-    finally:
-        await admin.close()
+    await ensure_topics(bootstrap, [TopicSpec(f"{prefix}-out{k}", PARTITIONS, 1) for k in range(TOPICS)]
+                        + [TopicSpec(f"{prefix}-source", PARTITIONS, 1)], **client)
     await asyncio.sleep(1.0)  # a partition created a moment ago answers its first writes "not the leader"
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client)
     await producer.start()
