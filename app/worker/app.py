@@ -36,9 +36,11 @@ from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.worker import fencing
 from app.worker.batch import BatchProcessor
 from app.worker.consumer import (
     _Consumer,
+    _coordinator,
     consumer_of,
     fetch_min_bytes,
     flow_state,
@@ -150,6 +152,15 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     batches = BatchProcessor(app, state, table, n, producer, liveness, max_record_bytes or DERIVED_RECORD_BYTES)
     if settings.processing_guarantee == "exactly_once":
         state.stage = batches.stage
+        if settings.worker_member:
+            # One transaction per commit for every partition: the offsets carry the group generation
+            # (a worker that lost its partitions cannot commit) and a new owner waits for an open
+            # transaction's offsets; restarted under its member id, the worker ends its old transaction.
+            fencing.install()
+            fencing.register(app.conf.id, lambda: fencing.coordinator_membership(_coordinator(app)))
+            app.transactional_id = f"{app.conf.id}-worker-{settings.worker_member}"
+            log.info("exactly-once: one transaction per commit for all partitions, transactional id %s",
+                     app.transactional_id)
 
     @app.task  # type: ignore[untyped-decorator]  # Faust's decorators are untyped
     async def on_start() -> None:

@@ -57,6 +57,9 @@ class WorkerApp(faust.App):
     kafka_client: tuple[str, dict[str, Any]]  # the bootstrap servers and client options (security)
     # run from the app's start on: Faust starts its timers and tasks only once the table is recovered
     early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
+    # exactly-once with a static member id: one transactional producer for every partition, under
+    # this id (app/worker/fencing.py); None: one per partition, each under the partition's id
+    transactional_id: str | None = None
 
     @cached_property
     def flow_control(self) -> FlowControlEvent:

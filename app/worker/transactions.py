@@ -210,7 +210,21 @@ class TransactionStage:
         return failed is not None
 
 
+# One transaction per worker: a worker that dies for good leaves its open transaction to the
+# broker, which aborts it this long after it began (plus its cleanup interval, 10 s by default);
+# until then read_committed readers wait at its first record. Kafka's default is a minute; a busy
+# worker commits every 0.3 s, and a transaction open this long is aborted, which ends its worker
+# (the records are decided again after the restart).
+WORKER_TRANSACTION_TIMEOUT_MS = 15_000
+
+
 class _Producer(faust_aiokafka.Producer):
+    def _settings_extra(self) -> Any:
+        extra = dict(super()._settings_extra())
+        if worker_transactional_id(self.app) is not None:
+            extra["transaction_timeout_ms"] = WORKER_TRANSACTION_TIMEOUT_MS
+        return extra
+
     def transactional(self, transactional_id: str) -> Target | None:
         """The transactional producer Faust keeps for ``transactional_id`` and its lock, if it has one."""
         producer = self._transaction_producers.get(transactional_id)
@@ -279,6 +293,23 @@ class _TransactionManager(TransactionManager):
                     await producer.stop_transaction(tid)
         await super().on_rebalance(assigned, revoked, newly_assigned)
 
+    def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
+        worker = worker_transactional_id(self.app)
+        if worker is None:
+            return set(super()._tps_to_transactional_ids(tps))
+        return {worker} if tps else set()
+
+    async def commit(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """With one transaction per worker, every partition's offsets go into it (Faust's groups
+        them by partition, each under its own transactional id)."""
+        worker = worker_transactional_id(self.app)
+        if worker is None:
+            return bool(await super().commit(offsets, start_new_transaction))
+        if offsets:
+            await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
+                                                            start_new_transaction=start_new_transaction)
+        return True
+
     async def _start_transactions(self, tids: Any) -> None:
         producer = producer_of(self.app)
         for transactional_id in tids:
@@ -297,8 +328,18 @@ class _TransactionManager(TransactionManager):
 
 
 def transactional_id(app: AppT, topic: str, partition: int) -> str:
-    """The transactional id of the producer that writes ``topic``'s ``partition``, as Faust names it."""
+    """The transactional id of the producer that writes ``topic``'s ``partition``: the worker's
+    own, or, without one, the partition's as Faust names it."""
+    worker = worker_transactional_id(app)
+    if worker is not None:
+        return worker
     return f"{app.conf.id}-{app.assignor.group_for_topic(topic)}-{partition}"
+
+
+def worker_transactional_id(app: AppT) -> str | None:
+    """The transactional id of a worker that writes every partition in one transaction (see
+    app/worker/fencing.py), or None: a transaction per partition."""
+    return getattr(app, "transactional_id", None)
 
 
 def producer_of(app: AppT) -> _Producer:

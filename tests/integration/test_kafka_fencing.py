@@ -1,0 +1,120 @@
+"""KIP-447 fencing on the started broker (app/worker/fencing.py): a transaction's offsets carry its
+worker's group generation and are refused from a member of an earlier one; committed offsets are
+read only once no open transaction holds offsets of their partitions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from app.stack.kafka import KafkaBroker
+from app.worker import fencing
+
+
+@pytest.fixture
+async def group(kafka: KafkaBroker, namespace: str) -> AsyncIterator[tuple[str, str, AIOKafkaConsumer, str]]:
+    """A source topic, an output topic, and a consumer that is a member of the group's generation."""
+    source, output, group_id = f"{namespace}.source", f"{namespace}.out", f"{namespace}-group"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(source, 2, 1), NewTopic(output, 2, 1)])
+    finally:
+        await admin.close()
+    fencing.install()
+    consumer = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        for _ in range(100):  # joined once it has its assignment
+            await consumer.getmany(timeout_ms=100)
+            if consumer.assignment():
+                break
+        assert consumer.assignment(), "the consumer never joined its group"
+        fencing.register(group_id, lambda: fencing.coordinator_membership(consumer._coordinator))
+        yield source, output, consumer, group_id
+    finally:
+        await consumer.stop()
+
+
+async def transactional(kafka: KafkaBroker, transactional_id: str) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=transactional_id)
+    await producer.start()
+    return producer
+
+
+async def test_the_offsets_of_the_current_member_commit(kafka: KafkaBroker,
+                                                        group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
+    source, output, consumer, group_id = group
+    membership = fencing.coordinator_membership(consumer._coordinator)
+    assert membership.generation >= 1 and membership.member_id
+    producer = await transactional(kafka, f"{source}-current")
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(output, b"decided", partition=0)
+            await producer.send_offsets_to_transaction({TopicPartition(source, 0): 5}, group_id)
+    finally:
+        await producer.stop()
+    committed = await consumer.committed(TopicPartition(source, 0))
+    assert committed == 5
+
+
+async def test_a_member_of_an_earlier_generation_cannot_commit_its_offsets(
+        kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
+    source, output, consumer, group_id = group
+    current = fencing.coordinator_membership(consumer._coordinator)
+    # what a worker still believes after its group moved on without it
+    fencing.register(group_id, lambda: current._replace(generation=current.generation + 1))
+    producer = await transactional(kafka, f"{source}-zombie")
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(output, b"late", partition=1)
+        with pytest.raises(fencing.FencedMemberError, match="no longer a member"):
+            await producer.send_offsets_to_transaction({TopicPartition(source, 1): 9}, group_id)
+        await producer.abort_transaction()  # all that is left to it
+    finally:
+        await producer.stop()
+    assert await consumer.committed(TopicPartition(source, 1)) is None
+    # the write went into the aborted transaction: a read_committed reader never sees it
+    written = TopicPartition(output, 1)
+    reader = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, isolation_level="read_committed",
+                              enable_auto_commit=False)
+    await reader.start()
+    try:
+        reader.assign([written])
+        await reader.seek_to_beginning(written)
+        end = 0
+        for _ in range(100):  # the abort's marker is written after the abort returns; then the log is stable
+            end = (await reader.end_offsets([written]))[written]
+            if end >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert end >= 2, "the aborted write and its abort marker are in the log"
+        seen: list[bytes] = []
+        while await reader.position(written) < end:
+            batches = await reader.getmany(written, timeout_ms=500)
+            seen += [record.value for record in batches.get(written, [])]
+        assert b"late" not in seen
+    finally:
+        await reader.stop()
+
+
+async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
+        kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
+    source, output, consumer, group_id = group
+    producer = await transactional(kafka, f"{source}-open")
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(output, b"decided", partition=1)
+        await producer.send_offsets_to_transaction({TopicPartition(source, 1): 7}, group_id)
+        fetch = asyncio.ensure_future(consumer.committed(TopicPartition(source, 1)))
+        await asyncio.sleep(1.0)
+        assert not fetch.done(), "the committed offset was read while a transaction held its update"
+        await producer.commit_transaction()
+        assert await asyncio.wait_for(fetch, 10) == 7
+    finally:
+        await producer.stop()
