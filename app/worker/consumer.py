@@ -13,6 +13,7 @@ from faust.types import TP, AppT, Message
 from mode import Service, ServiceT
 
 from app.core.pacing import BUSY_BATCH
+from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import worker_state
 
@@ -220,6 +221,8 @@ class _Consumer(faust_aiokafka.Consumer):
             did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
+            # in the same step: the generation these offsets belong to (one transaction per worker)
+            state.commit_membership = fencing.coordinator_membership(_coordinator(self.app))
             try:
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from aiokafka import errors as Errors
@@ -47,11 +48,36 @@ class Membership(NamedTuple):
 
 # group id -> how to read its member's current membership (the worker registers its consumer's)
 _members: dict[str, Callable[[], Membership]] = {}
+# group id -> the membership a commit under way took its offsets in (pinned)
+_pinned: dict[str, Membership] = {}
 
 
 def register(group_id: str, membership: Callable[[], Membership]) -> None:
     """The transactional offset commits to ``group_id`` carry ``membership()`` from now on."""
     _members[group_id] = membership
+
+
+def membership_of(group_id: str) -> Membership:
+    """The registered member's membership now (read from the consumer's thread: a read between its
+    generation's and its member id's update gives a pair the coordinator refuses: a restart)."""
+    read = _members.get(group_id)
+    return read() if read is not None else Membership(NO_GENERATION, "", None)
+
+
+@contextmanager
+def pinned(group_id: str, membership: Membership) -> Iterator[None]:
+    """While inside, the transactional offset commits to ``group_id`` carry ``membership``: the one
+    the offsets were taken in, not the one current when aiokafka builds (or rebuilds, to retry) the
+    request. Else a commit under way across a rebalance would carry the next generation, which the
+    coordinator accepts though its partitions may now be another member's. A membership not known
+    (no generation yet) is refused here: a commit without one is never checked."""
+    if membership.generation < 0 or not membership.member_id:
+        raise FencedMemberError(f"no membership of {group_id} to commit in ({membership})")
+    _pinned[group_id] = membership
+    try:
+        yield
+    finally:
+        _pinned.pop(group_id, None)
 
 
 def coordinator_membership(coordinator: Any) -> Membership:
@@ -180,7 +206,7 @@ class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[mi
         offsets: dict[str, list[tuple[int, int, str]]] = collections.defaultdict(list)
         for tp, offset in sorted(self._offsets.items()):
             offsets[tp.topic].append((tp.partition, offset.offset, offset.metadata))
-        membership = _members.get(self._group_id, lambda: Membership(NO_GENERATION, "", None))()
+        membership = _pinned.get(self._group_id) or membership_of(self._group_id)
         return FencedTxnOffsetCommitRequest(txn_manager.transactional_id, self._group_id, txn_manager.producer_id,
                                             txn_manager.producer_epoch, membership, list(offsets.items()))
 
@@ -242,10 +268,11 @@ async def _fetch_stable_offsets(self: Any, partitions: list[TopicPartition]) -> 
 
 
 def _raise_fetch_error(coordinator: Any, error_type: type[Errors.KafkaError], tp: TopicPartition | None) -> None:
-    if error_type is Errors.NotCoordinatorForGroupError:
-        coordinator.coordinator_dead()
-    if error_type in (Errors.GroupLoadInProgressError, Errors.NotCoordinatorForGroupError):
-        raise error_type()  # retried
+    if error_type in (Errors.NotCoordinatorForGroupError, Errors.GroupCoordinatorNotAvailableError):
+        coordinator.coordinator_dead()  # found again before the retry
+    if error_type in (Errors.GroupLoadInProgressError, Errors.NotCoordinatorForGroupError,
+                      Errors.GroupCoordinatorNotAvailableError):
+        raise error_type()  # retried after the backoff (a broker starting or stopping)
     if error_type is Errors.GroupAuthorizationFailedError:
         raise error_type(coordinator.group_id)
     raise Errors.KafkaError(f"fetching the committed offsets{f' of {tp}' if tp else ''}: {error_type.__name__}")

@@ -28,6 +28,8 @@ class WorkerState:
     decided: dict[TopicPartition, int] = field(default_factory=dict)
     stage: TransactionStage | None = None  # exactly-once only: the writes waiting for their transaction
     last_batch_at: float = 0.0  # time.monotonic() when a batch was last taken or finished
+    # one transaction per worker: the group membership the offsets of the commit under way were taken in
+    commit_membership: Any = None
 
 
 class FlowControl(FlowControlEvent):

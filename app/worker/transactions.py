@@ -17,6 +17,7 @@ from faust.types import TP, AppT
 
 from app.core.dispatch import Record
 from app.producer import KeyedProducer, send_keyed
+from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.store import PartitionStore
 
@@ -210,21 +211,7 @@ class TransactionStage:
         return failed is not None
 
 
-# One transaction per worker: a worker that dies for good leaves its open transaction to the
-# broker, which aborts it this long after it began (plus its cleanup interval, 10 s by default);
-# until then read_committed readers wait at its first record. Kafka's default is a minute; a busy
-# worker commits every 0.3 s, and a transaction open this long is aborted, which ends its worker
-# (the records are decided again after the restart).
-WORKER_TRANSACTION_TIMEOUT_MS = 15_000
-
-
 class _Producer(faust_aiokafka.Producer):
-    def _settings_extra(self) -> Any:
-        extra = dict(super()._settings_extra())
-        if worker_transactional_id(self.app) is not None:
-            extra["transaction_timeout_ms"] = WORKER_TRANSACTION_TIMEOUT_MS
-        return extra
-
     def transactional(self, transactional_id: str) -> Target | None:
         """The transactional producer Faust keeps for ``transactional_id`` and its lock, if it has one."""
         producer = self._transaction_producers.get(transactional_id)
@@ -291,7 +278,11 @@ class _TransactionManager(TransactionManager):
             for tid in stale:
                 async with producer._trn_locks[tid]:
                     await producer.stop_transaction(tid)
-        await super().on_rebalance(assigned, revoked, newly_assigned)
+        # Faust stops the producers of what it counts revoked (the last assignment minus this one),
+        # without the lock or a wait for a commit under way; the worker's one producer is stopped
+        # above when its transaction holds writes of revoked partitions, and kept otherwise.
+        await super().on_rebalance(assigned, set() if worker_transactional_id(self.app) else revoked,
+                                   newly_assigned)
 
     def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
         worker = worker_transactional_id(self.app)
@@ -306,8 +297,13 @@ class _TransactionManager(TransactionManager):
         if worker is None:
             return bool(await super().commit(offsets, start_new_transaction))
         if offsets:
-            await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
-                                                            start_new_transaction=start_new_transaction)
+            state = getattr(self.app, "worker_state", None)
+            membership = state.commit_membership if state is not None else None
+            if membership is None:
+                raise fencing.FencedMemberError("a commit without the membership its offsets were taken in")
+            with fencing.pinned(self.app.conf.id, membership):
+                await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
+                                                                start_new_transaction=start_new_transaction)
         return True
 
     async def _start_transactions(self, tids: Any) -> None:
