@@ -222,7 +222,8 @@ class _Consumer(faust_aiokafka.Consumer):
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
             # in the same step: the generation these offsets belong to (one transaction per worker)
-            state.commit_membership = fencing.coordinator_membership(_coordinator(self.app))
+            if getattr(self.app, "transactional_id", None) is not None:
+                state.commit_membership = fencing.coordinator_membership(_coordinator(self.app))
             try:
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
