@@ -206,7 +206,11 @@ class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[mi
         offsets: dict[str, list[tuple[int, int, str]]] = collections.defaultdict(list)
         for tp, offset in sorted(self._offsets.items()):
             offsets[tp.topic].append((tp.partition, offset.offset, offset.metadata))
-        membership = _pinned.get(self._group_id) or membership_of(self._group_id)
+        membership = _pinned.get(self._group_id)
+        if membership is None:
+            if self._group_id in _members:  # the worker's group: only ever the membership its offsets were taken in
+                raise FencedMemberError(f"offsets of {self._group_id} sent outside a commit's pinned membership")
+            membership = Membership(NO_GENERATION, "", None)
         return FencedTxnOffsetCommitRequest(txn_manager.transactional_id, self._group_id, txn_manager.producer_id,
                                             txn_manager.producer_epoch, membership, list(offsets.items()))
 

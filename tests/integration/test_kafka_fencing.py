@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
 from app.stack.kafka import KafkaBroker
 from app.worker import fencing
@@ -56,7 +57,8 @@ async def test_the_offsets_of_the_current_member_commit(kafka: KafkaBroker,
     try:
         async with producer.transaction():
             await producer.send_and_wait(output, b"decided", partition=0)
-            await producer.send_offsets_to_transaction({TopicPartition(source, 0): 5}, group_id)
+            with fencing.pinned(group_id, membership):
+                await producer.send_offsets_to_transaction({TopicPartition(source, 0): 5}, group_id)
     finally:
         await producer.stop()
     committed = await consumer.committed(TopicPartition(source, 0))
@@ -68,12 +70,12 @@ async def test_a_member_of_an_earlier_generation_cannot_commit_its_offsets(
     source, output, consumer, group_id = group
     current = fencing.coordinator_membership(consumer._coordinator)
     # what a worker still believes after its group moved on without it
-    fencing.register(group_id, lambda: current._replace(generation=current.generation + 1))
+    stale = current._replace(generation=current.generation + 1)
     producer = await transactional(kafka, f"{source}-zombie")
     try:
         await producer.begin_transaction()
         await producer.send_and_wait(output, b"late", partition=1)
-        with pytest.raises(fencing.FencedMemberError, match="no longer a member"):
+        with pytest.raises(fencing.FencedMemberError, match="no longer a member"), fencing.pinned(group_id, stale):
             await producer.send_offsets_to_transaction({TopicPartition(source, 1): 9}, group_id)
         await producer.abort_transaction()  # all that is left to it
     finally:
@@ -103,6 +105,20 @@ async def test_a_member_of_an_earlier_generation_cannot_commit_its_offsets(
         await reader.stop()
 
 
+async def test_offsets_sent_outside_a_pinned_membership_are_refused(
+        kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
+    source, output, consumer, group_id = group
+    producer = await transactional(kafka, f"{source}-unpinned")
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(output, b"decided", partition=0)
+        with pytest.raises(KafkaError):  # the producer's sender fails: the worker's commit ends it
+            await asyncio.wait_for(producer.send_offsets_to_transaction({TopicPartition(source, 0): 11}, group_id), 10)
+    finally:
+        await producer.stop()
+    assert await consumer.committed(TopicPartition(source, 0)) is None
+
+
 async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
         kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
     source, output, consumer, group_id = group
@@ -110,7 +126,8 @@ async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
     try:
         await producer.begin_transaction()
         await producer.send_and_wait(output, b"decided", partition=1)
-        await producer.send_offsets_to_transaction({TopicPartition(source, 1): 7}, group_id)
+        with fencing.pinned(group_id, fencing.coordinator_membership(consumer._coordinator)):
+            await producer.send_offsets_to_transaction({TopicPartition(source, 1): 7}, group_id)
         fetch = asyncio.ensure_future(consumer.committed(TopicPartition(source, 1)))
         await asyncio.sleep(1.0)
         assert not fetch.done(), "the committed offset was read while a transaction held its update"
