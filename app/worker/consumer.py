@@ -227,6 +227,14 @@ class _Consumer(faust_aiokafka.Consumer):
             try:
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
+                if getattr(self.app, "transactional_id", None) is not None:
+                    # one transaction for every partition: it must not commit the writes of a partition
+                    # whose offset it leaves out (Faust drops the offsets of partitions not assigned)
+                    assigned_now = {tp.partition for tp in offsets if tp in self.assignment()}
+                    if not stage.written <= assigned_now:
+                        raise fencing.FencedMemberError(
+                            f"the open transaction holds writes of partitions {sorted(stage.written - assigned_now)} "
+                            "whose offsets this commit would not carry")
                 did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
             except Exception:
                 # Faust would crash the app, and its stop commits once more: the offsets of the batches

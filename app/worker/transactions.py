@@ -211,7 +211,25 @@ class TransactionStage:
         return failed is not None
 
 
+ABORT_ON_STOP_S = 5.0  # an abort at a stop or a rebalance, at most (else the transaction times out)
+
+
 class _Producer(faust_aiokafka.Producer):
+    async def stop_transaction(self, transactional_id: str) -> None:
+        """With one transaction per worker, its open transaction is aborted first: aiokafka's stop
+        leaves it open, and no other worker's producer ends it (a transaction per partition: the
+        next owner's, under the partition's id, does); read_committed readers would wait at its
+        first record until its timeout."""
+        if worker_transactional_id(self.app) is not None:
+            await _abort_open(self._transaction_producers.get(transactional_id), transactional_id)
+        await super().stop_transaction(transactional_id)
+
+    async def on_stop(self) -> None:
+        if worker_transactional_id(self.app) is not None:
+            for transactional_id, producer in list(self._transaction_producers.items()):
+                await _abort_open(producer, transactional_id)
+        await super().on_stop()
+
     def transactional(self, transactional_id: str) -> Target | None:
         """The transactional producer Faust keeps for ``transactional_id`` and its lock, if it has one."""
         producer = self._transaction_producers.get(transactional_id)
@@ -245,6 +263,17 @@ class _Producer(faust_aiokafka.Producer):
                              "local store untouched by the commit", ", ".join(fenced))
         if failed:
             raise next(iter(failed.values()))
+
+
+async def _abort_open(producer: AIOKafkaProducer | None, transactional_id: str) -> None:
+    """Abort ``producer``'s transaction if one is open (best effort, bounded: else it times out)."""
+    if producer is None or not producer._txn_manager.is_in_transaction():
+        return
+    try:
+        await asyncio.wait_for(producer.abort_transaction(), ABORT_ON_STOP_S)
+        log.info("aborted the open transaction of %s before stopping its producer", transactional_id)
+    except Exception as exc:  # the broker away: the transaction ends at its timeout instead
+        log.warning("could not abort the open transaction of %s (%r): it ends at its timeout", transactional_id, exc)
 
 
 class _TransactionManager(TransactionManager):
