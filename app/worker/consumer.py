@@ -221,10 +221,15 @@ class _Consumer(faust_aiokafka.Consumer):
             did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
-            # in the same step: the generation these offsets belong to (one transaction per worker)
-            if getattr(self.app, "transactional_id", None) is not None:
-                state.commit_membership = fencing.coordinator_membership(_coordinator(self.app))
+            # in the same step: the group membership these offsets belong to (app/worker/fencing.py)
+            state.commit_membership = membership = fencing.coordinator_membership(_coordinator(self.app))
             try:
+                if offsets and membership.generation != state.assigned_generation:
+                    # Faust skipped the revocation (it was stopping, or its handler failed): the decided
+                    # offsets are of an assignment of another generation than the one they would carry
+                    raise fencing.FencedMemberError(
+                        f"offsets decided in generation {state.assigned_generation} of the group, which is at "
+                        f"{membership.generation} now")
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
                 if getattr(self.app, "transactional_id", None) is not None:

@@ -175,8 +175,7 @@ class ExactRecovery(Recovery):
                 bootstrap, tps, timeout_s=read_timeout(float(self.app.conf.broker_request_timeout)),
                 floor={tp: held.get(tp) for tp in tps},
                 # active partitions only: a standby's changelog is a live worker's, always in a transaction
-                stable_first=(destination is self.active_highwaters
-                              and getattr(self.app, "transactional_id", None) is not None), **options)
+                stable_first=destination is self.active_highwaters, **options)
         except HighwaterTimeout as exc:
             exit_for_restart(STALLED_EXIT_CODE, "recovery of the %s changelog partitions stalled: %s; exiting so that "
                              "the supervisor restarts this worker", title, exc)

@@ -28,8 +28,11 @@ class WorkerState:
     decided: dict[TopicPartition, int] = field(default_factory=dict)
     stage: TransactionStage | None = None  # exactly-once only: the writes waiting for their transaction
     last_batch_at: float = 0.0  # time.monotonic() when a batch was last taken or finished
-    # one transaction per worker: the group membership the offsets of the commit under way were taken in
+    # exactly-once: the group membership the offsets of the commit under way were taken in, and the
+    # generation of the assignment the decided offsets belong to (None between a revocation and the
+    # next assignment; Faust skips both signals while it stops)
     commit_membership: Any = None
+    assigned_generation: int | None = None
 
 
 class FlowControl(FlowControlEvent):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -214,7 +214,21 @@ class TransactionStage:
 ABORT_ON_STOP_S = 5.0  # an abort at a stop or a rebalance, at most (else the transaction times out)
 
 
+WORKER_TRANSACTION_TIMEOUT_MS = 10_000  # Kafka Streams' for its one producer per thread; Kafka's default: 60 s
+
+
 class _Producer(faust_aiokafka.Producer):
+    def _settings_extra(self) -> Mapping[str, Any]:
+        """With one transaction per worker, a worker gone for good (not restarted under its member
+        id) leaves its open transaction to the broker, which aborts it after this timeout: till then
+        read_committed readers wait at its first record, and a new owner's recovery waits for it. A
+        transaction lasts one commit interval (seconds); one that outlasts this is aborted, and its
+        worker's commit fails: a restart, its records decided again."""
+        extra = dict(super()._settings_extra())
+        if worker_transactional_id(self.app) is not None:
+            extra["transaction_timeout_ms"] = WORKER_TRANSACTION_TIMEOUT_MS
+        return extra
+
     async def stop_transaction(self, transactional_id: str) -> None:
         """With one transaction per worker, its open transaction is aborted first: aiokafka's stop
         leaves it open, and no other worker's producer ends it (a transaction per partition: the
@@ -320,19 +334,21 @@ class _TransactionManager(TransactionManager):
         return {worker} if tps else set()
 
     async def commit(self, offsets: Any, start_new_transaction: bool = True) -> bool:
-        """With one transaction per worker, every partition's offsets go into it (Faust's groups
-        them by partition, each under its own transactional id)."""
+        """The offsets carry the group membership they were taken in (app/worker/fencing.py). With
+        one transaction per worker, every partition's offsets go into it (Faust's groups them by
+        partition, each under its own transactional id)."""
+        if not offsets:
+            return True
+        state = getattr(self.app, "worker_state", None)
+        membership = state.commit_membership if state is not None else None
+        if membership is None:
+            raise fencing.FencedMemberError("a commit without the membership its offsets were taken in")
         worker = worker_transactional_id(self.app)
-        if worker is None:
-            return bool(await super().commit(offsets, start_new_transaction))
-        if offsets:
-            state = getattr(self.app, "worker_state", None)
-            membership = state.commit_membership if state is not None else None
-            if membership is None:
-                raise fencing.FencedMemberError("a commit without the membership its offsets were taken in")
-            with fencing.pinned(self.app.conf.id, membership):
-                await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
-                                                                start_new_transaction=start_new_transaction)
+        with fencing.pinned(self.app.conf.id, membership):
+            if worker is None:
+                return bool(await super().commit(offsets, start_new_transaction))
+            await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
+                                                            start_new_transaction=start_new_transaction)
         return True
 
     async def _start_transactions(self, tids: Any) -> None:

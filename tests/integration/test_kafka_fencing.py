@@ -135,3 +135,77 @@ async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
         assert await asyncio.wait_for(fetch, 10) == 7
     finally:
         await producer.stop()
+
+
+async def test_offsets_taken_before_a_rebalance_are_refused_after_it(
+        kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
+    """A commit in flight across a rebalance: its offsets were taken in one generation and reach the
+    coordinator once another member's join has started the next; they carry the generation they
+    were taken in, which the coordinator refuses."""
+    source, output, consumer, group_id = group
+    taken = fencing.coordinator_membership(consumer._coordinator)
+    producer = await transactional(kafka, f"{source}-in-flight")
+    other = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id, enable_auto_commit=False)
+    await other.start()
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(output, b"decided before the rebalance", partition=0)
+        for _ in range(200):  # both members poll until the group has moved on to a later generation
+            await asyncio.gather(consumer.getmany(timeout_ms=50), other.getmany(timeout_ms=50))
+            if consumer._coordinator.generation > taken.generation and other.assignment():
+                break
+        assert consumer._coordinator.generation > taken.generation, "the group never rebalanced"
+        with pytest.raises(fencing.FencedMemberError, match="no longer a member"), fencing.pinned(group_id, taken):
+            await producer.send_offsets_to_transaction({TopicPartition(source, 0): 13}, group_id)
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+        await other.stop()
+    assert await consumer.committed(TopicPartition(source, 0)) is None
+
+
+async def test_a_static_member_replaced_under_its_instance_id_cannot_commit(
+        kafka: KafkaBroker, namespace: str) -> None:
+    """Another worker started under the same ORDERLY_WORKER_INSTANCE_ID takes the static member's
+    place (a new member id); the one it replaced is refused with FENCED_INSTANCE_ID."""
+    source, output, group_id = f"{namespace}.static", f"{namespace}.static-out", f"{namespace}-static"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(source, 1, 1), NewTopic(output, 1, 1)])
+    finally:
+        await admin.close()
+    fencing.install()
+
+    async def member() -> AIOKafkaConsumer:
+        joined = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
+                                  group_instance_id="worker-1", enable_auto_commit=False)
+        await joined.start()
+        for _ in range(100):
+            await joined.getmany(timeout_ms=100)
+            if joined.assignment():
+                return joined
+        raise AssertionError("the static member never joined its group")
+
+    first = await member()
+    replaced = fencing.coordinator_membership(first._coordinator)
+    assert replaced.group_instance_id == "worker-1"
+    second = await member()
+    producer = await transactional(kafka, f"{source}-replaced")
+    try:
+        current = fencing.coordinator_membership(second._coordinator)
+        assert current.member_id != replaced.member_id
+        await producer.begin_transaction()
+        await producer.send_and_wait(output, b"late", partition=0)
+        with pytest.raises(fencing.FencedMemberError, match=r"error (82|25)"), fencing.pinned(group_id, replaced):
+            await producer.send_offsets_to_transaction({TopicPartition(source, 0): 3}, group_id)
+        await producer.abort_transaction()
+        # the member that took its place commits
+        async with producer.transaction():
+            with fencing.pinned(group_id, current):
+                await producer.send_offsets_to_transaction({TopicPartition(source, 0): 4}, group_id)
+        assert await second.committed(TopicPartition(source, 0)) == 4
+    finally:
+        await producer.stop()
+        await second.stop()
+        await first.stop()

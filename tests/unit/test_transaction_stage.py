@@ -301,6 +301,17 @@ class Exited(Exception):
     pass
 
 
+def member_of_generation(monkeypatch: Any, state: Any, generation: int, assigned: int | None = None) -> None:
+    """The worker's consumer a member of ``generation`` of its group; its partitions assigned in
+    ``assigned`` (the same generation unless given)."""
+    from app.worker import consumer as consumer_module
+
+    coordinator = type("Coordinator", (), {"generation": generation, "member_id": "member-1",
+                                           "_group_instance_id": None})()
+    monkeypatch.setattr(consumer_module, "_coordinator", lambda app: coordinator)
+    state.assigned_generation = generation if assigned is None else assigned
+
+
 async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_commits_again(
         monkeypatch: Any) -> None:
     """Faust would crash the app on the failure, and its stop would commit once more: the offsets
@@ -332,6 +343,7 @@ async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_comm
     state.stage = Stage()
     state.decided = {TopicPartition("raw", 0): 5}
     state.metrics = type("Metrics", (), {})()
+    member_of_generation(monkeypatch, state, 3)
     consumer = object.__new__(_Consumer)
     consumer.in_transaction = True
     consumer._committed_offset = {TopicPartition("raw", 0): 1}
@@ -439,6 +451,7 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     state.stage = stage
     state.decided = {raw0: 5, raw1: 7}
     state.metrics = type("Metrics", (), {"commit_seconds": type("H", (), {"observe": lambda self, v: None})()})()
+    member_of_generation(monkeypatch, state, 3)
     consumer = object.__new__(_Consumer)
     consumer.in_transaction = True
     consumer._committed_offset = {raw0: 1, raw1: 1}
@@ -448,3 +461,45 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     assert await consumer._commit_offsets({raw0: 5, raw1: 7})
     assert committed_offsets == [{raw0: 5}]
     assert stored == [{0}]
+
+
+@pytest.mark.parametrize("assigned", [4, None])
+async def test_offsets_decided_under_another_generation_than_the_groups_are_never_committed(
+        monkeypatch: Any, assigned: int | None) -> None:
+    """Faust skips its revocation signal while it stops, or when its handler failed: the decided
+    offsets then belong to an assignment of an earlier generation than the one the consumer joined
+    since, and carrying the new generation the coordinator would accept them (assigned None: a
+    revocation handled, and no assignment yet)."""
+    from aiokafka import TopicPartition
+
+    from app.worker import consumer as consumer_module
+    from app.worker.consumer import _Consumer
+
+    codes: list[int] = []
+
+    def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
+        codes.append(code)
+        raise Exited(message % args)
+    monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
+    flushed: list[bool] = []
+
+    class Stage:
+        async def flush(self) -> set[int]:
+            flushed.append(True)
+            return set()
+
+    state = type("State", (), {})()
+    state.stage = Stage()
+    state.decided = {TopicPartition("raw", 0): 5}
+    state.metrics = type("Metrics", (), {})()
+    member_of_generation(monkeypatch, state, 5, assigned=assigned)
+    state.assigned_generation = assigned
+    consumer = object.__new__(_Consumer)
+    consumer.in_transaction = True
+    consumer._committed_offset = {TopicPartition("raw", 0): 1}
+    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
+    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    with pytest.raises(Exited, match="commit failed"):
+        await consumer._commit_offsets({TopicPartition("raw", 0): 5})
+    assert flushed == []  # nothing of the transaction sent on, nothing committed
+    assert state.commit_membership.generation == 5
