@@ -17,6 +17,7 @@ from faust.types import TP, AppT
 
 from app.core.dispatch import Record
 from app.producer import KeyedProducer, send_keyed
+from app.settings import TRANSACTION_TIMEOUT_S
 from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.store import PartitionStore
@@ -214,34 +215,30 @@ class TransactionStage:
 ABORT_ON_STOP_S = 5.0  # an abort at a stop or a rebalance, at most (else the transaction times out)
 
 
-WORKER_TRANSACTION_TIMEOUT_MS = 10_000  # Kafka Streams' for its one producer per thread; Kafka's default: 60 s
-
-
 class _Producer(faust_aiokafka.Producer):
     def _settings_extra(self) -> Mapping[str, Any]:
-        """With one transaction per worker, a worker gone for good (not restarted under its member
-        id) leaves its open transaction to the broker, which aborts it after this timeout: till then
-        read_committed readers wait at its first record, and a new owner's recovery waits for it. A
-        transaction lasts one commit interval (seconds); one that outlasts this is aborted, and its
+        """The transactional producers' timeout: Kafka Streams' 10 s, not Kafka's 60. A worker lost
+        for good leaves its open transactions to the broker, which aborts them after this timeout:
+        till then read_committed readers wait at their first record, and a new owner's recovery
+        waits for them (a new owner under the same transactional id ends them at once: a transaction
+        per partition, or the worker restarted under its member id). A transaction lasts one commit
+        interval (at most half of this, app/settings.py); one that outlasts it is aborted, and its
         worker's commit fails: a restart, its records decided again."""
         extra = dict(super()._settings_extra())
-        if worker_transactional_id(self.app) is not None:
-            extra["transaction_timeout_ms"] = WORKER_TRANSACTION_TIMEOUT_MS
+        if self.app.in_transaction:
+            extra["transaction_timeout_ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
         return extra
 
     async def stop_transaction(self, transactional_id: str) -> None:
-        """With one transaction per worker, its open transaction is aborted first: aiokafka's stop
-        leaves it open, and no other worker's producer ends it (a transaction per partition: the
-        next owner's, under the partition's id, does); read_committed readers would wait at its
-        first record until its timeout."""
-        if worker_transactional_id(self.app) is not None:
-            await _abort_open(self._transaction_producers.get(transactional_id), transactional_id)
+        """The producer's open transaction is aborted first: aiokafka's stop leaves it open, and
+        read_committed readers would wait at its first record until its timeout (under a worker's
+        own id no other worker's producer ends it; under a partition's, a worker of the other model
+        in the group does not either)."""
+        await _abort_open(self._transaction_producers.get(transactional_id), transactional_id)
         await super().stop_transaction(transactional_id)
 
     async def on_stop(self) -> None:
-        if worker_transactional_id(self.app) is not None:
-            for transactional_id, producer in list(self._transaction_producers.items()):
-                await _abort_open(producer, transactional_id)
+        await abort_open(self, list(self._transaction_producers))
         await super().on_stop()
 
     def transactional(self, transactional_id: str) -> Target | None:
@@ -273,10 +270,17 @@ class _Producer(faust_aiokafka.Producer):
             # done, and the local store would take the values of transactions that never committed
             # (ahead of the changelog: ConsistencyError at every start). Exit before it is written.
             exit_for_restart(FAILED_EXIT_CODE, "the transactional producers %s were fenced (another worker took "
-                             "their partitions over): exiting so that the supervisor restarts this worker, its "
+                             "their partitions over, or the broker aborted a transaction open for its timeout, "
+                             f"{TRANSACTION_TIMEOUT_S:g} s): exiting so that the supervisor restarts this worker, its "
                              "local store untouched by the commit", ", ".join(fenced))
         if failed:
             raise next(iter(failed.values()))
+
+
+async def abort_open(producer: _Producer, transactional_ids: list[str]) -> None:
+    """Abort the open transactions of these producers, all at once (each bounded: a broker away
+    would make one after the other add up)."""
+    await asyncio.gather(*(_abort_open(producer._transaction_producers.get(tid), tid) for tid in transactional_ids))
 
 
 async def _abort_open(producer: AIOKafkaProducer | None, transactional_id: str) -> None:
@@ -318,6 +322,7 @@ class _TransactionManager(TransactionManager):
             # Not under a commit: stopping a producer whose commit is in flight leaves that commit
             # waiting for ever (aiokafka never resolves its futures), and every later commit behind it.
             await self.consumer.maybe_wait_for_commit_to_finish()  # type: ignore[attr-defined]  # Faust's Consumer's
+            await abort_open(producer, stale)  # all at once; stop_transaction then finds them ended
             for tid in stale:
                 async with producer._trn_locks[tid]:
                     await producer.stop_transaction(tid)

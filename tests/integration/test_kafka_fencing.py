@@ -12,8 +12,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
+from faust.types import TP
+
 from app.stack.kafka import KafkaBroker
 from app.worker import fencing
+from app.worker.recovery import last_committed_offsets
 
 
 @pytest.fixture
@@ -209,3 +212,30 @@ async def test_a_static_member_replaced_under_its_instance_id_cannot_commit(
         await producer.stop()
         await second.stop()
         await first.stop()
+
+
+async def test_recovery_reads_a_changelog_only_once_no_transaction_holds_records_of_it(
+        kafka: KafkaBroker, namespace: str) -> None:
+    """A new owner's recovery (app/worker/recovery.py) after a previous owner whose transaction is
+    still open: it waits for that transaction to end, and then reads up to its last committed record."""
+    changelog = TopicPartition(f"{namespace}.changelog", 0)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(changelog.topic, 1, 1)])
+    finally:
+        await admin.close()
+    previous_owner = await transactional(kafka, f"{namespace}-previous-owner")
+    try:
+        async with previous_owner.transaction():
+            await previous_owner.send_and_wait(changelog.topic, b"committed", partition=0)
+        await previous_owner.begin_transaction()
+        await previous_owner.send_and_wait(changelog.topic, b"still open", partition=0)
+        tp = TP(changelog.topic, 0)
+        recovery = asyncio.ensure_future(last_committed_offsets(kafka.bootstrap, [tp], stable_first=True))
+        await asyncio.sleep(2.0)
+        assert not recovery.done(), "recovery read the changelog while a transaction held records of it"
+        await previous_owner.commit_transaction()
+        assert (await asyncio.wait_for(recovery, 20))[tp] == 2  # the second record (after the first commit marker)
+    finally:
+        await previous_owner.stop()

@@ -106,3 +106,14 @@ def test_a_commit_without_a_known_membership_is_refused(unknown: fencing.Members
     with pytest.raises(fencing.FencedMemberError), fencing.pinned("group-q", unknown):
         pass  # never reached
     assert "group-q" not in fencing._pinned
+
+
+@pytest.mark.parametrize("in_transaction", [True, False])
+def test_transactional_producers_time_out_after_the_settings_transaction_timeout(in_transaction: bool) -> None:
+    from app.settings import TRANSACTION_TIMEOUT_S
+
+    producer = object.__new__(transactions._Producer)
+    producer.app = SimpleNamespace(in_transaction=in_transaction)  # type: ignore[assignment]
+    extra = producer._settings_extra()
+    assert extra.get("transaction_timeout_ms") == (TRANSACTION_TIMEOUT_S * 1000 if in_transaction else None)
+    assert ("acks" in extra) is in_transaction  # Faust's own extras kept

@@ -243,13 +243,25 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     stage, _, _ = stage_for(2)
     stage.dirty = {1}
     stopped: list[str] = []
+    aborted: list[str] = []
 
     class Producer(transactions._Producer):
         async def stop_transaction(self, transactional_id: str) -> None:
             stopped.append(transactional_id)
 
+    class Transactional:
+        """An aiokafka producer in its open transaction (Faust begins one at once)."""
+
+        def __init__(self, tid: str) -> None:
+            self.tid, self.open = tid, True
+            self._txn_manager = type("Manager", (), {"is_in_transaction": lambda manager: self.open})()
+
+        async def abort_transaction(self) -> None:
+            aborted.append(self.tid)
+            self.open = False
+
     producer = object.__new__(Producer)
-    producer._transaction_producers = {"w-0-0": object(), "w-0-1": object(), "w-0-2": object()}
+    producer._transaction_producers = {tid: Transactional(tid) for tid in ("w-0-0", "w-0-1", "w-0-2")}
     producer._trn_locks = {tid: asyncio.Lock() for tid in producer._transaction_producers}
     app = type("App", (), {})()
     app.producer = producer
@@ -267,6 +279,8 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     monkeypatch.setattr(TransactionManager, "on_rebalance", parent_on_rebalance)
     await manager.on_rebalance(set(), set(), set())
     assert stopped == ["w-0-1", "w-0-2"]  # the dirty one it keeps, and the one it no longer owns
+    # their open transactions aborted first (aiokafka's stop leaves them to the transaction timeout)
+    assert sorted(aborted) == ["w-0-1", "w-0-2"]
     assert stage.dirty == set()
 
 
