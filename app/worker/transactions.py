@@ -235,11 +235,11 @@ class _Producer(faust_aiokafka.Producer):
         own id no other worker's producer ends it; under a partition's, a worker of the other model
         in the group does not either)."""
         await _abort_open(self._transaction_producers.get(transactional_id), transactional_id)
-        await super().stop_transaction(transactional_id)
+        await _bounded(super().stop_transaction(transactional_id), f"stopping the producer {transactional_id}")
 
     async def on_stop(self) -> None:
         await abort_open(self, list(self._transaction_producers))
-        await super().on_stop()
+        await _bounded(super().on_stop(), "stopping the producers", 2 * ABORT_ON_STOP_S)
 
     def transactional(self, transactional_id: str) -> Target | None:
         """The transactional producer Faust keeps for ``transactional_id`` and its lock, if it has one."""
@@ -281,6 +281,18 @@ async def abort_open(producer: _Producer, transactional_ids: list[str]) -> None:
     """Abort the open transactions of these producers, all at once (each bounded: a broker away
     would make one after the other add up)."""
     await asyncio.gather(*(_abort_open(producer._transaction_producers.get(tid), tid) for tid in transactional_ids))
+
+
+async def _bounded(stopping: Awaitable[None], what: str, limit_s: float | None = None) -> None:
+    """A producer's stop, bounded: aiokafka's waits for its sender's pending end of a transaction,
+    which looks for the transaction coordinator for as long as none answers (an abort that timed
+    out leaves one). The transaction then ends at its timeout."""
+    limit_s = ABORT_ON_STOP_S if limit_s is None else limit_s
+    try:
+        await asyncio.wait_for(stopping, limit_s)
+    except TimeoutError:
+        log.warning("%s took over %.0f s (the transaction coordinator away?): left behind, its open transaction "
+                    "ends at its timeout", what, limit_s)
 
 
 async def _abort_open(producer: AIOKafkaProducer | None, transactional_id: str) -> None:

@@ -517,3 +517,47 @@ async def test_offsets_decided_under_another_generation_than_the_groups_are_neve
         await consumer._commit_offsets({TopicPartition("raw", 0): 5})
     assert flushed == []  # nothing of the transaction sent on, nothing committed
     assert state.commit_membership.generation == 5
+
+
+async def test_a_stopped_producer_aborts_its_open_transaction_first_and_a_stuck_stop_is_bounded(
+        monkeypatch: Any) -> None:
+    """aiokafka's stop leaves an open transaction to its timeout (read_committed readers wait at its
+    first record meanwhile), and waits for ever for a coordinator that does not answer."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    monkeypatch.setattr(transactions, "ABORT_ON_STOP_S", 0.05)
+    events: list[str] = []
+
+    class Transactional:
+        def __init__(self, tid: str, abort_hangs: bool = False) -> None:
+            self.tid, self.open, self.abort_hangs = tid, True, abort_hangs
+            self._txn_manager = type("Manager", (), {"is_in_transaction": lambda manager: self.open})()
+
+        async def abort_transaction(self) -> None:
+            if self.abort_hangs:
+                await asyncio.sleep(3600)  # the coordinator away
+            events.append(f"abort {self.tid}")
+            self.open = False
+
+        async def stop(self) -> None:
+            if self.abort_hangs:
+                await asyncio.sleep(3600)  # aiokafka waits for its sender's pending end of the transaction
+            events.append(f"stop {self.tid}")
+
+    producer = object.__new__(transactions._Producer)
+    producer._transaction_producers = {"w-0": Transactional("w-0"), "w-1": Transactional("w-1", abort_hangs=True)}
+    await asyncio.wait_for(producer.stop_transaction("w-0"), 5)
+    assert events == ["abort w-0", "stop w-0"]
+    await asyncio.wait_for(producer.stop_transaction("w-1"), 5)  # bounded: abort and stop given up
+    assert events == ["abort w-0", "stop w-0"] and not producer._transaction_producers
+
+    async def faust_on_stop(self: Any) -> None:
+        for tp in self._transaction_producers.values():
+            await tp.stop()
+    monkeypatch.setattr(faust_aiokafka.Producer, "on_stop", faust_on_stop)
+    events.clear()
+    producer._transaction_producers = {"w-2": Transactional("w-2"), "w-3": Transactional("w-3", abort_hangs=True),
+                                       "w-4": Transactional("w-4")}
+    await asyncio.wait_for(producer.on_stop(), 5)
+    assert sorted(e for e in events if e.startswith("abort")) == ["abort w-2", "abort w-4"]
+    assert events.index("abort w-4") < events.index("stop w-2")  # every abort before the producers stop
