@@ -83,6 +83,8 @@ PHASES = {
     "recovered": re.compile(r"Done reading from changelog|Recovery complete"),
     "ready": re.compile(r"Worker ready"),
 }
+# the survivor's milestones in a takeover (the last: waiting for the killed worker's open transaction)
+SURVIVOR_LINES = re.compile(r"Assigned partitions|Worker ready|Aborted tx|Restoring state|open transaction")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -385,7 +387,7 @@ async def takeover(stack: Stack, second: Child, tag: str, restarted_after_kill: 
               "phases_restarted": phases(second, offset, restarted),
               # the surviving worker's log from the kill on: when the group gave it the killed one's partitions
               "survivor_log": [line for line in timeline(survivor, survivor_offset, killed, watch_s)
-                               if re.search(r"Assigned partitions|Worker ready|Aborted tx|Restoring state|open transaction", line)]}
+                               if SURVIVOR_LINES.search(line)]}
     await steady(stack, f"{tag}e")  # back to one worker: the next round starts settled
     return result
 

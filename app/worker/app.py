@@ -157,7 +157,7 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
         # committed offsets and changelogs only once no transaction holds them. In both models, so
         # that workers of the two in one group (a member id added or removed) fence each other.
         fencing.install()
-        fencing.register(app.conf.id, lambda: fencing.coordinator_membership(_coordinator(app)))
+        fencing.register(app.conf.id)
         if settings.worker_member:
             # One transaction per commit for every partition, under the worker's own transactional
             # id: restarted under its member id, the worker ends its old transaction.

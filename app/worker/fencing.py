@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -46,22 +46,15 @@ class Membership(NamedTuple):
     group_instance_id: str | None
 
 
-# group id -> how to read its member's current membership (the worker registers its consumer's)
-_members: dict[str, Callable[[], Membership]] = {}
+# the groups whose transactional offset commits must carry a pinned membership (the worker's)
+_guarded: set[str] = set()
 # group id -> the membership a commit under way took its offsets in (pinned)
 _pinned: dict[str, Membership] = {}
 
 
-def register(group_id: str, membership: Callable[[], Membership]) -> None:
-    """The transactional offset commits to ``group_id`` carry ``membership()`` from now on."""
-    _members[group_id] = membership
-
-
-def membership_of(group_id: str) -> Membership:
-    """The registered member's membership now (read from the consumer's thread: a read between its
-    generation's and its member id's update gives a pair the coordinator refuses: a restart)."""
-    read = _members.get(group_id)
-    return read() if read is not None else Membership(NO_GENERATION, "", None)
+def register(group_id: str) -> None:
+    """From now on a transactional offset commit to ``group_id`` is sent only inside ``pinned``."""
+    _guarded.add(group_id)
 
 
 @contextmanager
@@ -208,7 +201,7 @@ class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[mi
             offsets[tp.topic].append((tp.partition, offset.offset, offset.metadata))
         membership = _pinned.get(self._group_id)
         if membership is None:
-            if self._group_id in _members:  # the worker's group: only ever the membership its offsets were taken in
+            if self._group_id in _guarded:  # the worker's group: only ever the membership its offsets were taken in
                 raise FencedMemberError(f"offsets of {self._group_id} sent outside a commit's pinned membership")
             membership = Membership(NO_GENERATION, "", None)
         return FencedTxnOffsetCommitRequest(txn_manager.transactional_id, self._group_id, txn_manager.producer_id,

@@ -11,7 +11,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
-
 from faust.types import TP
 
 from app.stack.kafka import KafkaBroker
@@ -39,7 +38,7 @@ async def group(kafka: KafkaBroker, namespace: str) -> AsyncIterator[tuple[str, 
             if consumer.assignment():
                 break
         assert consumer.assignment(), "the consumer never joined its group"
-        fencing.register(group_id, lambda: fencing.coordinator_membership(consumer._coordinator))
+        fencing.register(group_id)
         yield source, output, consumer, group_id
     finally:
         await consumer.stop()
