@@ -34,6 +34,9 @@ from app.setting_kinds import (
     Text,
 )
 
+# exactly-once: the broker aborts a worker's transaction open this long (app/worker/transactions.py;
+# Kafka Streams' value, Kafka's default is 60 s): a worker lost for good holds its partitions that long
+TRANSACTION_TIMEOUT_S = 10.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "Settings", "SettingsError", "dev_settings", "markdown_table", "operator_settings",
            "with_markdown_table"]
@@ -138,7 +141,9 @@ _ROWS = (
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
             "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
             "restarted worker takes its partitions back at once instead of after the 10 s session; a worker "
-            "stopped for good holds them those 10 s"),
+            "stopped for good holds them those 10 s. With exactly-once it also names the worker's "
+            "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
+            "one transaction per commit instead of one per partition (docs/architecture.md)"),
     Setting("worker_batch_max", "ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most"),
     Setting("worker_busy_interval_s", "ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -187,9 +192,11 @@ _ROWS = (
     Setting("sweep_after_s", "ORDERLY_SWEEP_AFTER_S", Number(), 120.0,
             "a stored record with no decision this many seconds after arrival is appended again (sweeper)"),
     Setting("commit_interval_s", "ORDERLY_COMMIT_INTERVAL_S", Maybe(Number()), None,
-            f"seconds between the worker's commits; unset: {_per_guarantee(COMMIT_INTERVAL_S)}"),
+            f"seconds between the worker's commits; unset: {_per_guarantee(COMMIT_INTERVAL_S)}; with "
+            f"exactly-once at most {TRANSACTION_TIMEOUT_S / 2:g}"),
     Setting("busy_commit_interval_s", "ORDERLY_BUSY_COMMIT_INTERVAL_S", Maybe(Number()), None,
-            f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}"),
+            f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}; "
+            f"with exactly-once at most {TRANSACTION_TIMEOUT_S / 2:g}"),
 )
 TABLE: tuple[Setting[Any], ...] = _ROWS
 # Development defaults (docs/configuration.md's `orderly dev` column). `orderly dev` and `orderly demo` use
@@ -310,6 +317,13 @@ class Settings:
             problems.append(f"ORDERLY_MIN_INSYNC_REPLICAS: {settings.min_insync} of {settings.replication_factor} "
                             "replicas: losing any one broker would stop every write (503s); use at most "
                             f"{settings.replication_factor - 1}")
+        longest = TRANSACTION_TIMEOUT_S / 2  # a transaction lasts one commit interval, and its batch's writes
+        for variable, value in (("ORDERLY_COMMIT_INTERVAL_S", settings.commit_interval_s),
+                                ("ORDERLY_BUSY_COMMIT_INTERVAL_S", settings.busy_commit_interval_s)):
+            if settings.processing_guarantee == "exactly_once" and value is not None and value > longest:
+                problems.append(f"{variable}: {value:g} s with exactly-once; at most {longest:g} s: a transaction "
+                                f"lasts one commit interval, and the broker aborts one open for "
+                                f"{TRANSACTION_TIMEOUT_S:g} s (the worker would restart at every commit)")
         if problems:
             raise SettingsError("\n".join(problems))
         return settings

@@ -119,6 +119,8 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
     for name in PROCESSES:
         command = name.rstrip("0123456789")  # worker1, worker2: workers sharing the partitions
         own = {**env, "ORDERLY_DATA_DIR": str(work / name)} if command != name else env  # own local state
+        if command == "worker":  # a static member id each, as `orderly dev` and docker/compose.yaml give them
+            own = {**own, "ORDERLY_WORKER_INSTANCE_ID": f"worker-{name[len(command):] or '1'}"}
         with (work / f"{name}-{tag}-{guarantee}.log").open("ab") as out:
             procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", command], env=own, stdout=out,
                                           stderr=subprocess.STDOUT))

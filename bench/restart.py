@@ -14,6 +14,9 @@ guarantee and each round:
 - ``takeover``: two workers in the group, ``kill -9`` of one while probes flow to every partition;
   the longest probe's wait (the killed worker's partitions' pause) and when every probe was again
   decided within STEADY_S; its supervisor restarts it meanwhile.
+- ``gone``: the same, but the killed worker is not restarted: the survivor takes its partitions
+  after the session timeout, and, with exactly-once, once the killed worker's open transaction is
+  aborted (under its partitions' ids at once; under a worker's own id at its transaction timeout).
 
 A probe is a new pg deposit's first webhook; it is decided when its decision is on
 ``<ns>.decisions`` (read_committed: with exactly-once, once its transaction committed). Each
@@ -58,11 +61,12 @@ from tests.pg_events import deposit
 from topics.catalog import names
 
 GUARANTEES = ("at_least_once", "exactly_once")
-SCENARIOS = ("clean", "stack", "kill9", "takeover")
+SCENARIOS = ("clean", "stack", "kill9", "takeover", "gone")
 PROBE_EVERY_S = 0.05  # probes during a kill: 20 webhooks/s, each a new deposit (all partitions)
 STEADY_S = 0.5  # a probe decided within this is on time again
 DECIDED_LIMIT_S = 60.0  # a probe not decided in this is reported as lost (the round stays bounded)
 TAKEOVER_WATCH_S = 30.0  # probes keep flowing this long after the kill of one of two workers
+GONE_WATCH_S = 45.0  # the same, the killed worker not restarted (its partitions wait for the session timeout)
 SUPERVISE_EVERY_S = 0.2  # as app/supervisor.py's supervise_until_stopped
 
 # The worker log's milestones, in the order a start passes them (the first line of each after the start).
@@ -79,6 +83,8 @@ PHASES = {
     "recovered": re.compile(r"Done reading from changelog|Recovery complete"),
     "ready": re.compile(r"Worker ready"),
 }
+# the survivor's milestones in a takeover (the last: waiting for the killed worker's open transaction)
+SURVIVOR_LINES = re.compile(r"Assigned partitions|Worker ready|Aborted tx|Restoring state|open transaction")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -332,7 +338,7 @@ async def steady(stack: Stack, tag: str, limit_s: float = 60.0) -> None:
         await decisions.stop()
 
 
-async def takeover(stack: Stack, second: Child, tag: str) -> dict[str, Any]:
+async def takeover(stack: Stack, second: Child, tag: str, restarted_after_kill: bool = True) -> dict[str, Any]:
     stack.children.append(second)
     second.start(stack.settings.ingest_host)
     try:
@@ -341,6 +347,8 @@ async def takeover(stack: Stack, second: Child, tag: str) -> dict[str, Any]:
         assert second.proc is not None
         decisions, probes = Decisions(stack.settings), Probes(stack.settings, tag)
         await decisions.start()
+        if not restarted_after_kill:
+            stack.children.remove(second)  # the supervisor leaves it down
         supervisor = asyncio.create_task(supervise(stack))
         offset, survivor = log_size(second), stack.workers[0]
         survivor_offset = log_size(survivor)
@@ -349,7 +357,8 @@ async def takeover(stack: Stack, second: Child, tag: str) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # probes decided before the kill: the flow's normal latency
             killed = time.time()
             os.kill(second.proc.pid, signal.SIGKILL)
-            await asyncio.sleep(TAKEOVER_WATCH_S)
+            watch_s = TAKEOVER_WATCH_S if restarted_after_kill else GONE_WATCH_S
+            await asyncio.sleep(watch_s)
             flow.cancel()
             await asyncio.gather(flow, return_exceptions=True)
             await decisions.wait_for([d for _, d in probes.posted])
@@ -362,13 +371,14 @@ async def takeover(stack: Stack, second: Child, tag: str) -> dict[str, Any]:
         if second.proc is not None:
             await asyncio.to_thread(stop_process, second.proc, 30)
         second.proc = None
-        stack.children.remove(second)
+        if second in stack.children:
+            stack.children.remove(second)
     waits = [(sent, decisions.seen.get(d)) for sent, d in probes.posted]
     after = [(sent, done) for sent, done in waits if sent >= killed]
     late = [sent for sent, done in after if done is None or done - sent > STEADY_S]
     lost = sum(1 for _, done in waits if done is None)
     on_time_again = max((done - killed for sent, done in after if sent in late and done is not None), default=0.0)
-    restarted = wall_start(second)
+    restarted = wall_start(second) if restarted_after_kill else killed
     result = {"pause_s": round(max((done if done is not None else time.time()) - sent for sent, done in after), 3),
               "all_on_time_after_s": round(on_time_again, 3), "late_probes": len(late), "probes": len(waits),
               "lost": lost, "supervisor_restart_s": round(restarted - killed, 3),
@@ -376,8 +386,8 @@ async def takeover(stack: Stack, second: Child, tag: str) -> dict[str, Any]:
                                               and done is not None), default=0.0), 3),
               "phases_restarted": phases(second, offset, restarted),
               # the surviving worker's log from the kill on: when the group gave it the killed one's partitions
-              "survivor_log": [line for line in timeline(survivor, survivor_offset, killed, TAKEOVER_WATCH_S)
-                               if re.search(r"Assigned partitions|Worker ready|Aborted tx|Restoring state", line)]}
+              "survivor_log": [line for line in timeline(survivor, survivor_offset, killed, watch_s)
+                               if SURVIVOR_LINES.search(line)]}
     await steady(stack, f"{tag}e")  # back to one worker: the next round starts settled
     return result
 
@@ -475,8 +485,10 @@ def run(rounds: int, guarantees: tuple[str, ...], scenarios: tuple[str, ...], dy
                             result = asyncio.run(restart_stack(stack, tag))
                         elif scenario == "kill9":
                             result = asyncio.run(kill9(stack, tag))
-                        else:
+                        elif scenario == "takeover":
                             result = asyncio.run(takeover(stack, second, tag))
+                        else:
+                            result = asyncio.run(takeover(stack, second, tag, restarted_after_kill=False))
                         found[scenario].append(result)
                         shown = {k: v for k, v in result.items() if k != "log"}
                         print(f"  round {r + 1} {scenario}: {shown}", flush=True)
@@ -494,7 +506,8 @@ def report(results: dict[str, Any]) -> None:
     measures = {"clean": ("first_decision_s", "worker start -> first decision (SIGTERM, start)"),
                 "stack": ("first_decision_s", "ingest ready -> first decision (whole stack restarted)"),
                 "kill9": ("first_decision_s", "kill -9 -> first decision (supervisor restarts it)"),
-                "takeover": ("pause_s", "two workers, kill -9 of one: longest probe wait")}
+                "takeover": ("pause_s", "two workers, kill -9 of one: longest probe wait"),
+                "gone": ("pause_s", "the same, the killed one not restarted: longest wait")}
     for guarantee, found in results.items():
         print(f"{guarantee} ({found['webhooks']} webhooks decided before)")
         for scenario, (key, label) in measures.items():
@@ -504,6 +517,7 @@ def report(results: dict[str, Any]) -> None:
             for r in found.get(scenario, []):
                 print(f"    {scenario} phases (s from the worker's start): {r['phases']}")
     print("target: <= 1.5 s after a clean restart, <= 5 s after kill -9, both guarantees")
+    print("gone: the 10 s session timeout, plus with exactly-once the wait for the killed worker's open transaction")
 
 
 def command(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 """What Kafka transactions cost, apart from Orderly: the writes and commits of an exactly-once
-worker's run in one transaction per source partition per commit (Faust's model, today's worker:
-a transactional producer per partition), in one transaction per commit (one producer for the
-whole worker: what Kafka's KIP-447 fencing would make safe), and with no transaction (an
+worker's run in one transaction per source partition per commit (Faust's model, a worker's
+without a static member id: a transactional producer per partition), in one transaction per
+commit (one producer for the whole worker: a worker's with one, made safe by KIP-447 fencing,
+app/worker/fencing.py), and with no transaction (an
 idempotent producer: at-least-once's writes). After one run of each to warm the broker up, a round
 runs each once on the same broker, the order turned by one each round; the figures are the
 broker's and the client's CPU seconds per run.

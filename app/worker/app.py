@@ -36,9 +36,11 @@ from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.worker import fencing
 from app.worker.batch import BatchProcessor
 from app.worker.consumer import (
     _Consumer,
+    _coordinator,
     consumer_of,
     fetch_min_bytes,
     flow_state,
@@ -150,6 +152,18 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     batches = BatchProcessor(app, state, table, n, producer, liveness, max_record_bytes or DERIVED_RECORD_BYTES)
     if settings.processing_guarantee == "exactly_once":
         state.stage = batches.stage
+        # KIP-447 (app/worker/fencing.py): a transaction's offsets carry the group generation they
+        # were taken in (a worker that lost its partitions cannot commit them) and a new owner reads
+        # committed offsets and changelogs only once no transaction holds them. In both models, so
+        # that workers of the two in one group (a member id added or removed) fence each other.
+        fencing.install()
+        fencing.register(app.conf.id)
+        if settings.worker_member:
+            # One transaction per commit for every partition, under the worker's own transactional
+            # id: restarted under its member id, the worker ends its old transaction.
+            app.transactional_id = f"{app.conf.id}-worker-{settings.worker_member}"
+            log.info("exactly-once: one transaction per commit for all partitions, transactional id %s",
+                     app.transactional_id)
 
     @app.task  # type: ignore[untyped-decorator]  # Faust's decorators are untyped
     async def on_start() -> None:
@@ -259,12 +273,15 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
         liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned
                               if tp.topic == n.raw})
         batches.assigned(assigned)
+        if state.stage is not None:  # the generation whose partitions the decided offsets are of
+            state.assigned_generation = fencing.coordinator_membership(_coordinator(app)).generation
         metrics.partitions.set(len(mine))
         log.info("Assigned partitions: %d of %s: %s", len(mine), n.raw, mine)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # as above
     async def drop_revoked(app: faust.App, revoked: set[Any], **kwargs: Any) -> None:
         batches.revoked({tp.partition for tp in revoked if tp.topic == n.raw})
+        state.assigned_generation = None
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]  # as above
     async def stop_producer(app: faust.App, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ from faust.types import TP, AppT, Message
 from mode import Service, ServiceT
 
 from app.core.pacing import BUSY_BATCH
+from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import worker_state
 
@@ -220,9 +221,25 @@ class _Consumer(faust_aiokafka.Consumer):
             did_commit = bool(await super()._commit_offsets(offsets, start_new_transaction))
         else:
             offsets = {tp: offset for tp, offset in state.decided.items() if self._should_commit(tp, offset)}
+            # in the same step: the group membership these offsets belong to (app/worker/fencing.py)
+            state.commit_membership = membership = fencing.coordinator_membership(_coordinator(self.app))
             try:
+                if offsets and membership.generation != state.assigned_generation:
+                    # Faust skipped the revocation (it was stopping, or its handler failed): the decided
+                    # offsets are of an assignment of another generation than the one they would carry
+                    raise fencing.FencedMemberError(
+                        f"offsets decided in generation {state.assigned_generation} of the group, which is at "
+                        f"{membership.generation} now")
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
+                if getattr(self.app, "transactional_id", None) is not None:
+                    # one transaction for every partition: it must not commit the writes of a partition
+                    # whose offset it leaves out (Faust drops the offsets of partitions not assigned)
+                    assigned_now = {tp.partition for tp in offsets if tp in self.assignment()}
+                    if not stage.written <= assigned_now:
+                        raise fencing.FencedMemberError(
+                            f"the open transaction holds writes of partitions {sorted(stage.written - assigned_now)} "
+                            "whose offsets this commit would not carry")
                 did_commit = bool(offsets) and bool(await super()._commit_offsets(offsets, start_new_transaction))
             except Exception:
                 # Faust would crash the app, and its stop commits once more: the offsets of the batches

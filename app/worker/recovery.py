@@ -61,8 +61,31 @@ def read_timeout(faust_timeout: float) -> float:
     return min(READ_TIMEOUT_S, faust_timeout / 2)
 
 
+async def wait_stable(bootstrap: str, tps: list[TopicPartition], reader: AIOKafkaConsumer, **options: Any) -> None:
+    """Until no open transaction holds records of ``tps``: their last stable offsets (``reader``
+    reads read_committed) reach their end offsets. With one transaction per worker, nothing else
+    orders a new owner's recovery after the previous owner's last commit has written its markers
+    into the changelog (a transaction per partition: the new owner's producer, under the same id,
+    waits for them); a transaction left open by a worker gone for good ends at its timeout."""
+    ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_uncommitted",
+                            enable_auto_commit=False, auto_offset_reset="none", **options)
+    await ends.start()
+    try:
+        while True:
+            stable, end = await reader.end_offsets(tps), await ends.end_offsets(tps)
+            open_ = [tp for tp in tps if stable[tp] < end[tp]]
+            if not open_:
+                return
+            log.info("changelog partitions with an open transaction, waited for before recovery: %s",
+                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(open_)))
+            await asyncio.sleep(MARKERS_EVERY_S * 4)
+    finally:
+        await ends.stop()
+
+
 async def last_committed_offsets(bootstrap: str, partitions: Iterable[TP], *, timeout_s: float = READ_TIMEOUT_S,
-                                 floor: Mapping[TP, int | None] | None = None, **options: Any) -> dict[TP, int]:
+                                 floor: Mapping[TP, int | None] | None = None, stable_first: bool = False,
+                                 **options: Any) -> dict[TP, int]:
     """The offset of the last committed record of each partition, -1 for none (read_committed).
 
     A partition whose result is below its ``floor`` (the offset the local store says it holds) is
@@ -80,6 +103,8 @@ async def last_committed_offsets(bootstrap: str, partitions: Iterable[TP], *, ti
         async with asyncio.timeout(timeout_s):
             await consumer.start()
             consumer.assign(list(tps))
+            if stable_first:
+                await wait_stable(bootstrap, list(tps), consumer, **options)
             wanted = {tp: (floor or {}).get(faust_tp) for tp, faust_tp in tps.items()}
             settle_until = time.monotonic() + MARKERS_S
             todo = set(tps)
@@ -148,7 +173,9 @@ class ExactRecovery(Recovery):
         try:
             highwaters = await last_committed_offsets(
                 bootstrap, tps, timeout_s=read_timeout(float(self.app.conf.broker_request_timeout)),
-                floor={tp: held.get(tp) for tp in tps}, **options)
+                floor={tp: held.get(tp) for tp in tps},
+                # active partitions only: a standby's changelog is a live worker's, always in a transaction
+                stable_first=destination is self.active_highwaters, **options)
         except HighwaterTimeout as exc:
             exit_for_restart(STALLED_EXIT_CODE, "recovery of the %s changelog partitions stalled: %s; exiting so that "
                              "the supervisor restarts this worker", title, exc)

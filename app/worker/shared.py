@@ -28,6 +28,11 @@ class WorkerState:
     decided: dict[TopicPartition, int] = field(default_factory=dict)
     stage: TransactionStage | None = None  # exactly-once only: the writes waiting for their transaction
     last_batch_at: float = 0.0  # time.monotonic() when a batch was last taken or finished
+    # exactly-once: the group membership the offsets of the commit under way were taken in, and the
+    # generation of the assignment the decided offsets belong to (None between a revocation and the
+    # next assignment; Faust skips both signals while it stops)
+    commit_membership: Any = None
+    assigned_generation: int | None = None
 
 
 class FlowControl(FlowControlEvent):
@@ -57,6 +62,9 @@ class WorkerApp(faust.App):
     kafka_client: tuple[str, dict[str, Any]]  # the bootstrap servers and client options (security)
     # run from the app's start on: Faust starts its timers and tasks only once the table is recovered
     early_tasks: tuple[Callable[[], Awaitable[None]], ...] = ()
+    # exactly-once with a static member id: one transactional producer for every partition, under
+    # this id (app/worker/fencing.py); None: one per partition, each under the partition's id
+    transactional_id: str | None = None
 
     @cached_property
     def flow_control(self) -> FlowControlEvent:

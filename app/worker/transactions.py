@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -17,6 +17,8 @@ from faust.types import TP, AppT
 
 from app.core.dispatch import Record
 from app.producer import KeyedProducer, send_keyed
+from app.settings import TRANSACTION_TIMEOUT_S
+from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.store import PartitionStore
 
@@ -210,7 +212,35 @@ class TransactionStage:
         return failed is not None
 
 
+ABORT_ON_STOP_S = 5.0  # an abort at a stop or a rebalance, at most (else the transaction times out)
+
+
 class _Producer(faust_aiokafka.Producer):
+    def _settings_extra(self) -> Mapping[str, Any]:
+        """The transactional producers' timeout: Kafka Streams' 10 s, not Kafka's 60. A worker lost
+        for good leaves its open transactions to the broker, which aborts them after this timeout:
+        till then read_committed readers wait at their first record, and a new owner's recovery
+        waits for them (a new owner under the same transactional id ends them at once: a transaction
+        per partition, or the worker restarted under its member id). A transaction lasts one commit
+        interval (at most half of this, app/settings.py); one that outlasts it is aborted, and its
+        worker's commit fails: a restart, its records decided again."""
+        extra = dict(super()._settings_extra())
+        if self.app.in_transaction:
+            extra["transaction_timeout_ms"] = int(TRANSACTION_TIMEOUT_S * 1000)
+        return extra
+
+    async def stop_transaction(self, transactional_id: str) -> None:
+        """The producer's open transaction is aborted first: aiokafka's stop leaves it open, and
+        read_committed readers would wait at its first record until its timeout (under a worker's
+        own id no other worker's producer ends it; under a partition's, a worker of the other model
+        in the group does not either)."""
+        await _abort_open(self._transaction_producers.get(transactional_id), transactional_id)
+        await _bounded(super().stop_transaction(transactional_id), f"stopping the producer {transactional_id}")
+
+    async def on_stop(self) -> None:
+        await abort_open(self, list(self._transaction_producers))
+        await _bounded(super().on_stop(), "stopping the producers", 2 * ABORT_ON_STOP_S)
+
     def transactional(self, transactional_id: str) -> Target | None:
         """The transactional producer Faust keeps for ``transactional_id`` and its lock, if it has one."""
         producer = self._transaction_producers.get(transactional_id)
@@ -240,10 +270,40 @@ class _Producer(faust_aiokafka.Producer):
             # done, and the local store would take the values of transactions that never committed
             # (ahead of the changelog: ConsistencyError at every start). Exit before it is written.
             exit_for_restart(FAILED_EXIT_CODE, "the transactional producers %s were fenced (another worker took "
-                             "their partitions over): exiting so that the supervisor restarts this worker, its "
+                             "their partitions over, or the broker aborted a transaction open for its timeout, "
+                             f"{TRANSACTION_TIMEOUT_S:g} s): exiting so that the supervisor restarts this worker, its "
                              "local store untouched by the commit", ", ".join(fenced))
         if failed:
             raise next(iter(failed.values()))
+
+
+async def abort_open(producer: _Producer, transactional_ids: list[str]) -> None:
+    """Abort the open transactions of these producers, all at once (each bounded: a broker away
+    would make one after the other add up)."""
+    await asyncio.gather(*(_abort_open(producer._transaction_producers.get(tid), tid) for tid in transactional_ids))
+
+
+async def _bounded(stopping: Awaitable[None], what: str, limit_s: float | None = None) -> None:
+    """A producer's stop, bounded: aiokafka's waits for its sender's pending end of a transaction,
+    which looks for the transaction coordinator for as long as none answers (an abort that timed
+    out leaves one). The transaction then ends at its timeout."""
+    limit_s = ABORT_ON_STOP_S if limit_s is None else limit_s
+    try:
+        await asyncio.wait_for(stopping, limit_s)
+    except TimeoutError:
+        log.warning("%s took over %.0f s (the transaction coordinator away?): left behind, its open transaction "
+                    "ends at its timeout", what, limit_s)
+
+
+async def _abort_open(producer: AIOKafkaProducer | None, transactional_id: str) -> None:
+    """Abort ``producer``'s transaction if one is open (best effort, bounded: else it times out)."""
+    if producer is None or not producer._txn_manager.is_in_transaction():
+        return
+    try:
+        await asyncio.wait_for(producer.abort_transaction(), ABORT_ON_STOP_S)
+        log.info("aborted the open transaction of %s before stopping its producer", transactional_id)
+    except Exception as exc:  # the broker away: the transaction ends at its timeout instead
+        log.warning("could not abort the open transaction of %s (%r): it ends at its timeout", transactional_id, exc)
 
 
 class _TransactionManager(TransactionManager):
@@ -274,10 +334,39 @@ class _TransactionManager(TransactionManager):
             # Not under a commit: stopping a producer whose commit is in flight leaves that commit
             # waiting for ever (aiokafka never resolves its futures), and every later commit behind it.
             await self.consumer.maybe_wait_for_commit_to_finish()  # type: ignore[attr-defined]  # Faust's Consumer's
+            await abort_open(producer, stale)  # all at once; stop_transaction then finds them ended
             for tid in stale:
                 async with producer._trn_locks[tid]:
                     await producer.stop_transaction(tid)
-        await super().on_rebalance(assigned, revoked, newly_assigned)
+        # Faust stops the producers of what it counts revoked (the last assignment minus this one),
+        # without the lock or a wait for a commit under way; the worker's one producer is stopped
+        # above when its transaction holds writes of revoked partitions, and kept otherwise.
+        await super().on_rebalance(assigned, set() if worker_transactional_id(self.app) else revoked,
+                                   newly_assigned)
+
+    def _tps_to_transactional_ids(self, tps: set[TP]) -> set[str]:
+        worker = worker_transactional_id(self.app)
+        if worker is None:
+            return set(super()._tps_to_transactional_ids(tps))
+        return {worker} if tps else set()
+
+    async def commit(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """The offsets carry the group membership they were taken in (app/worker/fencing.py). With
+        one transaction per worker, every partition's offsets go into it (Faust's groups them by
+        partition, each under its own transactional id)."""
+        if not offsets:
+            return True
+        state = getattr(self.app, "worker_state", None)
+        membership = state.commit_membership if state is not None else None
+        if membership is None:
+            raise fencing.FencedMemberError("a commit without the membership its offsets were taken in")
+        worker = worker_transactional_id(self.app)
+        with fencing.pinned(self.app.conf.id, membership):
+            if worker is None:
+                return bool(await super().commit(offsets, start_new_transaction))
+            await producer_of(self.app).commit_transactions({worker: dict(offsets)}, self.app.conf.id,
+                                                            start_new_transaction=start_new_transaction)
+        return True
 
     async def _start_transactions(self, tids: Any) -> None:
         producer = producer_of(self.app)
@@ -297,8 +386,18 @@ class _TransactionManager(TransactionManager):
 
 
 def transactional_id(app: AppT, topic: str, partition: int) -> str:
-    """The transactional id of the producer that writes ``topic``'s ``partition``, as Faust names it."""
+    """The transactional id of the producer that writes ``topic``'s ``partition``: the worker's
+    own, or, without one, the partition's as Faust names it."""
+    worker = worker_transactional_id(app)
+    if worker is not None:
+        return worker
     return f"{app.conf.id}-{app.assignor.group_for_topic(topic)}-{partition}"
+
+
+def worker_transactional_id(app: AppT) -> str | None:
+    """The transactional id of a worker that writes every partition in one transaction (see
+    app/worker/fencing.py), or None: a transaction per partition."""
+    return getattr(app, "transactional_id", None)
 
 
 def producer_of(app: AppT) -> _Producer:

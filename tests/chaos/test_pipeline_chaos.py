@@ -95,15 +95,19 @@ def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgre
 
 # At-least-once, the default, loses two of three workers under three gateways' traffic in
 # test_production_shape.py; the takeover runs here in the other guarantee (the suite's budget).
-@pytest.fixture(params=["exactly_once"])
+# "mixed": the second worker has no static member id, so it commits a transaction per partition
+# while the first commits one per commit: the two models fence each other (docs/architecture.md),
+# and the killed one's open transactions end at their timeout (no owner takes over their ids).
+@pytest.fixture(params=["static", "mixed"])
 def two_worker_pipe(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer,
                     tmp_path: Path) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
                       partitions=4, worker_stall_s=STALL_S, sweep_after_s=SWEEP_S,
-                      processing_guarantee=request.param)
+                      processing_guarantee="exactly_once")
     with running_pipeline(s, tmp_path) as pipe:
         # a second worker in the same consumer group, with its own local state folder
-        pipe.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "worker2"))
+        member = {"ORDERLY_WORKER_INSTANCE_ID": ""} if request.param == "mixed" else {}
+        pipe.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "worker2"), **member)
         yield pipe
 
 
@@ -159,7 +163,7 @@ async def test_kill_9_every_process_and_the_broker_while_10000_events_flow(
 
 
 @pytest.mark.timeout(180)  # about 5x its duration (22-35 s measured alone); its own waits end first
-async def test_two_workers_one_killed_for_good(two_worker_pipe: Running) -> None:
+async def test_two_workers_one_killed_for_good(two_worker_pipe: Running, request: pytest.FixtureRequest) -> None:
     pipe = two_worker_pipe
     stream, truth = scenario(seed=5, deposits=500)
     await wait_for_split(pipe)
@@ -179,3 +183,7 @@ async def test_two_workers_one_killed_for_good(two_worker_pipe: Running) -> None
     # exactly-once: the partitions that moved to the survivor and back never reused a fenced producer
     survivor = pipe.pipeline.log("worker")
     assert "not in transaction" not in survivor and "IN_TRANSACTION -> IN_TRANSACTION" not in survivor
+    one_per_commit = "one transaction per commit for all partitions"
+    assert one_per_commit in survivor  # a static member: its one producer's model
+    mixed = request.node.callspec.params["two_worker_pipe"] == "mixed"
+    assert (one_per_commit in pipe.pipeline.log("worker2")) is not mixed  # without an id: one per partition

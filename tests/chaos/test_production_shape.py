@@ -1,6 +1,7 @@
 """The production shape on one machine, as `orderly dev --brokers 3 --workers 3` runs it (DESIGN.md
 §7): three Kafka brokers and a quorum of three controllers, every topic and internal topic with 3
-replicas and min.insync.replicas 2, three workers in one consumer group, under more than 20,000
+replicas and min.insync.replicas 2, three workers in one consumer group (each guarantee; with
+exactly-once each worker commits its partitions in one transaction per commit), under more than 20,000
 signed webhooks of the three gateways at a steady rate. While they flow: kill -9 of the broker that
 leads the most partitions, started again 10 s later; then kill -9 of one worker, and later of
 another (the supervisor starts each again).
@@ -96,8 +97,8 @@ def flow() -> Traffic:
     return traffic(SEED, deposits=2200, withdrawals=550, payments=2200, paymos_per_kind=650)
 
 
-@pytest.fixture
-def shape(flow: Traffic, tmp_path: Path) -> Iterator[Shape]:
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def shape(flow: Traffic, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Shape]:
     with serve_in_thread(api.build(flow.truth, flow.events)) as gateway_api:
         base = make_settings("127.0.0.1:1", "postgresql://postgres@127.0.0.1:1/postgres", "orderly")
         assert base.effects_secret is not None
@@ -108,7 +109,8 @@ def shape(flow: Traffic, tmp_path: Path) -> Iterator[Shape]:
                 data_dir=tmp_path / ".orderly", partitions=PARTITIONS, ingest_port=free_port(),
                 append_timeout_s=5.0,  # the production default: a node's loss must fit in it
                 effects_url=stub.url, card_api_url=gateway_api, pg_api_url=gateway_api,
-                fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0, sweep_after_s=5.0)
+                fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0, sweep_after_s=5.0,
+                processing_guarantee=request.param)  # exactly-once: each worker's one transaction per commit
             stack = Stack(settings, ("ingest", "worker", "projector", "effects", "fetcher"), brokers=3, workers=3)
             running = Shape(stack, stub, stack.settings)
             supervisor = threading.Thread(target=running.supervise, daemon=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.settings import BUSY_COMMIT_INTERVAL_S, COMMIT_INTERVAL_S, Settings, dev_settings
+from app.settings import BUSY_COMMIT_INTERVAL_S, COMMIT_INTERVAL_S, TRANSACTION_TIMEOUT_S, Settings, dev_settings
 from app.worker.consumer import BUSY_COMMIT_RECORDS, commit_due, next_commit_wait, quiet_after
 
 BUSY_INTERVAL_S = dev_settings({}).worker_busy_interval_s  # the default pause between busy batches
@@ -36,7 +36,11 @@ def test_defaults_per_guarantee() -> None:
     assert alos.worker_busy_commit_interval_s == alos.worker_commit_interval_s == 2.8
 
 
-@given(intervals, intervals)
+# exactly-once accepts commit intervals up to half its transaction timeout (app/settings.py)
+exactly_once_intervals = st.floats(min_value=0.001, max_value=TRANSACTION_TIMEOUT_S / 2, allow_nan=False)
+
+
+@given(exactly_once_intervals, exactly_once_intervals)
 def test_the_busy_interval_is_never_shorter_than_the_interval(interval: float, busy: float) -> None:
     settings = dev_settings({"ORDERLY_PROCESSING_GUARANTEE": "exactly_once",
                                   "ORDERLY_COMMIT_INTERVAL_S": str(interval),

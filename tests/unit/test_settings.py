@@ -31,6 +31,7 @@ from app.settings import (
     DEV_DEFAULTS,
     GATEWAYS,
     TABLE,
+    TRANSACTION_TIMEOUT_S,
     Settings,
     SettingsError,
     dev_settings,
@@ -83,7 +84,15 @@ def environments() -> st.SearchStrategy[dict[str, str]]:
 
     drawn = st.fixed_dictionaries({row.env: variable(row) for row in TABLE})
     return drawn.map(lambda env: {name: text for name, text in env.items() if text is not None}).filter(
-        min_insync_leaves_a_broker_to_lose)
+        min_insync_leaves_a_broker_to_lose).filter(commits_within_the_transaction_timeout)
+
+
+def commits_within_the_transaction_timeout(env: dict[str, str]) -> bool:
+    """Rows refused together: with exactly-once a commit interval over half the transaction timeout."""
+    if ROWS["ORDERLY_PROCESSING_GUARANTEE"].read(env) != "exactly_once":
+        return True
+    return all((ROWS[name].read(env) or 0) <= TRANSACTION_TIMEOUT_S / 2
+               for name in ("ORDERLY_COMMIT_INTERVAL_S", "ORDERLY_BUSY_COMMIT_INTERVAL_S"))
 
 
 def min_insync_leaves_a_broker_to_lose(env: dict[str, str]) -> bool:
@@ -132,6 +141,17 @@ def test_every_setting_round_trips_through_a_childs_environment(env: dict[str, s
     for row in TABLE:
         if row.key is None:
             assert isinstance(getattr(settings, row.field), hints[row.field]), row.env
+
+
+@pytest.mark.parametrize("variable", ["ORDERLY_COMMIT_INTERVAL_S", "ORDERLY_BUSY_COMMIT_INTERVAL_S"])
+def test_an_exactly_once_commit_interval_longer_than_half_the_transaction_timeout_is_refused(variable: str) -> None:
+    too_long = str(TRANSACTION_TIMEOUT_S / 2 + 0.5)
+    with pytest.raises(SettingsError, match=f"{variable}: 5.5 s with exactly-once; at most 5 s"):
+        Settings.from_env({**DEV_DEFAULTS, "ORDERLY_PROCESSING_GUARANTEE": "exactly_once", variable: too_long})
+    assert Settings.from_env({**DEV_DEFAULTS, variable: too_long}).processing_guarantee == "at_least_once"
+    at_most = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_PROCESSING_GUARANTEE": "exactly_once",
+                                 variable: str(TRANSACTION_TIMEOUT_S / 2)})
+    assert at_most.worker_busy_commit_interval_s == TRANSACTION_TIMEOUT_S / 2
 
 
 def test_milliseconds_are_seconds_in_settings() -> None:

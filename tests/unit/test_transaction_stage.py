@@ -243,13 +243,25 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     stage, _, _ = stage_for(2)
     stage.dirty = {1}
     stopped: list[str] = []
+    aborted: list[str] = []
 
     class Producer(transactions._Producer):
         async def stop_transaction(self, transactional_id: str) -> None:
             stopped.append(transactional_id)
 
+    class Transactional:
+        """An aiokafka producer in its open transaction (Faust begins one at once)."""
+
+        def __init__(self, tid: str) -> None:
+            self.tid, self.open = tid, True
+            self._txn_manager = type("Manager", (), {"is_in_transaction": lambda manager: self.open})()
+
+        async def abort_transaction(self) -> None:
+            aborted.append(self.tid)
+            self.open = False
+
     producer = object.__new__(Producer)
-    producer._transaction_producers = {"w-0-0": object(), "w-0-1": object(), "w-0-2": object()}
+    producer._transaction_producers = {tid: Transactional(tid) for tid in ("w-0-0", "w-0-1", "w-0-2")}
     producer._trn_locks = {tid: asyncio.Lock() for tid in producer._transaction_producers}
     app = type("App", (), {})()
     app.producer = producer
@@ -267,6 +279,8 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     monkeypatch.setattr(TransactionManager, "on_rebalance", parent_on_rebalance)
     await manager.on_rebalance(set(), set(), set())
     assert stopped == ["w-0-1", "w-0-2"]  # the dirty one it keeps, and the one it no longer owns
+    # their open transactions aborted first (aiokafka's stop leaves them to the transaction timeout)
+    assert sorted(aborted) == ["w-0-1", "w-0-2"]
     assert stage.dirty == set()
 
 
@@ -301,6 +315,17 @@ class Exited(Exception):
     pass
 
 
+def member_of_generation(monkeypatch: Any, state: Any, generation: int, assigned: int | None = None) -> None:
+    """The worker's consumer a member of ``generation`` of its group; its partitions assigned in
+    ``assigned`` (the same generation unless given)."""
+    from app.worker import consumer as consumer_module
+
+    coordinator = type("Coordinator", (), {"generation": generation, "member_id": "member-1",
+                                           "_group_instance_id": None})()
+    monkeypatch.setattr(consumer_module, "_coordinator", lambda app: coordinator)
+    state.assigned_generation = generation if assigned is None else assigned
+
+
 async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_commits_again(
         monkeypatch: Any) -> None:
     """Faust would crash the app on the failure, and its stop would commit once more: the offsets
@@ -332,6 +357,7 @@ async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_comm
     state.stage = Stage()
     state.decided = {TopicPartition("raw", 0): 5}
     state.metrics = type("Metrics", (), {})()
+    member_of_generation(monkeypatch, state, 3)
     consumer = object.__new__(_Consumer)
     consumer.in_transaction = True
     consumer._committed_offset = {TopicPartition("raw", 0): 1}
@@ -439,6 +465,7 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     state.stage = stage
     state.decided = {raw0: 5, raw1: 7}
     state.metrics = type("Metrics", (), {"commit_seconds": type("H", (), {"observe": lambda self, v: None})()})()
+    member_of_generation(monkeypatch, state, 3)
     consumer = object.__new__(_Consumer)
     consumer.in_transaction = True
     consumer._committed_offset = {raw0: 1, raw1: 1}
@@ -448,3 +475,89 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     assert await consumer._commit_offsets({raw0: 5, raw1: 7})
     assert committed_offsets == [{raw0: 5}]
     assert stored == [{0}]
+
+
+@pytest.mark.parametrize("assigned", [4, None])
+async def test_offsets_decided_under_another_generation_than_the_groups_are_never_committed(
+        monkeypatch: Any, assigned: int | None) -> None:
+    """Faust skips its revocation signal while it stops, or when its handler failed: the decided
+    offsets then belong to an assignment of an earlier generation than the one the consumer joined
+    since, and carrying the new generation the coordinator would accept them (assigned None: a
+    revocation handled, and no assignment yet)."""
+    from aiokafka import TopicPartition
+
+    from app.worker import consumer as consumer_module
+    from app.worker.consumer import _Consumer
+
+    codes: list[int] = []
+
+    def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
+        codes.append(code)
+        raise Exited(message % args)
+    monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
+    flushed: list[bool] = []
+
+    class Stage:
+        async def flush(self) -> set[int]:
+            flushed.append(True)
+            return set()
+
+    state = type("State", (), {})()
+    state.stage = Stage()
+    state.decided = {TopicPartition("raw", 0): 5}
+    state.metrics = type("Metrics", (), {})()
+    member_of_generation(monkeypatch, state, 5, assigned=assigned)
+    state.assigned_generation = assigned
+    consumer = object.__new__(_Consumer)
+    consumer.in_transaction = True
+    consumer._committed_offset = {TopicPartition("raw", 0): 1}
+    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
+    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    with pytest.raises(Exited, match="commit failed"):
+        await consumer._commit_offsets({TopicPartition("raw", 0): 5})
+    assert flushed == []  # nothing of the transaction sent on, nothing committed
+    assert state.commit_membership.generation == 5
+
+
+async def test_a_stopped_producer_aborts_its_open_transaction_first_and_a_stuck_stop_is_bounded(
+        monkeypatch: Any) -> None:
+    """aiokafka's stop leaves an open transaction to its timeout (read_committed readers wait at its
+    first record meanwhile), and waits for ever for a coordinator that does not answer."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    monkeypatch.setattr(transactions, "ABORT_ON_STOP_S", 0.05)
+    events: list[str] = []
+
+    class Transactional:
+        def __init__(self, tid: str, abort_hangs: bool = False) -> None:
+            self.tid, self.open, self.abort_hangs = tid, True, abort_hangs
+            self._txn_manager = type("Manager", (), {"is_in_transaction": lambda manager: self.open})()
+
+        async def abort_transaction(self) -> None:
+            if self.abort_hangs:
+                await asyncio.sleep(3600)  # the coordinator away
+            events.append(f"abort {self.tid}")
+            self.open = False
+
+        async def stop(self) -> None:
+            if self.abort_hangs:
+                await asyncio.sleep(3600)  # aiokafka waits for its sender's pending end of the transaction
+            events.append(f"stop {self.tid}")
+
+    producer = object.__new__(transactions._Producer)
+    producer._transaction_producers = {"w-0": Transactional("w-0"), "w-1": Transactional("w-1", abort_hangs=True)}
+    await asyncio.wait_for(producer.stop_transaction("w-0"), 5)
+    assert events == ["abort w-0", "stop w-0"]
+    await asyncio.wait_for(producer.stop_transaction("w-1"), 5)  # bounded: abort and stop given up
+    assert events == ["abort w-0", "stop w-0"] and not producer._transaction_producers
+
+    async def faust_on_stop(self: Any) -> None:
+        for tp in self._transaction_producers.values():
+            await tp.stop()
+    monkeypatch.setattr(faust_aiokafka.Producer, "on_stop", faust_on_stop)
+    events.clear()
+    producer._transaction_producers = {"w-2": Transactional("w-2"), "w-3": Transactional("w-3", abort_hangs=True),
+                                       "w-4": Transactional("w-4")}
+    await asyncio.wait_for(producer.on_stop(), 5)
+    assert sorted(e for e in events if e.startswith("abort")) == ["abort w-2", "abort w-4"]
+    assert events.index("abort w-4") < events.index("stop w-2")  # every abort before the producers stop
