@@ -92,15 +92,20 @@ class FencedMemberError(Errors.KafkaError):  # type: ignore[misc]  # aiokafka's 
     of the group's current generation that it was (its partitions may be another's by now)."""
 
 
+def _per_topic(*partition_fields: tuple[str, Any]) -> CompactArray:
+    """A flexible version's array of topics, each with its name and its array of partitions (these
+    fields), each level ending in its tagged fields."""
+    return CompactArray(("name", CompactString("utf-8")),
+                        ("partitions", CompactArray(*partition_fields, ("tags", TaggedFields))),
+                        ("tags", TaggedFields))
+
+
 class TxnOffsetCommitResponse_v3(Response):  # type: ignore[misc]  # aiokafka's protocol classes are untyped
     API_KEY = 28
     API_VERSION = 3
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(("partition_index", Int32), ("error_code", Int16), ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(("partition_index", Int32), ("error_code", Int16))),
         ("tags", TaggedFields),
     )
 
@@ -118,15 +123,8 @@ class TxnOffsetCommitRequest_v3(RequestStruct):  # type: ignore[misc]  # aiokafk
         ("generation_id", Int32),
         ("member_id", CompactString("utf-8")),
         ("group_instance_id", CompactString("utf-8")),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(
-                ("partition_index", Int32),
-                ("committed_offset", Int64),
-                ("committed_leader_epoch", Int32),
-                ("committed_metadata", CompactString("utf-8")),
-                ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(("partition_index", Int32), ("committed_offset", Int64),
+                              ("committed_leader_epoch", Int32), ("committed_metadata", CompactString("utf-8")))),
         ("tags", TaggedFields),
     )
 
@@ -151,16 +149,9 @@ class OffsetFetchResponse_v7(Response):  # type: ignore[misc]  # aiokafka's prot
     API_VERSION = 7
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(
-                ("partition_index", Int32),
-                ("committed_offset", Int64),
-                ("committed_leader_epoch", Int32),
-                ("metadata", CompactString("utf-8")),
-                ("error_code", Int16),
-                ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(("partition_index", Int32), ("committed_offset", Int64),
+                              ("committed_leader_epoch", Int32), ("metadata", CompactString("utf-8")),
+                              ("error_code", Int16))),
         ("error_code", Int16),
         ("tags", TaggedFields),
     )

@@ -18,26 +18,35 @@ from app.worker import fencing
 from app.worker.recovery import last_committed_offsets
 
 
+async def create_topics(kafka: KafkaBroker, *topics: NewTopic) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(list(topics))
+    finally:
+        await admin.close()
+
+
+async def joined(consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
+    """``consumer`` started and polled until its group gave it its assignment."""
+    await consumer.start()
+    for _ in range(100):
+        await consumer.getmany(timeout_ms=100)
+        if consumer.assignment():
+            return consumer
+    await consumer.stop()
+    raise AssertionError("the consumer never joined its group")
+
+
 @pytest.fixture
 async def group(kafka: KafkaBroker, namespace: str) -> AsyncIterator[tuple[str, str, AIOKafkaConsumer, str]]:
     """A source topic, an output topic, and a consumer that is a member of the group's generation."""
     source, output, group_id = f"{namespace}.source", f"{namespace}.out", f"{namespace}-group"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(source, 2, 1), NewTopic(output, 2, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka, NewTopic(source, 2, 1), NewTopic(output, 2, 1))
     fencing.install()
-    consumer = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
-                                enable_auto_commit=False)
-    await consumer.start()
+    consumer = await joined(AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
+                                             enable_auto_commit=False))
     try:
-        for _ in range(100):  # joined once it has its assignment
-            await consumer.getmany(timeout_ms=100)
-            if consumer.assignment():
-                break
-        assert consumer.assignment(), "the consumer never joined its group"
         fencing.register(group_id)
         yield source, output, consumer, group_id
     finally:
@@ -171,23 +180,12 @@ async def test_a_static_member_replaced_under_its_instance_id_cannot_commit(
     """Another worker started under the same ORDERLY_WORKER_INSTANCE_ID takes the static member's
     place (a new member id); the one it replaced is refused with FENCED_INSTANCE_ID."""
     source, output, group_id = f"{namespace}.static", f"{namespace}.static-out", f"{namespace}-static"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(source, 1, 1), NewTopic(output, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka, NewTopic(source, 1, 1), NewTopic(output, 1, 1))
     fencing.install()
 
     async def member() -> AIOKafkaConsumer:
-        joined = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
-                                  group_instance_id="worker-1", enable_auto_commit=False)
-        await joined.start()
-        for _ in range(100):
-            await joined.getmany(timeout_ms=100)
-            if joined.assignment():
-                return joined
-        raise AssertionError("the static member never joined its group")
+        return await joined(AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id,
+                                             group_instance_id="worker-1", enable_auto_commit=False))
 
     first = await member()
     replaced = fencing.coordinator_membership(first._coordinator)
@@ -218,12 +216,7 @@ async def test_recovery_reads_a_changelog_only_once_no_transaction_holds_records
     """A new owner's recovery (app/worker/recovery.py) after a previous owner whose transaction is
     still open: it waits for that transaction to end, and then reads up to its last committed record."""
     changelog = TopicPartition(f"{namespace}.changelog", 0)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(changelog.topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka, NewTopic(changelog.topic, 1, 1))
     previous_owner = await transactional(kafka, f"{namespace}-previous-owner")
     try:
         async with previous_owner.transaction():

@@ -116,3 +116,19 @@ def test_transactional_producers_time_out_after_the_settings_transaction_timeout
     extra = producer._settings_extra()
     assert extra.get("transaction_timeout_ms") == (TRANSACTION_TIMEOUT_S * 1000 if in_transaction else None)
     assert ("acks" in extra) is in_transaction  # Faust's own extras kept
+
+
+@given(int32, st.lists(st.tuples(names, st.lists(st.tuples(st.integers(0, 10_000), st.integers(-1, 2**62), int32,
+                                                           st.text(max_size=20), st.integers(0, 120)),
+                                                 max_size=5)), max_size=4), st.integers(0, 120))
+def test_the_responses_decode_what_their_schemas_encode(throttle: int, topics: list[Any], error: int) -> None:
+    """The two flexible responses' nested topics and partitions (each level with its tagged fields)."""
+    commit: list[Any] = [(topic, [(p, code, {}) for p, _o, _e, _m, code in partitions], {})
+                         for topic, partitions in topics]
+    encoded = fencing.TxnOffsetCommitResponse_v3.SCHEMA.encode((throttle, commit, {}))
+    assert fencing.TxnOffsetCommitResponse_v3.SCHEMA.decode(io.BytesIO(encoded)) == (throttle, commit, {})
+    fetch: list[Any] = [(topic, [(p, offset, epoch, metadata, code, {})
+                                 for p, offset, epoch, metadata, code in partitions], {})
+             for topic, partitions in topics]
+    encoded = fencing.OffsetFetchResponse_v7.SCHEMA.encode((throttle, fetch, error, {}))
+    assert fencing.OffsetFetchResponse_v7.SCHEMA.decode(io.BytesIO(encoded)) == (throttle, fetch, error, {})

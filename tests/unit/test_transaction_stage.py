@@ -326,15 +326,15 @@ def member_of_generation(monkeypatch: Any, state: Any, generation: int, assigned
     state.assigned_generation = generation if assigned is None else assigned
 
 
-async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_commits_again(
-        monkeypatch: Any) -> None:
-    """Faust would crash the app on the failure, and its stop would commit once more: the offsets
-    of the batch whose writes failed, without them."""
+def exiting_consumer(monkeypatch: Any, stage: Any, generation: int,
+                     assigned: int | None = None) -> tuple[Any, Any, list[int]]:
+    """An exactly-once consumer whose worker decided raw[0] up to 5 (committed up to 1), a member
+    of ``generation`` (its partitions assigned in ``assigned``), whose exits are recorded and raise
+    Exited: (consumer, its worker state, the exit codes)."""
     from aiokafka import TopicPartition
 
     from app.worker import consumer as consumer_module
     from app.worker.consumer import _Consumer
-    from app.worker.exits import FAILED_EXIT_CODE
 
     codes: list[int] = []
 
@@ -342,6 +342,26 @@ async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_comm
         codes.append(code)
         raise Exited(message % args)
     monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
+    state = type("State", (), {})()
+    state.stage = stage
+    state.decided = {TopicPartition("raw", 0): 5}
+    state.metrics = type("Metrics", (), {})()
+    member_of_generation(monkeypatch, state, generation, assigned)
+    consumer = object.__new__(_Consumer)
+    consumer.in_transaction = True
+    consumer._committed_offset = {TopicPartition("raw", 0): 1}
+    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
+    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    return consumer, state, codes
+
+
+async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_commits_again(
+        monkeypatch: Any) -> None:
+    """Faust would crash the app on the failure, and its stop would commit once more: the offsets
+    of the batch whose writes failed, without them."""
+    from aiokafka import TopicPartition
+
+    from app.worker.exits import FAILED_EXIT_CODE
 
     ended: list[bool] = []
 
@@ -353,16 +373,7 @@ async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_comm
         def commit_ended(self, transactions_open: bool) -> None:
             ended.append(transactions_open)
 
-    state = type("State", (), {})()
-    state.stage = Stage()
-    state.decided = {TopicPartition("raw", 0): 5}
-    state.metrics = type("Metrics", (), {})()
-    member_of_generation(monkeypatch, state, 3)
-    consumer = object.__new__(_Consumer)
-    consumer.in_transaction = True
-    consumer._committed_offset = {TopicPartition("raw", 0): 1}
-    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
-    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    consumer, _, codes = exiting_consumer(monkeypatch, Stage(), 3)
     with pytest.raises(Exited, match="commit failed"):
         await consumer._commit_offsets({TopicPartition("raw", 0): 5})
     assert codes == [FAILED_EXIT_CODE]
@@ -486,15 +497,8 @@ async def test_offsets_decided_under_another_generation_than_the_groups_are_neve
     revocation handled, and no assignment yet)."""
     from aiokafka import TopicPartition
 
-    from app.worker import consumer as consumer_module
-    from app.worker.consumer import _Consumer
+    from app.worker.exits import FAILED_EXIT_CODE
 
-    codes: list[int] = []
-
-    def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
-        codes.append(code)
-        raise Exited(message % args)
-    monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
     flushed: list[bool] = []
 
     class Stage:
@@ -502,19 +506,11 @@ async def test_offsets_decided_under_another_generation_than_the_groups_are_neve
             flushed.append(True)
             return set()
 
-    state = type("State", (), {})()
-    state.stage = Stage()
-    state.decided = {TopicPartition("raw", 0): 5}
-    state.metrics = type("Metrics", (), {})()
-    member_of_generation(monkeypatch, state, 5, assigned=assigned)
-    state.assigned_generation = assigned
-    consumer = object.__new__(_Consumer)
-    consumer.in_transaction = True
-    consumer._committed_offset = {TopicPartition("raw", 0): 1}
-    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
-    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
+    consumer, state, codes = exiting_consumer(monkeypatch, Stage(), 5, assigned)
+    state.assigned_generation = assigned  # None too: a revocation handled, no assignment since
     with pytest.raises(Exited, match="commit failed"):
         await consumer._commit_offsets({TopicPartition("raw", 0): 5})
+    assert codes == [FAILED_EXIT_CODE]
     assert flushed == []  # nothing of the transaction sent on, nothing committed
     assert state.commit_membership.generation == 5
 
