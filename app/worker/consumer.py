@@ -16,6 +16,7 @@ from app.core.pacing import BUSY_BATCH
 from app.worker import fencing
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import worker_state
+from app.worker.transactions import worker_transactional_id
 
 # Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
 # and leaves out the partitions whose records are still buffered or paused (Faust pauses them for
@@ -232,7 +233,7 @@ class _Consumer(faust_aiokafka.Consumer):
                         f"{membership.generation} now")
                 revoked = await stage.flush()  # sends the held writes before it first waits, and holds new ones
                 offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
-                if getattr(self.app, "transactional_id", None) is not None:
+                if worker_transactional_id(self.app) is not None:
                     # one transaction for every partition: it must not commit the writes of a partition
                     # whose offset it leaves out (Faust drops the offsets of partitions not assigned)
                     assigned_now = {tp.partition for tp in offsets if tp in self.assignment()}

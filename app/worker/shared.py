@@ -13,6 +13,7 @@ from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from app.metrics import WorkerMetrics
+from app.worker.fencing import Membership
 from app.worker.transactions import TransactionStage
 
 
@@ -31,7 +32,7 @@ class WorkerState:
     # exactly-once: the group membership the offsets of the commit under way were taken in, and the
     # generation of the assignment the decided offsets belong to (None between a revocation and the
     # next assignment; Faust skips both signals while it stops)
-    commit_membership: Any = None
+    commit_membership: Membership | None = None
     assigned_generation: int | None = None
 
 
