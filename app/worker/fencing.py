@@ -1,13 +1,14 @@
-"""Kafka's KIP-447 fencing for one transactional producer per worker (I/O shell over aiokafka).
+"""Kafka's KIP-447 fencing of exactly-once workers' transactions (I/O shell over aiokafka).
 
 aiokafka 0.14 commits a transaction's offsets with TxnOffsetCommit version 0, which carries no
 consumer group generation, and reads committed offsets with OffsetFetch versions 1-3, which may
 answer while a transaction's offsets are still pending. Then only a transactional id per source
 partition fences a worker that lost a partition but still commits (the new owner's producer,
-under the same id, ends the old one's). With these two requests one producer per worker is safe:
+under the same id, ends the old one's). With these two requests one producer per worker is safe
+(and both models, in one group, fence each other):
 
 - TxnOffsetCommit version 3 carries the group generation, member id and group instance id of the
-  worker's consumer, read when the request is built; the group coordinator refuses the offsets of
+  worker's consumer, pinned when the offsets are taken (``pinned``); the group coordinator refuses the offsets of
   a member of an earlier generation (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID),
   and the transaction can then only be aborted.
 - OffsetFetch version 7 asks with ``require_stable``: while a transaction holding offsets of a
