@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         installed = "unknown (not installed)"
     parser = argparse.ArgumentParser(
         prog="orderly", description="Apply payment webhooks in gateway order.",
-        epilog="Production processes read their settings from the environment (README, Configuration); "
+        epilog="Production processes read their settings from the environment (docs/configuration.md); "
                "operator commands also find a running `orderly dev` through .orderly/stack.json.")
     parser.add_argument("--version", action="version", version=f"orderly {installed}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -44,4 +44,5 @@ def check_versions() -> None:
     if wrong:
         raise UnsupportedVersion(
             "unsupported library versions: " + "; ".join(wrong)
-            + ". Install Orderly's pinned dependencies (pip install -e . or make setup); see docs/production.md.")
+            + ". Install Orderly's pinned dependencies (pip install -e . or make setup); "
+            "see docs/production.md#library-versions.")
