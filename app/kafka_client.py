@@ -8,6 +8,10 @@ options as keyword arguments. Inconsistent settings are refused when the setting
 (:func:`security_errors`, called by ``Settings.from_env``); a broker that refuses the TLS handshake
 or the SASL authentication is named with its reason at start-up (:func:`refusal`, app/bootstrap.py)
 instead of aiokafka's "Unable to bootstrap".
+
+It reads the settings through :class:`KafkaSettings` and never imports app.settings, which imports
+it. aiokafka and Faust are imported by the functions that use them, not at the top: every process
+and CLI command imports app.settings, and they would add about 45 ms to each start.
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ class Setting(Generic[T]):
         if raw == "":  # an empty variable counts as unset, so "" can pass on "off" (Maybe)
             if self.default is REQUIRED:
                 raise SettingsError(f"{self.env} is not set or is empty: {self.description}; it takes "
-                                    f"{self.kind.accepts} (see README, Configuration)")
+                                    f"{self.kind.accepts} (see docs/configuration.md)")
             return self.default
         try:
             return self.kind.parse(raw)

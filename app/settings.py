@@ -2,15 +2,12 @@
 environment (configuration layer).
 
 Nothing else in Orderly reads ``os.environ``: processes call :meth:`Settings.from_env` at start-up
-and pass the object down. Each setting is one :class:`~app.setting_kinds.Setting` on the class: its
-variable, kind, default and meaning. Parsing, the error messages, :meth:`Settings.to_env` (a child
-process's environment), :data:`DEV_DEFAULTS` and the table of docs/configuration.md
-(``python -m app.settings --readme docs/configuration.md``, ``make docs``) all come from them. A
-choice is typed as its Literal; a token, password, DSN or signing secret is a
-:class:`~app.setting_kinds.Secret`, which never prints.
-
-(A pydantic-settings class was measured against this: about 80 ms more to import, pydantic is not
-otherwise loaded, and 1.2 ms instead of about 20 µs to build, for every process and CLI command.)
+and pass the object down. Each setting is one :class:`~app.setting_kinds.Setting` on the class:
+parsing, the error messages, :meth:`Settings.to_env` (a child's environment), :data:`DEV_DEFAULTS`
+and docs/configuration.md's table (``python -m app.settings --readme docs/configuration.md``) come
+from it. Choices are Literals; tokens, passwords, the DSN and signing secrets are
+:class:`~app.setting_kinds.Secret`, which never prints. (pydantic-settings, measured against this,
+costs every process and command about 80 ms more to import and 1.2 ms instead of 12 µs to build.)
 """
 
 from __future__ import annotations
