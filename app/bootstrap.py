@@ -24,7 +24,7 @@ async def prepare(settings: Settings, topics: bool = True) -> tuple[list[str], l
     """Idempotent; returns (topics created, migrations applied). ``topics=False``: PostgreSQL only,
     for a process that must start while Kafka is away (the admin)."""
     created = await _ensure_topics(settings) if topics else []
-    conn = await asyncpg.connect(settings.postgres_dsn)
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal())
     try:
         applied = await migrate(conn, settings.namespace)
     finally:

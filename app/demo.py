@@ -74,7 +74,7 @@ def _as_expected(truth: lifecycles.Truth) -> Expected:
 async def compare_expected(settings: Settings, want: Expected, truth: Expected) -> dict[str, dict[str, int]]:
     """Every read model against ``want`` (what the documents say it must hold), and how many of
     its resources also hold the gateway's ``truth``."""
-    conn = await asyncpg.connect(settings.postgres_dsn,
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         report: dict[str, dict[str, int]] = {}
@@ -154,7 +154,7 @@ def _print(report: dict[str, dict[str, int]], stats: Stats, elapsed: float, done
 
 async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted], truth: lifecycles.Truth,
                rng: random.Random, done: Pass, served: api.Served) -> int:
-    secrets = {g: s[0] for g, s in settings.secrets.items()}
+    secrets = {g: s.reveal()[0] for g, s in settings.secrets.items()}
     started = time.monotonic()
     finished = asyncio.Event()
 
@@ -181,7 +181,7 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
     try:
         chaos = Chaos(late=late_authorisations(events), late_s=LATE_S)
         results = await asyncio.gather(deliver(stack.ingest_url, events, secrets, rng, chaos),
-                                       _correlate(stack.ingest_url, settings.api_token, truth, rng), outage())
+                                       _correlate(stack.ingest_url, settings.api_token.reveal(), truth, rng), outage())
         stats = results[0]
         deadline = time.monotonic() + 180
         for settle in (0.0, settings.fetch_interval_s * 2):  # and again once a fetch under way has landed
@@ -332,10 +332,12 @@ def _summary(passes: list[Pass]) -> None:
 
 def _keep_up(stack: Stack, settings: Settings) -> None:
     """`orderly demo --keep`: the stack and the console stay up on the demo's data until Ctrl-C."""
+    token = settings.admin_token.reveal() if settings.admin_token is not None else None
+
     def started() -> None:  # printed once Ctrl-C is handled: whoever reads it may send one at once
         print(f"\nthe stack stays up on the demo's data (namespace {settings.namespace}); Ctrl-C stops it\n"
-              f"  console:     {stack.admin_url}/  (admin token: {settings.admin_token})\n"
-              f"  admin API:   curl -H 'Authorization: Bearer {settings.admin_token}' {stack.admin_url}/api/overview\n"
+              f"  console:     {stack.admin_url}/  (admin token: {token})\n"
+              f"  admin API:   curl -H 'Authorization: Bearer {token}' {stack.admin_url}/api/overview\n"
               f"  ingest:      {stack.ingest_url}\n"
               f"  commands:    orderly parked | gaps | inspect GATEWAY ID | effects list (found via "
               f".orderly/stack.json)", flush=True)

@@ -84,7 +84,7 @@ def delivery_key(settings: Settings) -> bytes | None:
                             "delivered signed; set ORDERLY_EFFECTS_SECRET=whsec_<base64 key> (the secret the "
                             "merchant verifies with), or unset ORDERLY_EFFECTS_URL to record without delivering")
     try:
-        return signing_key(settings.effects_secret)
+        return signing_key(settings.effects_secret.reveal())
     except ValueError as exc:
         raise SettingsError(f"ORDERLY_EFFECTS_SECRET: {exc}") from None
 

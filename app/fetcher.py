@@ -97,7 +97,7 @@ class Fetcher:
 
     async def start(self) -> None:
         await self.producer.start()
-        self.pool = await asyncpg.create_pool(self.settings.postgres_dsn, min_size=1, max_size=2,
+        self.pool = await asyncpg.create_pool(self.settings.postgres_dsn.reveal(), min_size=1, max_size=2,
                                               server_settings={"search_path": quote_ident(self.settings.namespace)})
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
 

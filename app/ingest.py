@@ -348,7 +348,7 @@ class Receiver:
         found = registry.find(gateway)
         assert found is not None
         try:
-            found.adapter.verify(raw, headers, self.settings.secrets[gateway], time.time())
+            found.adapter.verify(raw, headers, self.settings.secrets[gateway].reveal(), time.time())
         except SignatureError as exc:
             metrics.requests.labels(gateway, "unauthorized").inc()
             metrics.signature_failures.labels(gateway).inc()
@@ -424,7 +424,7 @@ async def put_correlation(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
     # Headers arrive decoded with surrogateescape: a non-UTF-8 byte must compare unequal, not raise.
     offered = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(offered, f"Bearer {settings.api_token}".encode()):
+    if not hmac.compare_digest(offered, f"Bearer {settings.api_token.reveal()}".encode()):
         metrics.requests.labels("correlations", "unauthorized").inc()
         return _json(401, error="missing or wrong bearer token")
     deposit_id = request.match_info["deposit_id"]
@@ -481,7 +481,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 def validate_secrets(settings: Settings) -> None:
     """Refuse to start with a card secret that is not a Standard Webhooks key."""
-    for secret in settings.secrets["card"]:
+    for secret in settings.secrets["card"].reveal():
         card.secret_key(secret)
 
 
@@ -494,7 +494,7 @@ def create_app(settings: Settings) -> web.Application:
     app[TOPICS] = names(settings.namespace)  # once, not per request
     app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics,
                                  **client_options(settings))
-    app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)
+    app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn.reveal(), settings.namespace)
     app.router.add_post("/webhooks/{gateway}", receive_webhook)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", put_correlation)
     app.router.add_get("/healthz", healthz)

@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 from pythonjsonlogger.orjson import OrjsonFormatter
 
+from app.setting_kinds import Secret
+
 if TYPE_CHECKING:
     from app.settings import Settings
 
@@ -73,9 +75,10 @@ def secrets_of(settings: Settings) -> list[str | None]:
     for row in TABLE:
         if row.is_secret:
             value = row.value(settings)
+            value = value.reveal() if isinstance(value, Secret) else value
             values += list(value) if isinstance(value, tuple) else [value if isinstance(value, str) else None]
     with contextlib.suppress(ValueError):
-        values.append(urlsplit(settings.postgres_dsn).password)
+        values.append(urlsplit(settings.postgres_dsn.reveal()).password)
     return values
 
 

@@ -32,7 +32,7 @@ async def mismatches(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 
 
 async def run(settings: Settings, out: Any = sys.stdout) -> int:
-    conn = await asyncpg.connect(settings.postgres_dsn,
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         found = await mismatches(conn)

@@ -272,7 +272,7 @@ async def _commit_worker_offsets(target: Settings, ends: dict[int, int]) -> None
 
 async def diff(live: Settings, target: Settings) -> dict[str, tuple[int, int]]:
     """Per table: (rows only live has, rows only the rebuild has)."""
-    conn = await asyncpg.connect(live.postgres_dsn)
+    conn = await asyncpg.connect(live.postgres_dsn.reveal())
     a, b = quote_ident(live.namespace), quote_ident(target.namespace)
     try:
         out = {}
@@ -288,7 +288,7 @@ async def diff(live: Settings, target: Settings) -> dict[str, tuple[int, int]]:
 
 
 async def _count(settings: Settings, query: str) -> int:
-    conn = await asyncpg.connect(settings.postgres_dsn,
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         return int(await conn.fetchval(query))

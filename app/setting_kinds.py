@@ -1,5 +1,6 @@
-"""How a setting's environment text becomes a typed value and back: the kinds of value and the row
-of the settings table (configuration layer; the table itself is in app/settings.py)."""
+"""How a setting's environment text becomes a typed value and back: the kinds of value, the secret
+that never prints, and the descriptor that declares a setting on the Settings class (configuration
+layer; the settings themselves are declared in app/settings.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
-
-if TYPE_CHECKING:
-    from app.settings import Settings
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 T = TypeVar("T")
+C = TypeVar("C", bound=str)  # a Literal of the choices
 
 
 class SettingsError(ValueError):
@@ -109,19 +108,23 @@ class Millis:
 
 
 @dataclass(frozen=True)
-class Choice:
-    choices: tuple[str, ...]
+class Choice(Generic[C]):
+    """One of ``choices``, in any case; the value is the choice itself, typed as its Literal
+    (``Choice[Store](get_args(Store))``)."""
+
+    choices: tuple[C, ...]
 
     @property
     def accepts(self) -> str:
         return "one of " + ", ".join(self.choices)
 
-    def parse(self, raw: str) -> str:
-        if raw.lower() not in self.choices:
-            raise ValueError("not one of them")
-        return raw.lower()
+    def parse(self, raw: str) -> C:
+        for choice in self.choices:
+            if choice == raw.lower():
+                return choice
+        raise ValueError("not one of them")
 
-    def render(self, value: str) -> str:
+    def render(self, value: C) -> str:
         return value
 
 
@@ -191,6 +194,61 @@ class Maybe(Generic[T]):
         return "" if value is None else self.kind.render(value)
 
 
+
+
+class Secret(Generic[T]):
+    """A value that never prints: its repr and str are masked, so a log line, a traceback's locals or
+    a Settings repr cannot show it; :meth:`reveal` hands it to the one place that needs it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def reveal(self) -> T:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        # an f-string meant the value (a header, a DSN) and would silently get the mask: refused instead
+        raise TypeError("a Secret is not formatted: reveal() it where the value is meant")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and bool(self._value == other._value)
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self) -> tuple[type[Secret[T]], tuple[T]]:
+        return (Secret, (self._value,))
+
+
+@dataclass(frozen=True)
+class Hidden(Generic[T]):
+    """A secret of ``kind``: parsed and rendered as that kind, held as a :class:`Secret`; a refused
+    value is withheld from the message."""
+
+    kind: Kind[T]
+
+    @property
+    def accepts(self) -> str:
+        return self.kind.accepts
+
+    def parse(self, raw: str) -> Secret[T]:
+        return Secret(self.kind.parse(raw))
+
+    def render(self, value: Secret[T]) -> str:
+        return self.kind.render(value.reveal())
+
+
+def _hides(kind: Kind[Any]) -> bool:
+    return isinstance(kind, Hidden) or (isinstance(kind, Maybe) and _hides(kind.kind))
+
+
 class Required(enum.Enum):
     REQUIRED = "required"
 
@@ -198,18 +256,38 @@ class Required(enum.Enum):
 REQUIRED = Required.REQUIRED
 
 
-@dataclass(frozen=True)
 class Setting(Generic[T]):
-    """One row of the table: where a Settings attribute comes from, what it accepts, what it means."""
+    """One setting, declared as an attribute of the Settings class: its variable, what it accepts,
+    its default, what it means. The attribute's name is the field; on an instance it is the value
+    (held in the instance's ``__dict__``, which a non-data descriptor lets shadow it)."""
 
-    field: str  # the Settings attribute (with ``key``: the entry of that mapping)
-    env: str
-    kind: Kind[T]
-    default: T | Required  # the value when the variable is unset or empty
-    description: str
-    dev: str | None = None  # the environment text `orderly dev` and `orderly demo` use when unset
-    key: str | None = None
-    is_secret: bool = False  # its value is never written into a message (logs keep messages)
+    def __init__(self, env: str, kind: Kind[T], default: T | Required, description: str, *,
+                 dev: str | None = None) -> None:
+        self.env = env
+        self.kind = kind
+        self.default = default  # the value when the variable is unset or empty
+        self.description = description
+        self.dev = dev  # the environment text `orderly dev` and `orderly demo` use when unset
+        self.field = ""  # the Settings attribute (with ``key``: the entry of that mapping)
+        self.key: str | None = None
+        self.is_secret = _hides(kind)  # its value is never written into a message (logs keep messages)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type) -> Setting[T] | T:
+        if instance is None:
+            return self
+        raise AttributeError(f"{self.field} was not read: build settings with Settings.from_env")
+
+    def __repr__(self) -> str:
+        return f"Setting({self.env})"
 
     def read(self, env: Mapping[str, str]) -> T:
         raw = env.get(self.env, "")
@@ -224,7 +302,7 @@ class Setting(Generic[T]):
             shown = f"{self.env} (value withheld)" if self.is_secret else f"{self.env}={raw!r}"
             raise SettingsError(f"{shown}: {exc}; it takes {self.kind.accepts}") from None
 
-    def value(self, settings: Settings) -> T:
+    def value(self, settings: object) -> T:
         found = getattr(settings, self.field)
         return found if self.key is None else found[self.key]  # type: ignore[no-any-return]
 
@@ -232,3 +310,28 @@ class Setting(Generic[T]):
         if self.default is REQUIRED:
             return "required"
         return self.kind.render(self.default) or "unset"
+
+
+class Keyed(Generic[T]):
+    """Several settings of one kind gathered in one mapping attribute, one per key (a gateway's
+    secrets: ``settings.secrets["pg"]``)."""
+
+    def __init__(self, rows: Mapping[str, Setting[T]]) -> None:
+        self.rows = tuple(rows.values())
+        for key, row in rows.items():
+            row.key = key
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        for row in self.rows:
+            row.field = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Keyed[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> Mapping[str, T]: ...
+
+    def __get__(self, instance: object | None, owner: type) -> Keyed[T] | Mapping[str, T]:
+        if instance is None:
+            return self
+        raise AttributeError("secrets were not read: build settings with Settings.from_env")

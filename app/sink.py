@@ -66,7 +66,7 @@ class PgSink:
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(
-            self.settings.postgres_dsn, min_size=1, max_size=4,
+            self.settings.postgres_dsn.reveal(), min_size=1, max_size=4,
             server_settings={"search_path": quote_ident(self.settings.namespace)})
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",

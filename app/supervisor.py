@@ -121,7 +121,7 @@ class Stack:
         if brokers < 1 or workers < 1:
             raise ValueError("a stack has at least one broker and one worker")
         self.data_dir = settings.data_dir.resolve()
-        self.postgres = PostgresServer(self.data_dir / "postgres", port=postgres_port(settings.postgres_dsn))
+        self.postgres = PostgresServer(self.data_dir / "postgres", port=postgres_port(settings.postgres_dsn.reveal()))
         self.kafka: KafkaBroker | KafkaCluster
         if brokers == 1:
             self.kafka = KafkaBroker(self.data_dir / "kafka", port=kafka_port(settings.kafka_bootstrap))

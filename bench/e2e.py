@@ -71,7 +71,7 @@ def serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subproc
 async def wait_projected(settings: Settings, count: int, limit_s: float = 600) -> float:
     """Wait until ``count`` deposit webhooks are in webhook_events; return when the last one got
     there (its ``projected_at``, PostgreSQL's wall clock on this machine), as a Unix time."""
-    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(), server_settings={"search_path": settings.namespace})
     try:
         async with asyncio.timeout(limit_s):
             while True:
@@ -126,7 +126,7 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
                                           stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(put_correlations(url, settings.api_token, deposits))
+        asyncio.run(put_correlations(url, settings.api_token.reveal(), deposits))
         time.sleep(12)  # the worker joins its group and recovers; not part of the measurement
         yield settings, url, procs
     finally:
@@ -188,7 +188,8 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
     asyncio.run(setup())
     requests_file = work / f"requests-baseline-{round_no}.json"
     count = write_requests(settings, requests_file)
-    proc = serve([sys.executable, "-m", "bench.baseline", postgres.dsn, schema, settings.secrets["pg"][0], str(port)],
+    pg_secret = settings.secrets["pg"].reveal()[0]
+    proc = serve([sys.executable, "-m", "bench.baseline", postgres.dsn, schema, pg_secret, str(port)],
                  dict(os.environ), port, work / "baseline.log")
     try:
         settle(postgres, schema)

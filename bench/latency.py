@@ -56,7 +56,7 @@ async def send_open_loop(url: str, requests: list[dict[str, Any]], rate: float) 
 
 
 async def latencies(settings: Settings, since_s: float) -> dict[str, float]:
-    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(), server_settings={"search_path": settings.namespace})
     try:
         row = await conn.fetchrow(
             "SELECT count(*) AS n, "
@@ -96,7 +96,7 @@ async def send_times(settings: Settings, topic: str, delivery_id: Callable[[Any]
 
 async def stages(settings: Settings, since_s: float) -> dict[str, dict[str, float]]:
     """p50 and p99 of each stage of a delivery's latency, in ms."""
-    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(), server_settings={"search_path": settings.namespace})
     try:
         rows = await conn.fetch(
             "SELECT delivery_id, extract(epoch FROM received_at) * 1000 AS received,"

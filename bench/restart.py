@@ -154,7 +154,7 @@ class Probes:
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         body = deposit(f"dep_probe_{self.tag}_{len(self.posted)}", 1, "pending", sequence=0)
-        headers = signed_headers("pg", body, self.settings.secrets["pg"][0])
+        headers = signed_headers("pg", body, self.settings.secrets["pg"].reveal()[0])
         deadline = time.monotonic() + limit_s
         while True:
             sent = time.time()
@@ -406,12 +406,12 @@ async def load_history(settings: Settings, seed: int = 21) -> int:
 
         async def correlate(dep: str, body: dict[str, str]) -> None:
             async with gate, http.put(f"{url}/correlations/pg/deposits/{dep}", data=orjson.dumps(body),
-                                      headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                                      headers={"Authorization": f"Bearer {settings.api_token.reveal()}"}) as resp:
                 assert resp.status == 200, await resp.text()
 
         async def post(e: lifecycles.Emitted) -> None:
             nonlocal accepted
-            headers = signed_headers(e.gateway, e.body, settings.secrets[e.gateway][0])
+            headers = signed_headers(e.gateway, e.body, settings.secrets[e.gateway].reveal()[0])
             async with gate, http.post(f"{url}/webhooks/{e.gateway}", data=e.body, headers=headers) as resp:
                 assert resp.status == 200, await resp.text()
                 accepted += 1
@@ -422,7 +422,7 @@ async def load_history(settings: Settings, seed: int = 21) -> int:
 
 
 async def wait_decided(settings: Settings, count: int, limit_s: float = 180.0) -> None:
-    conn = await asyncpg.connect(settings.postgres_dsn, server_settings={"search_path": settings.namespace})
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(), server_settings={"search_path": settings.namespace})
     try:
         async with asyncio.timeout(limit_s):
             while True:

@@ -29,7 +29,7 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.process import free_port
 from projections.migrate import quote_ident
-from tests.support import ServedIngest, serve_in_thread, serve_ingest, signed_headers
+from tests.support import ServedIngest, admin_token, serve_in_thread, serve_ingest, signed_headers
 
 PROCESSES = ("worker", "projector", "effects", "fetcher")
 
@@ -190,7 +190,7 @@ class Running:
     async def admin_get(self, path: str) -> tuple[int, Any]:
         """GET an admin API path with the admin token: (status, JSON body)."""
         async with aiohttp.ClientSession() as http, http.get(
-                f"{self.admin}{path}", headers={"Authorization": f"Bearer {self.settings.admin_token}"}) as resp:
+                f"{self.admin}{path}", headers={"Authorization": f"Bearer {admin_token(self.settings)}"}) as resp:
             return resp.status, await resp.json()
 
     async def resource(self, gateway: str, resource_id: str) -> tuple[int, Any]:
@@ -199,7 +199,7 @@ class Running:
         return await self.admin_get(f"/api/resources/{gateway}/{quote(resource_id, safe='')}")
 
     async def connect(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self.settings.postgres_dsn,
+        return await asyncpg.connect(self.settings.postgres_dsn.reveal(),
                                      server_settings={"search_path": quote_ident(self.settings.namespace)})
 
     async def post(self, gateway: str, *bodies: bytes) -> list[dict[str, Any]]:
@@ -220,7 +220,7 @@ class Running:
             for dep in deps:
                 async with http.put(f"{self.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
                         {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-                        headers={"Authorization": f"Bearer {self.settings.api_token}"}) as resp:
+                        headers={"Authorization": f"Bearer {self.settings.api_token.reveal()}"}) as resp:
                     assert resp.status == 200, await resp.text()
         await self.wait_for(lambda c: c.fetchval(
             "SELECT count(*) = $2 FROM webhook_events WHERE resource_id = ANY($1) "
@@ -235,7 +235,7 @@ class Running:
         async with aiohttp.ClientSession() as http, http.put(
                 f"{self.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
                     {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
-                headers={"Authorization": f"Bearer {self.settings.api_token}"}) as resp:
+                headers={"Authorization": f"Bearer {self.settings.api_token.reveal()}"}) as resp:
             assert resp.status == 200, await resp.text()
         await self.post("pg", deposit(dep, 3, "settled"))
         await self.wait_for(lambda c: c.fetchval(
@@ -268,7 +268,7 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
     ingest serves its /metrics on a free port unless "ingest" is named: Running.ingest.metrics_url)."""
     with ExitStack() as stack:
         assert settings.effects_secret, "the effects stub verifies signatures: ORDERLY_EFFECTS_SECRET is needed"
-        stub = stack.enter_context(effects_stub(settings.effects_secret, stub_fail_first))
+        stub = stack.enter_context(effects_stub(settings.effects_secret.reveal(), stub_fail_first))
         settings = settings.with_overrides(effects_url=stub.url, data_dir=logs)
         asyncio.run(prepare(settings))
         pipeline = Pipeline(settings, logs)

@@ -31,9 +31,15 @@ def make_settings(kafka_bootstrap: str, postgres_dsn: str, namespace: str, **ove
     return Settings.from_env(env).with_overrides(**overrides)
 
 
+def admin_token(settings: Settings) -> str:
+    """The admin API's bearer token, which every test's settings hold (DEV_DEFAULTS)."""
+    assert settings.admin_token is not None
+    return settings.admin_token.reveal()
+
+
 def signed_headers(gateway: str, body: bytes, settings: Settings, now: float | None = None) -> dict[str, str]:
     """The gateway's own signature headers for ``body`` with the first configured secret."""
-    return simulator_headers(gateway, body, settings.secrets[gateway][0], now)
+    return simulator_headers(gateway, body, settings.secrets[gateway].reveal()[0], now)
 
 
 @dataclass

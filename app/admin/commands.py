@@ -53,7 +53,7 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, int]]) -> N
 
 
 async def _connect(settings: Settings) -> asyncpg.Connection:
-    return await asyncpg.connect(settings.postgres_dsn,
+    return await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
 
 

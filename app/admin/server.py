@@ -49,10 +49,10 @@ class Admin:
     @staticmethod
     def check(settings: Settings) -> str:
         """The admin token; none (or a blank one) stops the process before it serves anything."""
-        if not settings.admin_token or not settings.admin_token.strip():
+        if not settings.admin_token or not settings.admin_token.reveal().strip():
             raise SettingsError("ORDERLY_ADMIN_TOKEN is not set: the admin API and console refuse to run "
                                 "without their own token")
-        return settings.admin_token
+        return settings.admin_token.reveal()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -70,7 +70,7 @@ class Admin:
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(
-            self.settings.postgres_dsn, min_size=1, max_size=ACTIONS_AT_ONCE + 4, timeout=POSTGRES_DEADLINE_S,
+            self.settings.postgres_dsn.reveal(), min_size=1, max_size=ACTIONS_AT_ONCE + 4, timeout=POSTGRES_DEADLINE_S,
             command_timeout=POSTGRES_DEADLINE_S, server_settings={"search_path": quote_ident(self.settings.namespace)})
         self._lag_task = asyncio.create_task(self._measure_lag_forever())
 

@@ -51,10 +51,10 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
         async with aiohttp.ClientSession() as http:
             for dep, body in truth.correlations.items():  # the merchant's create-deposit responses
                 async with http.put(f"{args.target}/correlations/pg/deposits/{dep}", data=orjson.dumps(body),
-                                    headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                                    headers={"Authorization": f"Bearer {settings.api_token.reveal()}"}) as resp:
                     if resp.status != 200:
                         print(f"correlation {dep}: HTTP {resp.status}")
-        stats = await deliver(args.target, events, {g: s[0] for g, s in settings.secrets.items()}, rng,
+        stats = await deliver(args.target, events, {g: s.reveal()[0] for g, s in settings.secrets.items()}, rng,
                               Chaos(time_scale=args.time_scale))
     finally:
         if runner is not None:

@@ -52,7 +52,7 @@ FACTS = {  # kind -> query of (key, owner) for the resources in $1
 async def post_history(http: aiohttp.ClientSession, producer: KeyedProducer, settings: Settings, target: str,
                        history: History) -> None:
     """The history's deliveries, in order, each acknowledged before the next."""
-    secret = settings.secrets[history.gateway][0]
+    secret = settings.secrets[history.gateway].reveal()[0]
     for n, d in enumerate(history.deliveries):
         if d.source == "webhook":
             async with http.post(f"{target}/webhooks/{history.gateway}", data=d.body,
@@ -61,7 +61,7 @@ async def post_history(http: aiohttp.ClientSession, producer: KeyedProducer, set
                     raise RuntimeError(f"webhook of {d.resource}: HTTP {resp.status} {await resp.text()}")
         elif d.source == "correlation":
             async with http.put(f"{target}/correlations/pg/deposits/{d.resource}", data=d.body,
-                                headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                                headers={"Authorization": f"Bearer {settings.api_token.reveal()}"}) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"correlation of {d.resource}: HTTP {resp.status}")
         else:  # what the fetcher appends: the gateway's answer, as a record of orderly.raw
@@ -140,7 +140,7 @@ async def run_stack(settings: Settings, target: str, gateways: list[str], count:
     finally:
         await producer.stop()
     posted_s = time.monotonic() - started
-    conn = await asyncpg.connect(settings.postgres_dsn,
+    conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         deadline = time.monotonic() + timeout_s

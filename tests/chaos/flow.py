@@ -88,7 +88,7 @@ class Poster:
                 url, method, headers = f"{self.pipe.ingest.url}/webhooks/pg", "POST", signed_headers("pg", body, s)
             else:
                 url, method = f"{self.pipe.ingest.url}/correlations/pg/deposits/{dep}", "PUT"
-                headers = {"Authorization": f"Bearer {s.api_token}"}
+                headers = {"Authorization": f"Bearer {s.api_token.reveal()}"}
             while True:
                 try:
                     async with http.request(method, url, data=body, headers=headers) as resp:

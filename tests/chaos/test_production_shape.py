@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from app.settings import Settings
+from app.settings import Secret, Settings
 from app.simulator import api
 from app.stack.kafka import KafkaCluster
 from app.stack.process import free_port, port_is_free, spare_port
@@ -102,10 +102,10 @@ def shape(flow: Traffic, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
     with serve_in_thread(api.build(flow.truth, flow.events)) as gateway_api:
         base = make_settings("127.0.0.1:1", "postgresql://postgres@127.0.0.1:1/postgres", "orderly")
         assert base.effects_secret is not None
-        with effects_stub(base.effects_secret) as stub:
+        with effects_stub(base.effects_secret.reveal()) as stub:
             settings = base.with_overrides(
                 kafka_bootstrap=f"127.0.0.1:{three_free_ports()}",
-                postgres_dsn=f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
+                postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres"),
                 data_dir=tmp_path / ".orderly", partitions=PARTITIONS, ingest_port=free_port(),
                 append_timeout_s=5.0,  # the production default: a node's loss must fit in it
                 effects_url=stub.url, card_api_url=gateway_api, pg_api_url=gateway_api,

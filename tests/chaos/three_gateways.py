@@ -179,7 +179,7 @@ class Poster:
                 method, url = "PUT", f"{self.url}/correlations/pg/deposits/{d.resource}"
             while True:
                 headers = (signed_headers(d.gateway, d.body, s) if d.kind == "webhook"
-                           else {"Authorization": f"Bearer {s.api_token}"})
+                           else {"Authorization": f"Bearer {s.api_token.reveal()}"})
                 self.attempts[d.gateway if d.kind == "webhook" else "correlation"] += 1
                 sent_at = time.time()
                 try:

@@ -38,7 +38,7 @@ from app.stack.postgres import PostgresServer
 from tests.e2e.test_quarantine import append_raw
 from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic, serve_in_thread
+from tests.support import admin_token, make_settings, read_topic, serve_in_thread
 from topics.catalog import names
 
 CARD = "pay_adm"
@@ -63,7 +63,7 @@ async def correlate(pipe: Running, dep: str) -> None:
             f"{pipe.ingest.url}/correlations/pg/deposits/{dep}",
             data=orjson.dumps({"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
                                "our_user_id": f"u_{dep}"}),
-            headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
+            headers={"Authorization": f"Bearer {pipe.settings.api_token.reveal()}"}) as resp:
         assert resp.status == 200, await resp.text()
 
 
@@ -126,7 +126,7 @@ def scenario(kafka: KafkaBroker, postgres: PostgresServer,
 
 
 def bearer_of(settings: Settings) -> dict[str, str]:
-    return {"Authorization": f"Bearer {settings.admin_token}"}
+    return {"Authorization": f"Bearer {admin_token(settings)}"}
 
 
 def bearer(pipe: Running) -> dict[str, str]:
@@ -151,8 +151,9 @@ async def test_every_api_route_refuses_a_request_without_the_token(scenario: Sce
         assert routed == {(m, re.sub(r"\{(\w+):[^}]*\}", r"{\1}", p)) for m, p in routed}  # canonical drops regexes
         assert routed == set(operations)
         assert len(operations) >= 12
-        wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {pipe.settings.admin_token}"},
-                 {"Authorization": f"Bearer {pipe.settings.api_token}"},  # the correlation token is another secret
+        wrong = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {admin_token(pipe.settings)}"},
+                 # the correlation token is another secret
+                 {"Authorization": f"Bearer {pipe.settings.api_token.reveal()}"},
                  {"Cookie": f"{auth.SESSION_COOKIE}=forged.session.cookie"}]
         app = create_app(pipe.settings)  # an admin of its own, whose wrong-token throttle this test resets
         with serve_in_thread(app) as url:
@@ -361,7 +362,7 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
         async with http.post(f"{pipe.admin}/login", data={"token": "wrong", "next": "/"},
                              allow_redirects=False) as resp:
             assert resp.status == 401 and auth.SESSION_COOKIE not in resp.cookies
-        signing_in = {"token": str(pipe.settings.admin_token), "next": "//evil.example/"}
+        signing_in = {"token": admin_token(pipe.settings), "next": "//evil.example/"}
         async with http.post(f"{pipe.admin}/login", data=signing_in, allow_redirects=False) as resp:
             assert resp.status == 303 and resp.headers["Location"] == "/"  # no open redirect
             cookie = resp.cookies[auth.SESSION_COOKIE]
@@ -375,7 +376,7 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
             token = re.search(r'name="csrf" value="([^"]+)"', page)
             assert token is not None
         target = f"{pipe.admin}/effects/no-such-effect/retry"
-        for form in ({}, {"csrf": "forged"}, {"csrf": auth.csrf_token(str(pipe.settings.admin_token), "another")}):
+        for form in ({}, {"csrf": "forged"}, {"csrf": auth.csrf_token(admin_token(pipe.settings), "another")}):
             async with http.post(target, data=form, allow_redirects=False) as resp:
                 assert resp.status == 403, form
         async with http.post(target, data={"csrf": token.group(1), "next": "/effects"}, allow_redirects=False) as resp:
@@ -409,7 +410,7 @@ def test_operator_commands_print_the_same_and_find_a_running_dev_stack(scenario:
     env["ORDERLY_DATA_DIR"] = str(tmp_path)
     (tmp_path / "stack.json").write_text(json.dumps({
         "namespace": pipe.settings.namespace, "kafka_bootstrap": pipe.settings.kafka_bootstrap,
-        "postgres_dsn": pipe.settings.postgres_dsn}))
+        "postgres_dsn": pipe.settings.postgres_dsn.reveal()}))
 
     shown = orderly(env, "inspect", "card", CARD)
     assert shown.returncode == 0, shown.stderr
@@ -464,7 +465,7 @@ def test_schemathesis_finds_no_server_error_in_the_admin_api(scenario: Scenario,
     run = subprocess.run(
         [str(Path(sys.executable).parent / "schemathesis"), "run", f"{pipe.admin}/openapi.json",
          "--include-path-regex", "^/api/", "--checks", "not_a_server_error",
-         "--header", f"Authorization: Bearer {pipe.settings.admin_token}", "--max-examples", "40",
+         "--header", f"Authorization: Bearer {admin_token(pipe.settings)}", "--max-examples", "40",
          "--phases", "examples,coverage,fuzzing", "--seed", "18", "--workers", "1", "--request-timeout", "20",
          "--report", "junit", "--report-dir", str(report), "--generation-database", "none", "--no-color"],
         capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "NO_COLOR": "1"}, cwd=tmp_path)
@@ -537,7 +538,7 @@ async def test_hostile_parameters_get_a_4xx_with_the_reason_never_a_5xx(scenario
     jar = aiohttp.CookieJar(unsafe=True)
     async with aiohttp.ClientSession(cookie_jar=jar) as http:
         for target in ("/\t/evil.example", "/\n/x", "/%0a", "https:evil.example", "/\x7f/x", "/ok\x00"):
-            async with http.post(f"{pipe.admin}/login", data={"token": str(pipe.settings.admin_token), "next": target},
+            async with http.post(f"{pipe.admin}/login", data={"token": admin_token(pipe.settings), "next": target},
                                  allow_redirects=False) as resp:
                 assert resp.status == 303 and resp.headers["Location"] in ("/", "/%0a"), (target, resp.headers)
         for path in ("/resources?q=%00", "/resources/pg/%00", "/quarantine/%00", "/quarantine?stage=%00"):

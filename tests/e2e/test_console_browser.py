@@ -35,7 +35,7 @@ from app.stack.postgres import PostgresServer
 from tests.e2e.test_card_pipeline import card_event
 from tests.e2e.test_effects_delivery import restart_effects, settle_deposits
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings
+from tests.support import admin_token, make_settings
 from topics.catalog import names
 from topics.records import correlation_headers
 
@@ -219,8 +219,7 @@ def test_pages_ask_for_a_session_and_the_wrong_token_is_refused(scenario: Scenar
     assert path_of(browser) == "/login" and not browser.get_cookies()
     shot(browser, "02-login-wrong-token")
 
-    assert pipe.settings.admin_token
-    sign_in(browser, pipe.settings.admin_token)
+    sign_in(browser, admin_token(pipe.settings))
     wait(browser).until(lambda d: path_of(d) == "/")
     assert text(browser, "h1") == "Overview"
     assert [(c["name"], c["httpOnly"], c["sameSite"]) for c in browser.get_cookies()] == [

@@ -20,7 +20,7 @@ import orjson
 
 from app.settings import dev_settings
 from app.stack.process import free_port, port_is_free
-from tests.support import read_topic, signed_headers
+from tests.support import admin_token, read_topic, signed_headers
 from topics.catalog import names
 
 
@@ -93,7 +93,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         assert stack == {"namespace": "orderly",
                          "ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "admin_url": f"http://127.0.0.1:{admin_port}",
-                         "postgres_dsn": settings.postgres_dsn,
+                         "postgres_dsn": settings.postgres_dsn.reveal(),
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "replication_factor": 1, "min_insync_replicas": 1,
                          "metrics_url": f"http://127.0.0.1:{ingest_port + 1}/metrics"}
@@ -121,7 +121,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             async with http.put(f"{stack['ingest_url']}/correlations/pg/deposits/dep_dev",
                                 data=orjson.dumps({"merchant_reference": "m", "our_order_id": "o",
                                                    "our_user_id": "u"}),
-                                headers={"Authorization": f"Bearer {settings.api_token}"}) as resp:
+                                headers={"Authorization": f"Bearer {settings.api_token.reveal()}"}) as resp:
                 assert resp.status == 200
             async with http.get(stack["metrics_url"]) as resp:
                 assert "orderly_ingest_requests_total" in await resp.text()
@@ -133,7 +133,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             async with http.get(f"{stack['admin_url']}/api/overview") as resp:
                 assert resp.status == 401
             async with http.get(f"{stack['admin_url']}/api/overview",
-                                headers={"Authorization": f"Bearer {settings.admin_token}"}) as resp:
+                                headers={"Authorization": f"Bearer {admin_token(settings)}"}) as resp:
                 assert resp.status == 200 and "parked" in await resp.json()
             async with http.get(f"{stack['ingest_url']}/resources/pg/dep_dev") as resp:
                 assert resp.status == 404
@@ -148,7 +148,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         assert [r.value for r in records if r.headers.get("record") != "correlation"] == [body]
         assert [orjson.loads(r.value)["pg_deposit_id"] for r in records if r.headers.get("record") == "correlation"] \
             == ["dep_dev"]  # the deposit's correlation is a record of its log too
-        conn = await asyncpg.connect(settings.postgres_dsn)
+        conn = await asyncpg.connect(settings.postgres_dsn.reveal())
         try:
             row = await conn.fetchrow("SELECT * FROM orderly.pg_deposit_correlations")
             assert row is not None and dict(row) == {"pg_deposit_id": "dep_dev", "merchant_reference": "m",

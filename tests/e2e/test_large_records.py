@@ -49,7 +49,7 @@ def test_the_largest_valid_bodies_are_decided_and_projected(
                     async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}",
                                         data=orjson.dumps({"merchant_reference": f"mr_{dep}", "our_order_id": "o",
                                                            "our_user_id": f"u_{dep}"}),
-                                        headers={"Authorization": f"Bearer {s.api_token}"}) as resp:
+                                        headers={"Authorization": f"Bearer {s.api_token.reveal()}"}) as resp:
                         assert resp.status == 200
             # one body just under 1 MiB per gateway
             await pipe.post("pg", padded(deposit("dep_mib", 1, "pending"), MIB - 1))

@@ -159,9 +159,9 @@ async def workload(pipe: Running, ingest: str) -> None:
     async with aiohttp.ClientSession() as http:
         for dep, correlation in truth.correlations.items():
             async with http.put(f"{ingest}/correlations/pg/deposits/{dep}", data=orjson.dumps(correlation),
-                                headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
+                                headers={"Authorization": f"Bearer {pipe.settings.api_token.reveal()}"}) as resp:
                 assert resp.status == 200, await resp.text()
-        stats = await deliver(ingest, events, {g: s[0] for g, s in pipe.settings.secrets.items()}, rng,
+        stats = await deliver(ingest, events, {g: s.reveal()[0] for g, s in pipe.settings.secrets.items()}, rng,
                               Chaos(first_attempt_fails=0.0, duplicate=0.1, jitter_s=0.2))
         assert sum(stats.accepted.values()) == len(events) + sum(stats.duplicates.values()), stats
         body = deposit("dep_unsigned", 2, "pending")  # signed with a secret the ingest does not have

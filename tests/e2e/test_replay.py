@@ -55,12 +55,14 @@ def test_replay_rebuilds_the_same_read_models(kafka: KafkaBroker, postgres: Post
               + lifecycles.paymos(rng, 15, truth))
     with running_pipeline(s, tmp_path) as pipe:
         async def drive() -> None:
+            token = pipe.settings.api_token.reveal()
             async with aiohttp.ClientSession() as http:
                 for dep, body in truth.correlations.items():
                     async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(body),
-                                        headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
+                                        headers={"Authorization": f"Bearer {token}"}) as resp:
                         assert resp.status == 200
-            stats = await deliver(pipe.ingest.url, events, {g: v[0] for g, v in pipe.settings.secrets.items()}, rng,
+            secrets = {g: v.reveal()[0] for g, v in pipe.settings.secrets.items()}
+            stats = await deliver(pipe.ingest.url, events, secrets, rng,
                                   Chaos(time_scale=1 / 200))
             assert not stats.given_up
             stored = sum(stats.accepted.values()) + len(truth.correlations)  # one timeline row per delivery id

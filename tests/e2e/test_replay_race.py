@@ -39,7 +39,7 @@ async def race(pipe: Running, dep: str, when: str) -> None:
     async with aiohttp.ClientSession() as http:
         async def put() -> int:
             async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=correlation,
-                                headers={"Authorization": f"Bearer {s.api_token}"}) as resp:
+                                headers={"Authorization": f"Bearer {s.api_token.reveal()}"}) as resp:
                 return resp.status
 
         async def webhooks() -> list[int]:

@@ -29,7 +29,7 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.card_api import CardApi, answer, serve_card_api
 from tests.pipeline import Running, running_pipeline, start_past_ingest
-from tests.support import make_settings, read_topic
+from tests.support import admin_token, make_settings, read_topic
 from topics.catalog import names
 
 PLAYBOOK_FETCH_AFTER_S = 60.0  # the playbook: "received_at is older than 60 seconds"
@@ -67,7 +67,7 @@ async def until(what: str, ready: Callable[[], bool], timeout: float = 60.0) -> 
 
 async def fetch_now(pipe: Running, ref: str) -> None:
     """The admin API's fetch-now (DESIGN §3.1): the fetcher asks GET /payments/{ref} once."""
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {pipe.settings.admin_token}"}) as http, \
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {admin_token(pipe.settings)}"}) as http, \
             http.post(f"{pipe.admin}/api/resources/card/{ref}/fetch") as resp:
         assert resp.status == 200, await resp.text()
 

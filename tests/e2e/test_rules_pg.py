@@ -87,7 +87,7 @@ async def correlate(pipe: Running, dep: str) -> None:
     body = {"merchant_reference": f"mr_{dep}", "our_order_id": f"ord_{dep}", "our_user_id": f"usr_{dep}"}
     async with aiohttp.ClientSession() as http, http.put(
             f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(body),
-            headers={"Authorization": f"Bearer {pipe.settings.api_token}"}) as resp:
+            headers={"Authorization": f"Bearer {pipe.settings.api_token.reveal()}"}) as resp:
         assert resp.status == 200, await resp.text()
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM webhook_events WHERE resource_id = $1 "
                                              "AND event_type = 'correlation.registered'", dep))

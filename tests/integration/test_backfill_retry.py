@@ -38,7 +38,8 @@ def test_an_unanswered_backfill_is_requested_again_and_a_malformed_one_set_aside
         asyncio.run(prepare(s))
 
         async def setup() -> None:
-            conn = await asyncpg.connect(s.postgres_dsn, server_settings={"search_path": quote_ident(s.namespace)})
+            conn = await asyncpg.connect(s.postgres_dsn.reveal(),
+                                         server_settings={"search_path": quote_ident(s.namespace)})
             try:
                 await conn.execute("INSERT INTO pg_sequence_gaps VALUES ('pg', 11, 12, now() - interval '5 days', "
                                    "now())")
@@ -59,7 +60,7 @@ def test_an_unanswered_backfill_is_requested_again_and_a_malformed_one_set_aside
         pipeline.start("fetcher")
         try:
             async def requested_at() -> object:
-                conn = await asyncpg.connect(s.postgres_dsn,
+                conn = await asyncpg.connect(s.postgres_dsn.reveal(),
                                              server_settings={"search_path": quote_ident(s.namespace)})
                 try:
                     return await conn.fetchval(

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from app.bootstrap import prepare
-from app.settings import Settings
+from app.settings import Secret, Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port
@@ -225,7 +225,7 @@ async def test_readiness_asks_kafka_and_postgres_now(postgres: PostgresServer, n
                 await until_ready(http, ingest.url, 60)
 
         # PostgreSQL that does not answer (nothing listens at the DSN's port): 503 naming it.
-        unreachable = s.with_overrides(postgres_dsn=f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
+        unreachable = s.with_overrides(postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"))
         with serve_ingest(unreachable) as ingest:
             async with aiohttp.ClientSession() as http:
                 async with asyncio.timeout(30):

@@ -20,7 +20,7 @@ import pytest
 
 from app.bootstrap import prepare
 from app.kafka_client import KafkaRefusedError, security_errors
-from app.settings import Settings
+from app.settings import Secret, Settings
 from app.stack.postgres import PostgresServer
 from tests.kafka_security import PLAIN_PASSWORD, PLAIN_USER, SCRAM_PASSWORD, SCRAM_USER, SecuredBroker, issue, make_ca
 from tests.pipeline import running_pipeline
@@ -41,7 +41,7 @@ def sasl(broker: SecuredBroker, postgres: PostgresServer, mechanism: str, user: 
          **overrides: object) -> Settings:
     secured: dict[str, object] = {
         "kafka_security_protocol": "sasl_ssl", "kafka_sasl_mechanism": mechanism, "kafka_sasl_username": user,
-        "kafka_sasl_password": password, "kafka_ssl_cafile": str(broker.pki.ca)}
+        "kafka_sasl_password": Secret(password), "kafka_ssl_cafile": str(broker.pki.ca)}
     settings = make_settings(broker.bootstrap, postgres.dsn, f"sec{uuid.uuid4().hex[:8]}",
                              **{**secured, **overrides})
     assert security_errors(settings) == []
@@ -70,7 +70,7 @@ def test_the_pipeline_runs_over_sasl_ssl_with_scram_sha_512_and_with_plain(
             run.pipeline.terminate(name)
             run.pipeline.start(name, **plain_env)
         plain = run.settings.with_overrides(kafka_sasl_mechanism="plain", kafka_sasl_username=PLAIN_USER,
-                                            kafka_sasl_password=PLAIN_PASSWORD)
+                                            kafka_sasl_password=Secret(PLAIN_PASSWORD))
         with serve_ingest(plain) as ingest:
             asyncio.run(dataclasses.replace(run, settings=plain, ingest=ingest).canary("dep_plain_1", timeout=60))
 

@@ -43,7 +43,7 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
     n = names(s.namespace)
     producer = KeyedProducer(s.kafka_bootstrap)
     await producer.start()
-    pool = await asyncpg.create_pool(s.postgres_dsn, min_size=1, max_size=2,
+    pool = await asyncpg.create_pool(s.postgres_dsn.reveal(), min_size=1, max_size=2,
                                      server_settings={"search_path": quote_ident(s.namespace)})
     reappended: list[str] = []
     sweeper = Sweeper(s, pool, producer, reappended.append)

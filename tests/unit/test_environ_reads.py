@@ -66,7 +66,7 @@ def test_no_module_but_the_settings_reads_the_environment() -> None:
             name = path.relative_to(ROOT).as_posix()
             if name not in ALLOWED | PENDING.keys() and (lines := environ_reads(path.read_text(encoding="utf-8"))):
                 found[name] = lines
-    assert not found, f"read os.environ (add the setting to app/settings.py's TABLE instead): {found}"
+    assert not found, f"read os.environ (declare the setting on app/settings.py's Settings instead): {found}"
 
 
 

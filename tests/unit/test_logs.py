@@ -13,7 +13,7 @@ import pytest
 from mode.utils import logging as mode_logging
 
 from app import logs
-from app.settings import DEV_DEFAULTS, TABLE, Settings
+from app.settings import DEV_DEFAULTS, TABLE, Secret, Settings
 from tests.support import make_settings
 
 
@@ -71,19 +71,21 @@ def test_an_exception_is_one_json_line_with_its_traceback() -> None:
 
 def test_no_secret_reaches_a_line_in_either_format() -> None:
     settings = make_settings("127.0.0.1:1", "postgresql://orderly:pg-password-1@127.0.0.1:5/x", "ns",
-                             effects_secret="whsec_ZWZmZWN0cy1zZWNyZXQtZm9yLXRlc3Rz", admin_token="admin-token-1")
+                             effects_secret=Secret("whsec_ZWZmZWN0cy1zZWNyZXQtZm9yLXRlc3Rz"),
+                             admin_token=Secret("admin-token-1"))
     secrets = [s for s in logs.secrets_of(settings) if s]
     # every row marked secret is covered, and the DSN's password on its own
     assert {"pg-test-secret", "paymos-test-secret", "test-token", "admin-token-1", "pg-password-1",
-            "whsec_ZWZmZWN0cy1zZWNyZXQtZm9yLXRlc3Rz", settings.postgres_dsn} <= set(secrets)
+            "whsec_ZWZmZWN0cy1zZWNyZXQtZm9yLXRlc3Rz", settings.postgres_dsn.reveal()} <= set(secrets)
     for row in TABLE:
         if row.is_secret:
             value = row.value(settings)
+            value = value.reveal() if isinstance(value, Secret) else value
             assert all(v is None or v in secrets for v in (value if isinstance(value, tuple) else (value,))), row.env
     logs.protect(logs.secrets_of(settings))
     for formatter in (logs.JsonFormatter(), logs.TextFormatter()):
         logger, stream = capture(formatter)
-        logger.error("could not reach %s with %s", settings.postgres_dsn, settings.api_token,
+        logger.error("could not reach %s with %s", settings.postgres_dsn.reveal(), settings.api_token.reveal(),
                      extra={"authorization": "Bearer abc", "body": '{"email": "a@b.c"}', "payload": {"x": 1},
                             "reason": "bad pg-test-secret"})
         text = stream.getvalue()
