@@ -49,8 +49,9 @@ class ProtocolSite(web.TCPSite):
                                           reuse_address=None, reuse_port=None)
         # BaseSite._server: BaseSite.stop closes it and BaseRunner.addresses lists its sockets.
         self._server = server
-        # TCPSite._bound_port (aiohttp 3.12 on): TCPSite.port and TCPSite.name report it once set,
-        # the requested port (0 for any) until then. TCPSite.start sets it the same way.
+        # TCPSite._bound_port (added in the 3.14 series, aio-libs/aiohttp#12167): TCPSite.port and
+        # TCPSite.name report it once set, the requested port (0 for any) until then. TCPSite.start
+        # sets it the same way; without it this site would call itself port 0 when asked for any.
         self._bound_port = server.sockets[0].getsockname()[1] if server.sockets else self.requested_port
 
     async def stop(self) -> None:
