@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from app.seams import UnsupportedVersion, check_versions
 from app.settings import Settings, SettingsError, dev_settings
 from topics.catalog import names
 
@@ -312,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)
+    try:  # before any command: the seams' use of library internals holds on the pinned versions only
+        check_versions()
+    except UnsupportedVersion as exc:
+        print(f"orderly: {exc}", file=sys.stderr)
+        return 2
     from app import logs
 
     logs.configure("text")  # until a process has its settings (use_logging)

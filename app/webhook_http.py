@@ -13,6 +13,9 @@ connection, with every byte not yet answered, to aiohttp's protocol for the rest
 that every limit the ingest enforces (413 before HMAC, 408 for a slow body, the keep-alive timer
 for slow headers, 400 for malformed requests) stays aiohttp's and the ingest's own. A request is
 handed over only at a request boundary with no answer pending, so answers keep their order.
+
+What this needs of aiohttp's internals (a site listening with our protocol, the hand-over of a live
+connection) goes through app/seams/aiohttp.py.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
-from typing import Any, cast
+from typing import cast
 
 from aiohttp import web
 from multidict import CIMultiDict
+
+from app.seams.aiohttp import ProtocolSite, hand_over
 
 log = logging.getLogger("orderly.ingest")
 
@@ -333,43 +338,25 @@ class WebhookConnection(asyncio.Protocol):
         assert transport is not None and self.task is None
         self.gone = True
         self.path.connections.discard(self)
+        unanswered = b"".join([self.buffer[self.offset:], *self.arrived])
+        self.buffer, self.offset, self.arrived = b"", 0, []
         try:
             self.path.on_hand_over()
-            handler: Any = self.path.fallback()
-            transport.set_protocol(handler)
-            handler.connection_made(transport)
-            if self.stalled_since is not None:
-                handler.pause_writing()
-            if self.reading_paused:
-                transport.resume_reading()  # before the bytes: aiohttp pauses it again when its own queue fills
-            unanswered = b"".join([self.buffer[self.offset:], *self.arrived])
-            self.buffer, self.offset, self.arrived = b"", 0, []
-            handler.data_received(unanswered)
+            hand_over(self.path.fallback, transport, unanswered, writing_paused=self.stalled_since is not None,
+                      reading_paused=self.reading_paused)
         except Exception:
             log.exception("closing a webhook connection whose hand-over to aiohttp failed")
             transport.abort()
 
 
-class WebhookSite(web.TCPSite):
-    """aiohttp's TCP site with the fast path in front of its protocol (see the module docstring)."""
+class WebhookSite(ProtocolSite):
+    """aiohttp's TCP site with the fast path in front of its protocol (see the module docstring):
+    stopping it lets the fast path's answers in flight finish (their appends are acknowledged or time
+    out) before the runner stops the producer."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, receive: Receive,
                  gateways: frozenset[str], max_body: int, keepalive_s: float,
                  on_hand_over: Callable[[], None] = lambda: None) -> None:
-        super().__init__(runner, host, port)
         assert runner.server is not None
         self.fast = FastPath(receive, gateways, runner.server, max_body, keepalive_s, on_hand_over)
-
-    async def start(self) -> None:
-        self._runner._reg_site(self)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self.fast, self._host, self._port, backlog=self._backlog,
-                                                reuse_address=self._reuse_address, reuse_port=self._reuse_port)
-
-    async def stop(self) -> None:
-        """Stop listening, then let the fast path's answers in flight finish (their appends are
-        acknowledged or time out) before the runner stops the producer."""
-        if self._server is not None:
-            self._server.close()
-        await self.fast.shutdown(self._runner._shutdown_timeout)
-        await super().stop()
+        super().__init__(runner, host, port, protocol_factory=self.fast, drain=self.fast.shutdown)

@@ -2,15 +2,15 @@
 
 A gateway is an adapter (signatures and routing, ``app/gateways/<name>.py``), a reducer (the pure
 decisions, ``app/core/<name>.py``), the read-model tables its decisions carry rows for (a
-migration in ``projections/migrations/``), and a simulator module. The ingest, the worker, the
-timeline and replay find all of it here; adding a gateway is those modules and one ``register``
-line at the end of this file (docs/adding-a-gateway.md).
+migration in ``projections/migrations/``), and lifecycles for the simulator (its own table,
+``app/simulator/lifecycles.py``'s LIFECYCLES: the ingest and the worker read this registry and never
+load the simulator). The ingest, the worker, the timeline and replay find all of it here; adding a
+gateway is those modules and one ``register`` line at the end of this file (docs/adding-a-gateway.md).
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,7 +20,6 @@ from app.core import pg as pg_core
 from app.core.model import Decision, Delivery
 from app.gateways import card, paymos, pg
 from app.gateways.base import Route
-from app.simulator import lifecycles
 
 State = dict[str, Any]
 
@@ -62,8 +61,6 @@ class Gateway:
     timestamped: bool = True  # its signature carries a timestamp checked against the clock (±300 s)
     secret_help: str = "signing secret(s), comma-separated for rotation"  # ORDERLY_SECRET_<NAME>'s description
     dev_secret: str = ""  # `orderly dev`'s secret (the gateway simulator signs with it)
-    # seeded lifecycles of about ``count`` resources with the truth they end at (`orderly simulate`)
-    simulate: Callable[[random.Random, int, lifecycles.Truth], list[lifecycles.Emitted]] | None = None
 
     def state_queries(self) -> list[tuple[str, str]]:
         """(kind, query) for each table holding a resource's state, in declaration order."""
@@ -88,8 +85,7 @@ def find(name: str) -> Gateway | None:
 
 
 register(Gateway("pg", pg, pg_core, secret_help="pg signing secret(s), comma-separated for rotation",
-                 dev_secret="dev-pg-secret",
-                 simulate=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth), tables=(
+                 dev_secret="dev-pg-secret", tables=(
     Table("pg_deposits", "pg_deposit_id, pg_version, status, is_terminal, late_slip_accepted_until, "
           "ordered_amount_minor, transferred_amount_minor, amount_received_minor, fee_total_minor, "
           "credited_amount_minor, fee_breakdown, overpayment, our_order_id, our_user_id, credited_user_at, "
@@ -104,14 +100,14 @@ register(Gateway("pg", pg, pg_core, secret_help="pg signing secret(s), comma-sep
     Table("pg_withdrawal_fills", "leg_ref, pg_withdrawal_id, sequence, amount_minor"),
 )))
 register(Gateway("card", card, card_core, secret_help="card Standard Webhooks secret(s), `whsec_<base64>`",
-                 dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", simulate=lifecycles.card, tables=(
+                 dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", tables=(
     Table("card_payments", "payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency",
           key="payment_ref", kind="payment"),
     Table("card_events", "gateway_event_id, payment_ref, event_type, sequence, payload, applied_at IS NOT NULL, "
           "source"),
 )))
 register(Gateway("paymos", paymos, paymos_core, timestamped=False, secret_help="paymos signing secret(s)",
-                 dev_secret="dev-paymos-secret", simulate=lifecycles.paymos, tables=(
+                 dev_secret="dev-paymos-secret", tables=(
     Table("paymos_invoices", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="invoice"),
     Table("paymos_withdrawals", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="withdrawal"),
     Table("paymos_channel_deposits", "id, status, is_final, updated_at_ms, snapshot", key="id",

@@ -18,6 +18,7 @@ PINNED: dict[str, str] = {
     "faust-streaming": "0.15.3",
     "mode-streaming": "0.7.1",
     "aiokafka": "0.14.0",
+    "aiohttp": "3.14.5",
 }
 
 

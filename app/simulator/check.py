@@ -16,9 +16,7 @@ is reproduced alone by ``--seed <that seed> --histories 1``. A mismatching histo
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,8 +27,7 @@ import orjson
 from app.core import gaps as gap_rules
 from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
-from app.settings import Settings
-from app.simulator import histories, oracle
+from app.simulator import oracle, truths
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
 from topics.catalog import names
@@ -158,7 +155,7 @@ def check_gateway(gateway: str, count: int, seed: int, keep: int = 3) -> Report:
     """``count`` histories of ``gateway`` from ``seed`` on; the first ``keep`` mismatches are shrunk."""
     report, started = Report(gateway), time.perf_counter()
     for i in range(count):
-        history = histories.make(gateway, seed + i)
+        history = truths.make(gateway, seed + i)
         report.histories += 1
         report.deliveries += len(history.deliveries)
         want = expected(history)
@@ -199,19 +196,3 @@ def run(gateways: list[str], count: int, seed: int, out: TextIO) -> tuple[int, i
     print(f"check: histories={total} mismatches={bad}", file=out)
     return total, bad
 
-
-def command(settings: Settings, args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """`orderly simulate --check [--gateway G] --histories N --seed S [--target URL [--tag T]]`."""
-    out = out or sys.stdout
-    gateways = sorted(GATEWAYS_CHECKED) if args.gateway == "all" else [args.gateway]
-    if any(g not in GATEWAYS_CHECKED for g in gateways):
-        print(f"orderly simulate --check: no histories for {args.gateway!r}", file=out)
-        return 2
-    if args.target:
-        from app.simulator import stack
-
-        tag = args.tag if args.tag is not None else f"t{int(time.time()) % 10**8}x"
-        _, bad = stack.run(settings, args.target.rstrip("/"), gateways, args.histories, args.seed, tag, out)
-    else:
-        _, bad = run(gateways, args.histories, args.seed, out)
-    return 0 if bad == 0 else 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import sys
+import time
+from typing import TextIO
 
 import aiohttp
 import orjson
@@ -39,9 +42,10 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     truth = lifecycles.Truth()
     events: list[lifecycles.Emitted] = []
-    for declared in registry.GATEWAYS.values():
-        if args.gateway in (declared.name, "all") and declared.simulate is not None:
-            events += declared.simulate(rng, args.count, truth)
+    for name in registry.GATEWAYS:  # in the registry's order: the seeded draws, so the events, follow it
+        simulate = lifecycles.LIFECYCLES.get(name)
+        if args.gateway in (name, "all") and simulate is not None:
+            events += simulate(rng, args.count, truth)
     runner = None
     if args.api_port:
         runner = web.AppRunner(api.build(truth, events, args.fetch_api), access_log=None)
@@ -66,11 +70,29 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     return 1 if sum(stats.given_up.values()) else 0
 
 
+def check_command(settings: Settings, args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """`orderly simulate --check [--gateway G] --histories N --seed S [--target URL [--tag T]]`: through
+    the pure core (app/simulator/check.py) or, with ``--target``, a running stack (app/simulator/stack.py)."""
+    # Imported here, not at the top: every `orderly` command imports this module to build its parser
+    # (app/cli.py), and only --check needs the core's planner, asyncpg and a Kafka producer.
+    from app.simulator import check, stack
+
+    out = out or sys.stdout
+    gateways = sorted(check.GATEWAYS_CHECKED) if args.gateway == "all" else [args.gateway]
+    if any(g not in check.GATEWAYS_CHECKED for g in gateways):
+        print(f"orderly simulate --check: no histories for {args.gateway!r}", file=out)
+        return 2
+    if args.target:
+        tag = args.tag if args.tag is not None else f"t{int(time.time()) % 10**8}x"
+        _, bad = stack.run(settings, args.target.rstrip("/"), gateways, args.histories, args.seed, tag, out)
+    else:
+        _, bad = check.run(gateways, args.histories, args.seed, out)
+    return 0 if bad == 0 else 1
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.check:
-        from app.simulator.check import command
-
-        return command(settings, args)
+        return check_command(settings, args)
     if not args.target:
         raise SystemExit("orderly simulate: --target is required (or --check)")
     return asyncio.run(_simulate(settings, args))

@@ -128,10 +128,3 @@ def in_arrival_order(rng: random.Random, deliveries: list[Delivery]) -> list[Del
     tie = {id(d): rng.random() for d in deliveries}
     return sorted(deliveries, key=lambda d: (d.at_ms, tie[id(d)]))
 
-
-def make(gateway: str, seed: int, tag: str = "") -> History:
-    """The history of ``gateway`` for ``seed``: the same seed gives the same history (``tag``
-    prefixes its resource ids, so a stack can take the same seeds twice)."""
-    from app.simulator import truths
-
-    return truths.GENERATORS[gateway](random.Random(f"{gateway}:{seed}"), seed, f"{tag}{seed}")

@@ -27,7 +27,7 @@ import orjson
 from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
-from app.simulator import check
+from app.simulator import check, truths
 from app.simulator.deliver import signed_headers
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
@@ -119,9 +119,7 @@ async def run_stack(settings: Settings, target: str, gateways: list[str], count:
                     out: TextIO, delivered: Callable[[], Counter[str]] | None = None, timeout_s: float = 120.0,
                     concurrency: int = 24) -> tuple[int, int]:
     """Every gateway's ``count`` histories through the stack at ``target``; (histories, mismatches)."""
-    from app.simulator import histories
-
-    batch = [histories.make(g, seed + i, tag) for g in gateways for i in range(count)]
+    batch = [truths.make(g, seed + i, tag) for g in gateways for i in range(count)]
     expected = {f"{h.gateway}:{h.seed}": wanted(h) for h in batch}
     started = time.monotonic()
     producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))

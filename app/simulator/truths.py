@@ -278,3 +278,9 @@ def paymos(rng: random.Random, seed: int, stem: str) -> History:
 
 
 GENERATORS = {"pg": pg, "card": card, "paymos": paymos}
+
+
+def make(gateway: str, seed: int, tag: str = "") -> History:
+    """The history of ``gateway`` for ``seed``: the same seed gives the same history (``tag``
+    prefixes its resource ids, so a stack can take the same seeds twice)."""
+    return GENERATORS[gateway](random.Random(f"{gateway}:{seed}"), seed, f"{tag}{seed}")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.simulator import check, histories, stack
+from app.simulator import check, stack, truths
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
@@ -36,5 +36,5 @@ def test_five_hundred_histories_per_gateway_through_the_stack_match_the_oracle(p
     assert (total, bad) == (3 * PER_GATEWAY, 0)
     # what was compared is what the documents fix: every expected effect reached the merchant once
     keys = {e[0] for g in ("card", "paymos", "pg") for i in range(PER_GATEWAY)
-            for e in check.expected(histories.make(g, 1 + i, "e2e")).effects}
+            for e in check.expected(truths.make(g, 1 + i, "e2e")).effects}
     assert {k: n for k, n in pipe.stub.deliveries.items() if k in keys} == dict.fromkeys(keys, 1)

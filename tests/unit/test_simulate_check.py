@@ -19,7 +19,7 @@ import pytest
 from app import cli
 from app.core import card, paymos, pg
 from app.gateways.registry import GATEWAYS
-from app.simulator import check, histories
+from app.simulator import check, histories, truths
 from app.simulator.truths import T0_MS, iso
 
 PER_GATEWAY = 10_000
@@ -35,7 +35,7 @@ def test_ten_thousand_histories_per_gateway_match_the_oracle() -> None:
 def _features(gateway: str, count: int) -> Counter[str]:
     seen: Counter[str] = Counter()
     for seed in range(count):
-        h = histories.make(gateway, seed)
+        h = truths.make(gateway, seed)
         webhooks = [d.event for d in h.deliveries if d.source == "webhook"]
         firsts = list(dict.fromkeys(webhooks))
         want = check.expected(h)
@@ -64,7 +64,7 @@ def test_histories_exercise_what_the_documents_warn_about(gateway: str, features
 @pytest.mark.parametrize("gateway", ["pg", "card", "paymos"])
 def test_every_webhook_body_passes_the_ingest_typed_check(gateway: str) -> None:
     for seed in range(300):
-        for d in histories.make(gateway, seed, tag="x").deliveries:
+        for d in truths.make(gateway, seed, tag="x").deliveries:
             if d.source == "webhook":
                 route = GATEWAYS[gateway].adapter.route(d.body)
                 assert route.resource_key == f"{gateway}:{d.resource}", (seed, route.quarantine_reason)
@@ -72,8 +72,8 @@ def test_every_webhook_body_passes_the_ingest_typed_check(gateway: str) -> None:
 
 def test_the_same_seed_gives_the_same_history() -> None:
     for gateway in ("pg", "card", "paymos"):
-        assert histories.make(gateway, 42) == histories.make(gateway, 42)
-        assert histories.make(gateway, 42) != histories.make(gateway, 43)
+        assert truths.make(gateway, 42) == truths.make(gateway, 42)
+        assert truths.make(gateway, 42) != truths.make(gateway, 43)
 
 
 def _command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from app.gateways.registry import GATEWAYS
 from app.simulator import api, lifecycles
 from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
 from tests.support import serve_in_thread
@@ -153,3 +154,14 @@ def test_the_demo_holds_back_every_tenth_card_payments_authorisation() -> None:
     assert len(held) == -(-payments // LATE_EVERY)  # the 1st, 11th, 21st, … payment
     assert {h["type"] for h in held} == {"payment.authorised"}
     assert all(any(e.body == body and e.gateway == "card" for e in events) for body in late)
+
+
+def test_every_registered_gateway_has_lifecycles_keyed_by_its_name() -> None:
+    """`orderly simulate` finds a gateway's lifecycles by its registered name (the registry itself
+    does not import the simulator); pg's ``count`` deposits come with a third as many withdrawals."""
+    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos"} <= set(GATEWAYS)  # (tests may add a toy one)
+    for name, simulate in lifecycles.LIFECYCLES.items():
+        events = simulate(random.Random(7), 9, lifecycles.Truth())
+        assert events and {e.gateway for e in events} == {name}
+    direct = lifecycles.pg(random.Random(7), 9, 3, lifecycles.Truth())
+    assert lifecycles.LIFECYCLES["pg"](random.Random(7), 9, lifecycles.Truth()) == direct
