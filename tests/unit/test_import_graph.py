@@ -26,7 +26,6 @@ PACKAGES = ("app", "topics", "projections")
 # set once it is empty.
 KNOWN_CYCLES_OWNED_ELSEWHERE: set[frozenset[str]] = {
     frozenset({"app.admin.console", "app.admin.server"}),  # the packages helper (app/admin as a package)
-    frozenset({"app.kafka_client", "app.settings", "app.setting_kinds"}),  # the settings helper
 }
 # TEMPORARY (issue #43), as above: the core's imports of the registry, cut by the typed-core helper.
 KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE: set[tuple[str, str]] = {
