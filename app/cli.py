@@ -117,7 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from app.ingest import run
+    from app.ingest.app import run
 
     return _process(run)
 

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.ingest import METRICS, create_app, server_options, webhook_site
+from app.ingest.app import METRICS, create_app, server_options, webhook_site
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
