@@ -146,7 +146,8 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from app.admin.server import Admin, run
+    from app.admin.app import run
+    from app.admin.context import Admin
 
     settings = _production_settings()
     Admin.check(settings)  # no token: stop before touching Kafka or PostgreSQL
