@@ -43,6 +43,7 @@ def _gateway(value: str | None, required: bool = False) -> str | None:
 
 
 async def overview_body(admin: Admin) -> dict[str, Any]:
+    """The overview, as the API answers it and the console's first page shows it."""
     async with admin.db() as conn:
         counts = await queries.overview(conn)
     projector = [g for g in admin.lag["groups"] if g["group"] == "projector"]

@@ -19,16 +19,14 @@ from app.logs import SampledLog
 from app.metrics import IngestMetrics, serve_metrics
 from app.settings import Settings
 from app.webhook_http import WebhookSite
-from topics.catalog import TopicNames, names
+from topics.catalog import names
 
 log = logging.getLogger("orderly.ingest")
 
-SETTINGS: web.AppKey[Settings] = web.AppKey("settings", Settings)
 APPENDER: web.AppKey[Appender] = web.AppKey("appender")
 CORRELATIONS: web.AppKey[CorrelationStore] = web.AppKey("correlations")
 METRICS: web.AppKey[IngestMetrics] = web.AppKey("metrics", IngestMetrics)
 REFUSALS: web.AppKey[SampledLog] = web.AppKey("refusals", SampledLog)
-TOPICS: web.AppKey[TopicNames] = web.AppKey("topics", TopicNames)
 RECEIVER: web.AppKey[Receiver] = web.AppKey("receiver")
 # 401s, quarantined bodies and 503s are logged with their reason, at most this many lines per gateway
 # and reason a minute (then one line with the count of the rest): a flood cannot fill the disk.
@@ -45,20 +43,19 @@ def create_app(settings: Settings) -> web.Application:
     validate_secrets(settings)
     app = web.Application(client_max_size=MAX_BODY)
     metrics = IngestMetrics()
-    app[SETTINGS] = settings
     app[METRICS] = metrics
-    app[TOPICS] = names(settings.namespace)  # once, not per request
+    topics = names(settings.namespace)  # once, not per request
     app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics,
                              **client_options(settings))
     app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn, settings.namespace)
     app[REFUSALS] = SampledLog(log, first=REFUSALS_LOGGED_PER_MINUTE, window_s=60.0,
                                on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
-    app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], app[TOPICS])
-    correlations = CorrelationRoute(settings, metrics, app[CORRELATIONS], app[APPENDER], app[TOPICS])
+    app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], topics)
+    correlations = CorrelationRoute(settings, metrics, app[CORRELATIONS], app[APPENDER], topics)
     app.router.add_post("/webhooks/{gateway}", app[RECEIVER].receive)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", correlations.put)
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", Readiness(app[APPENDER], app[CORRELATIONS], app[TOPICS].raw).readyz)
+    app.router.add_get("/readyz", Readiness(app[APPENDER], app[CORRELATIONS], topics.raw).readyz)
     # No /metrics here: the webhook port serves webhooks, correlations and health only (DESIGN.md §3);
     # metrics are served on ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT, as by every other process.
 
