@@ -118,7 +118,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from app.ingest import run
+    from app.ingest.app import run
 
     return _process(run)
 
@@ -147,7 +147,8 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from app.admin.server import Admin, run
+    from app.admin.app import run
+    from app.admin.context import Admin
 
     settings = _production_settings()
     Admin.check(settings)  # no token: stop before touching Kafka or PostgreSQL

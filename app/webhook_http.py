@@ -3,7 +3,7 @@
 A connection starts here. While its requests are plain ``POST /webhooks/{gateway}`` ones of a gateway
 the ingest serves, each arrived whole (headers and a Content-Length body), with nothing unusual in
 them, they are answered by this protocol: the request head is split in C (bytes methods), the
-receiver (app/ingest.py) decides, and the answer is written as bytes. aiohttp's web layer (its
+receiver (app/ingest/receiver.py) decides, and the answer is written as bytes. aiohttp's web layer (its
 request and response objects, router and handler machinery) was most of the ingest's CPU per
 webhook (docs/benchmarks.md).
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 GATEWAYS = ("pg", "card", "paymos")
-MAX_BODY = 1024 * 1024  # the ingest's limit (app/ingest.py): a padded body stays just under it
+MAX_BODY = 1024 * 1024  # the ingest's limit (app/ingest/body.py): a padded body stays just under it
 Path = tuple[str | int, ...]
 
 

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from app.admin.server import create_app as create_admin
+from app.admin.app import create_app as create_admin
 from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.process import free_port

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.ingest import METRICS, create_app, server_options, webhook_site
+from app.ingest.app import METRICS, create_app, server_options, webhook_site
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
@@ -90,7 +90,7 @@ def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIn
 
 @contextmanager
 def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
-    """The ingest with the connection limits that `orderly ingest` serves it with (ingest.run)."""
+    """The ingest with the connection limits that `orderly ingest` serves it with (app/ingest/app.py's run)."""
     port = free_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, partial(webhook_site, app=app), **server_options(settings)) as url:

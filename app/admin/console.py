@@ -1,7 +1,7 @@
 """The console: server-rendered pages over the admin API's queries and actions (I/O shell;
 DESIGN.md §3.1). Jinja2 templates with autoescaping, one stylesheet, one small script that
 refreshes the overview's counts; every page works without it. Every form POST carries the
-session's CSRF token (checked in app/admin/server.py's ``guard``).
+session's CSRF token (checked in app/admin/guard.py).
 """
 
 from __future__ import annotations
@@ -17,20 +17,9 @@ import orjson
 from aiohttp import web
 
 from app.admin import actions, auth, queries
-from app.admin.server import (
-    ADMIN,
-    END_SESSION,
-    ID,
-    SESSION,
-    Admin,
-    _kafka_producer,
-    form,
-    overview_body,
-    path_id,
-    redirect,
-    safe_next,
-    text_param,
-)
+from app.admin.api import overview_body
+from app.admin.context import ADMIN, END_SESSION, SESSION, Admin
+from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
 from app.gateways import registry
 from projections import quarantine
 
@@ -235,7 +224,7 @@ def _with(admin: Admin, target: str, kind: str, text: str) -> str:
 
 async def redrive(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
-    producer = await _kafka_producer(admin)
+    producer = await kafka_producer(admin)
     if isinstance(producer, web.Response):
         return redirect(_with(admin, "/quarantine", "refused", "Kafka is not reachable, nothing was done"))
     delivery_id = path_id(request, "delivery_id")
@@ -252,7 +241,7 @@ async def retry(request: web.Request) -> web.StreamResponse:
 async def fetch(request: web.Request) -> web.StreamResponse:
     admin = request.app[ADMIN]
     gateway = request.match_info["gateway"]
-    producer = await _kafka_producer(admin)
+    producer = await kafka_producer(admin)
     if isinstance(producer, web.Response) or registry.find(gateway) is None:
         return redirect(_with(admin, request.path.rsplit("/fetch", 1)[0], "refused",
                               "nothing was done: Kafka is not reachable or the gateway is unknown"))

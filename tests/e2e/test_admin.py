@@ -30,7 +30,8 @@ import pytest
 from openapi_spec_validator import validate
 
 from app.admin import auth
-from app.admin.server import ADMIN, create_app
+from app.admin.app import create_app
+from app.admin.context import ADMIN
 from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker

@@ -21,7 +21,7 @@ import pytest
 
 from app.stack.jars import MAVEN_CENTRAL, ChecksumMismatchError, LockedJar, format_lock, read_lock, sha256_of
 from app.stack.java import java_version
-from app.stack.kafka import KAFKA_VERSION, LOCK_FILE, ensure_jars
+from app.stack.kafka_jars import KAFKA_VERSION, LOCK_FILE, ensure_jars
 
 ROOT = Path(__file__).resolve().parents[2]
 POM = ROOT / "app" / "stack" / "kafka-pom.xml"

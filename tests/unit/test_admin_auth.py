@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.admin import auth
-from app.admin.server import safe_next
+from app.admin.http import safe_next
 
 TOKEN = "admin-token-for-tests"
 

@@ -1,4 +1,4 @@
-"""app/ingest.py's read_body: a body that arrived with its headers is taken without a timer; one
+"""app/ingest/body.py's read_body: a body that arrived with its headers is taken without a timer; one
 still arriving is read within the deadline; either way at most the limit."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from aiohttp import streams
 from aiohttp.test_utils import make_mocked_request
 
-from app.ingest import BodyRefused, read_body
+from app.ingest.body import BodyRefused, read_body
 
 
 def request_with(chunks: list[bytes], eof: bool, length: int | None = None) -> tuple[object, streams.StreamReader]:

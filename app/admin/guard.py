@@ -1,0 +1,104 @@
+"""The middleware every admin request passes: authentication, CSRF, security headers, metrics, errors (I/O shell)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import quote
+
+import asyncpg
+from aiohttp import web
+
+from app.admin import auth
+from app.admin.context import ADMIN, SESSION, VIA, Admin
+from app.admin.http import Refused, form, problem, redirect
+
+log = logging.getLogger("orderly.admin")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The API document and /metrics hold no resource data; the admin port is never internet-facing.
+PUBLIC = {"/login", "/openapi.json", "/static/console.css", "/static/console.js", "/healthz", "/metrics"}
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authentication, CSRF, security headers, metrics, and never a traceback to the client."""
+    admin = request.app[ADMIN]
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    try:
+        response = await _authorised(request, handler, admin)
+    except web.HTTPException as exc:
+        response = _answer(request, exc)
+    except Refused as exc:
+        response = (problem(exc.status, exc.error) if request.path.startswith("/api/")
+                    else web.Response(status=exc.status, text=exc.error))
+    except asyncpg.DataError as exc:  # a value PostgreSQL cannot take (out of range): the input's fault
+        text = f"a value PostgreSQL cannot take: {type(exc).__name__}"
+        response = problem(400, text) if request.path.startswith("/api/") else web.Response(status=400, text=text)
+    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, TimeoutError) as exc:
+        log.warning("admin request %s %s: PostgreSQL unavailable: %r", request.method, request.path, exc)
+        text = f"PostgreSQL unavailable: {type(exc).__name__}"
+        response = problem(503, text) if request.path.startswith("/api/") else web.Response(status=503, text=text)
+    except Exception:
+        log.exception("admin request %s %s failed", request.method, request.path)
+        response = (problem(500, "internal error; see the admin process's log") if request.path.startswith("/api/")
+                    else web.Response(status=500, text="internal error; see the admin process's log"))
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    admin.metrics.requests.labels(route, str(response.status)).inc()
+    return response
+
+
+async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> web.StreamResponse:
+    if request.path in PUBLIC:
+        return await handler(request)
+    api = request.path.startswith("/api/")
+    header = request.headers.get("Authorization")
+    if header is not None and header.startswith("Bearer "):
+        who, now = request.remote or "?", time.monotonic()
+        if not admin.throttle.allowed(who, now):
+            return problem(429, "too many wrong tokens from this address; wait a minute")
+        if auth.bearer_ok(admin.token, header):
+            request[VIA] = "api"
+            return await handler(request)
+        admin.throttle.failed(who, now)
+    cookie = request.cookies.get(auth.SESSION_COOKIE)
+    if cookie and auth.session_ok(admin.token, cookie) and not await admin.session_ended(cookie):
+        request[VIA] = f"console:{auth.session_name(cookie)}"
+        request[SESSION] = cookie
+        if request.method == "POST":
+            given = request.headers.get("X-CSRF-Token")
+            if given is None and request.content_type == "application/x-www-form-urlencoded":
+                given = str((await form(request)).get("csrf", ""))
+            if not auth.csrf_ok(admin.token, cookie, given):
+                return (problem(403, "missing or wrong CSRF token") if api
+                        else web.Response(status=403, text="missing or wrong CSRF token: reload the page"))
+        return await handler(request)
+    if api:
+        admin.metrics.login_failures.labels("api").inc()
+        return problem(401, "Authorization: Bearer ORDERLY_ADMIN_TOKEN required")
+    if request.method != "GET":
+        return web.Response(status=401, text="sign in first")
+    return redirect(f"/login?next={quote(request.path_qs, safe='')}")
+
+
+def _answer(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """What the router raised (404, 405) or a handler raised as an aiohttp exception, as a plain
+    response: a problem document under /api/, the exception's own text elsewhere."""
+    if request.path.startswith("/api/") and exc.status >= 400:
+        response = problem(exc.status, exc.reason)
+    else:
+        response = web.Response(status=exc.status, reason=exc.reason, text=exc.text)
+    for name in ("Allow", "Location"):
+        if name in exc.headers:
+            response.headers[name] = exc.headers[name]
+    return response

@@ -1,0 +1,153 @@
+"""pg's correlations: the PUT that maps a deposit to our order and the PostgreSQL store deciding it (I/O shell)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import Any
+
+import asyncpg
+import orjson
+from aiohttp import web
+
+from app.gateways.limits import id_error
+from app.ingest.answers import Unavailable, json_response
+from app.ingest.appender import Appender
+from app.ingest.body import OUTCOMES, BodyRefused, read_body, refuse_body
+from app.ingest.deliveries import next_delivery_id
+from app.metrics import IngestMetrics
+from app.settings import Settings
+from projections.migrate import quote_ident
+from topics.catalog import TopicNames
+from topics.records import Correlation, correlation_headers
+
+# A correlation is three ids of at most 200 characters: 64 KiB is room for any JSON spelling of
+# them, and a bound on what one PUT makes the ingest hold in memory.
+MAX_CORRELATION_BODY = 64 * 1024
+CORRELATION_FIELDS = ("merchant_reference", "our_order_id", "our_user_id")
+
+
+class CorrelationStore:
+    """Decides 200/409 for correlation PUTs atomically in PostgreSQL (unique on both ids)."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._pool: asyncpg.Pool | None = None
+        self._creating: asyncio.Future[asyncpg.Pool] | None = None
+
+    async def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            # One creation shared by concurrent first callers (two would each open a pool and leak
+            # one), shielded so that a caller's deadline does not cancel it half-way.
+            if self._creating is None:
+                self._creating = asyncio.ensure_future(self._create_pool())
+            creating = self._creating
+            try:
+                self._pool = await asyncio.shield(creating)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                raise Unavailable(f"postgres unreachable: {exc}") from exc
+            finally:
+                if creating.done():
+                    self._creating = None
+        return self._pool
+
+    async def _create_pool(self) -> asyncpg.Pool:
+        return await asyncpg.create_pool(
+            self.dsn, min_size=1, max_size=4, timeout=3,
+            server_settings={"search_path": quote_ident(self.schema)})
+
+    async def claim(self, c: Correlation, timeout_s: float) -> bool:
+        """True if the mapping is new or identical; False if it conflicts with a stored one."""
+        pool = await self.pool()
+        try:
+            async with asyncio.timeout(timeout_s), pool.acquire() as conn:
+                inserted = await conn.fetchval(
+                    """INSERT INTO pg_deposit_correlations
+                         (pg_deposit_id, merchant_reference, our_order_id, our_user_id)
+                       VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1""",
+                    c.pg_deposit_id, c.merchant_reference, c.our_order_id, c.our_user_id)
+                if inserted:
+                    return True
+                row = await conn.fetchrow(
+                    "SELECT * FROM pg_deposit_correlations WHERE pg_deposit_id = $1", c.pg_deposit_id)
+        except (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                asyncpg.InterfaceError) as exc:
+            raise Unavailable(f"postgres unavailable: {type(exc).__name__} {exc}") from exc
+        # No row for this deposit means the merchant_reference belongs to another deposit.
+        return row is not None and Correlation(**dict(row)) == c
+
+    async def probe(self) -> None:
+        """SELECT 1 now, on a pooled connection (no new connection per probe)."""
+        pool = await self.pool()
+        if await pool.fetchval("SELECT 1") != 1:
+            raise Unavailable("postgres answered SELECT 1 wrongly")
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+
+def correlation_error(deposit_id: str, body: Any) -> str | None:
+    """Why a PUT cannot be a correlation (DESIGN.md §2.4: ids of 1-200 printable characters, no NUL),
+    or None. Checked before PostgreSQL, whose index rows and text type refuse such values with a 500."""
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    missing = [f for f in CORRELATION_FIELDS if f not in body]
+    if missing:
+        return f"missing fields: {', '.join(missing)}"
+    errors = [id_error("pg_deposit_id", deposit_id), *(id_error(f, body[f]) for f in CORRELATION_FIELDS)]
+    return "; ".join(e for e in errors if e) or None
+
+
+class CorrelationRoute:
+    """PUT /correlations/pg/deposits/{deposit_id}: a bearer token, a checked body, the store's 200/409,
+    then the correlation appended to the raw log."""
+
+    def __init__(self, settings: Settings, metrics: IngestMetrics, store: CorrelationStore, appender: Appender,
+                 topics: TopicNames) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = store
+        self.appender = appender
+        self.topics = topics
+
+    async def put(self, request: web.Request) -> web.StreamResponse:
+        metrics = self.metrics
+        settings = self.settings
+        # Headers arrive decoded with surrogateescape: a non-UTF-8 byte must compare unequal, not raise.
+        offered = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(offered, f"Bearer {settings.api_token.reveal()}".encode()):
+            metrics.requests.labels("correlations", "unauthorized").inc()
+            return json_response(401, error="missing or wrong bearer token")
+        deposit_id = request.match_info["deposit_id"]
+        try:
+            raw = await read_body(request, MAX_CORRELATION_BODY, settings.read_timeout_s)
+        except BodyRefused as refused:
+            metrics.requests.labels("correlations", OUTCOMES[refused.status]).inc()
+            return await refuse_body(request, refused)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        error = correlation_error(deposit_id, body)
+        if error:
+            metrics.requests.labels("correlations", "bad_request").inc()
+            return json_response(400, error=error)
+        correlation = Correlation(deposit_id, *(body[f] for f in CORRELATION_FIELDS))
+        try:
+            if not await self.store.claim(correlation, settings.append_timeout_s):
+                metrics.requests.labels("correlations", "conflict").inc()
+                return json_response(409, error="a different mapping is already stored for this deposit or reference")
+            # Into orderly.raw under the deposit's key: its webhooks and its correlation then have one
+            # order, the log's, live and in replay (DESIGN.md §4). Appended again on an identical PUT:
+            # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
+            await self.appender.append(
+                self.topics.raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
+                correlation_headers(next_delivery_id(), int(time.time() * 1000)))
+        except Unavailable as exc:
+            metrics.requests.labels("correlations", "unavailable").inc()
+            return json_response(503, error=str(exc))
+        metrics.requests.labels("correlations", "stored").inc()
+        return json_response(200, status="stored")

@@ -1,0 +1,103 @@
+"""The receiver: a signed webhook's way from its raw bytes to its answer (I/O shell around the adapters)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import orjson
+from aiohttp import web
+
+from app.gateways import registry
+from app.gateways.base import Route, SignatureError
+from app.ingest.answers import Unavailable, json_response
+from app.ingest.appender import Appender
+from app.ingest.body import MAX_BODY, OUTCOMES, BodyRefused, read_body, refuse_body
+from app.ingest.deliveries import next_delivery_id
+from app.logs import SampledLog, bound
+from app.metrics import IngestMetrics
+from app.settings import Settings
+from topics.catalog import TopicNames
+from topics.records import H_CHECKED, quarantine_headers, raw_headers
+
+CHECKED = (H_CHECKED, b"1")  # the body passed its adapter's typed schema here
+
+
+class Receiver:
+    """A signed webhook's way from its raw bytes to its answer, whichever HTTP layer read it (aiohttp's,
+    or app/webhook_http.py's fast path): signature, route, append, metrics, sampled refusal logs."""
+
+    def __init__(self, settings: Settings, metrics: IngestMetrics, appender: Appender, refusals: SampledLog,
+                 topics: TopicNames) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.appender = appender
+        self.refusals = refusals
+        self.topics = topics
+
+    def serves(self, gateway: str) -> bool:
+        """A gateway with an adapter and a secret: no secret, no way to prove a body is the gateway's."""
+        return registry.find(gateway) is not None and bool(self.settings.secrets.get(gateway))
+
+    async def webhook(self, gateway: str, raw: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        """(status, JSON body) for a body of a gateway this receiver serves."""
+        metrics = self.metrics
+        found = registry.find(gateway)
+        assert found is not None
+        try:
+            found.adapter.verify(raw, headers, self.settings.secrets[gateway].reveal(), time.time())
+        except SignatureError as exc:
+            metrics.requests.labels(gateway, "unauthorized").inc()
+            metrics.signature_failures.labels(gateway).inc()
+            # the reason only: never the headers (they carry the signature) nor the body
+            self.refusals.log(logging.WARNING, (gateway, "unauthorized", exc.reason), "401 %s: %s", gateway,
+                              exc.reason, extra={"gateway": gateway, "outcome": "unauthorized",
+                                                 "reason": exc.reason})
+            return 401, orjson.dumps({"error": exc.reason})
+
+        route: Route = found.adapter.route(raw)
+        delivery_id = next_delivery_id()
+        headers_out = raw_headers(gateway, delivery_id, int(time.time() * 1000))
+        try:
+            if route.resource_key is None:
+                return await self._quarantine(gateway, raw, route, delivery_id, headers_out)
+            await self.appender.append(self.topics.raw, route.resource_key.encode(), raw, [*headers_out, CHECKED])
+        except Unavailable as exc:
+            metrics.requests.labels(gateway, "unavailable").inc()
+            self.refusals.log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, exc,
+                              extra={"gateway": gateway, "outcome": "unavailable", "delivery_id": delivery_id})
+            return 503, orjson.dumps({"error": str(exc)})
+        metrics.child(metrics.requests, gateway, "stored").inc()
+        return 200, orjson.dumps({"status": "stored", "delivery_id": delivery_id})
+
+    async def _quarantine(self, gateway: str, raw: bytes, route: Route, delivery_id: str,
+                          headers: list[tuple[str, bytes]]) -> tuple[int, bytes]:
+        reason = route.quarantine_reason or "unroutable"
+        await self.appender.append(self.topics.quarantine, delivery_id.encode(), raw,
+                                   quarantine_headers(headers, "ingest", reason, route.resource_hint))
+        self.metrics.requests.labels(gateway, "quarantined").inc()
+        code = route.quarantine_code or "unroutable"
+        self.metrics.quarantined.labels(gateway, code).inc()
+        resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None
+        with bound(gateway=gateway, delivery_id=delivery_id, resource_id=resource_id):
+            self.refusals.log(logging.WARNING, (gateway, "quarantined", code), "quarantined %s delivery %s: %s",
+                              gateway, delivery_id, reason, extra={"outcome": "quarantined", "code": code,
+                                                                   "reason": reason, "event_id": route.event_id})
+        # 200: the gateway must not retry a body it will never make valid.
+        return 200, orjson.dumps({"status": "stored", "quarantined": True, "reason": reason,
+                                  "delivery_id": delivery_id})
+
+    async def receive(self, request: web.Request) -> web.StreamResponse:
+        """aiohttp's way in (every request the fast path hands over: chunked or slow bodies, Expect, ...)."""
+        gateway = request.match_info["gateway"]
+        if not self.serves(gateway):
+            self.metrics.requests.labels("unknown", "not_found").inc()
+            return json_response(404, error=f"unknown gateway {gateway!r}")
+        try:
+            raw = await read_body(request, MAX_BODY, self.settings.read_timeout_s)
+        except BodyRefused as refused:
+            self.metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
+            return await refuse_body(request, refused)
+        status, body = await self.webhook(gateway, raw, request.headers)
+        return web.Response(status=status, body=body, content_type="application/json")
