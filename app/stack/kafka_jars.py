@@ -100,7 +100,7 @@ def lock_from_maven(version: str = KAFKA_VERSION, lock_file: Path = LOCK_FILE) -
             raise RuntimeError(f"Maven copied {copied}, but listed {sorted(j.filename for j in jars)}")
     header = (f"The Apache Kafka {version} broker's runtime classpath (app/stack/kafka-pom.xml resolved by Maven),\n"
               "one jar a line: group:artifact:version sha256. Fetched from Maven Central and checked by\n"
-              "app/stack/kafka.py. Regenerate with `python -m app.stack.kafka lock` (needs Maven).")
+              "app/stack/kafka_jars.py. Regenerate with `python -m app.stack.kafka lock` (needs Maven).")
     lock_file.write_text(format_lock(jars, header))
     return jars
 
