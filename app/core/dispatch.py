@@ -71,9 +71,12 @@ class BatchPlan:
     set_aside: list[tuple[str, str]] = field(default_factory=list)  # (gateway, reason)
 
 
+TOUCHING = frozenset({"parked", "applied", "unparked"})  # outcomes that change what orderly.state shows
+
+
 def touches_state(decisions: list[Decision]) -> bool:
     """Whether these decisions change what orderly.state publishes for the resource."""
-    return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
+    return any(d.row is not None or d.outcome in TOUCHING for d in decisions)
 
 
 def reducer_of(gateways: Gateways, key: bytes) -> Reducer[Any, Any] | None:
@@ -88,6 +91,7 @@ def state_record(n: TopicNames, key: bytes, reducer: Reducer[Any, Any], state: o
 
 
 def output_records(decision: Decision, n: TopicNames) -> list[Record]:
+    """A decision's records: itself, its effects and its facts (the fast pass writes the same inline)."""
     key = f"{decision.gateway}:{decision.resource_id}".encode()
     records: list[Record] = [(n.decisions, key, decision.to_bytes())]
     for effect in decision.effects:
@@ -177,6 +181,7 @@ def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
     reducers: dict[bytes, Reducer[Any, Any] | None] = {}
     changed: set[bytes] = set()
     last, records, outcomes, effect_counts, errors = plan.last, plan.records, plan.outcomes, plan.effects, plan.errors
+    decisions_topic, effects_topic, facts_topic, dumps = n.decisions, n.effects, n.facts, orjson.dumps
     for index, record in enumerate(batch):
         key, partition = record.key, record.partition
         if key in overlay:
@@ -191,14 +196,20 @@ def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
         outputs = records.get(partition)
         if outputs is None:
             outputs = records[partition] = []
+        # output_records inline; a decision is about the record's own resource, so its key is the record's
         for decision in decisions:
-            outputs += output_records(decision, n)
-            gateway = decision.gateway
-            outcomes[(gateway, decision.outcome)] += 1
-            if decision.outcome in ("parked", "applied", "unparked") or decision.row is not None:
+            outputs.append((decisions_topic, key, dumps(decision)))
+            gateway, outcome = decision.gateway, decision.outcome
+            outcomes[(gateway, outcome)] += 1
+            if outcome in TOUCHING or decision.row is not None:
                 changed.add(key)
             for effect in decision.effects:
+                outputs.append((effects_topic, effect.dedupe_key.encode(), dumps(effect)))
                 effect_counts[(gateway, effect.type)] += 1
+            for fact in decision.facts:
+                outputs.append((facts_topic, fact.key.encode(), dumps(
+                    {"kind": fact.kind, "key": fact.key, "gateway": gateway,
+                     "resource_id": decision.resource_id, "data": fact.data})))
             if decision.error:
                 errors.append(decision)
     plan.states = {key: reducers[key].dump(state)  # type: ignore[union-attr]  # a state has its reducer
@@ -262,7 +273,7 @@ def set_aside(n: TopicNames, record: Incoming, headers: dict[str, str], state: b
     delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition)
     ordinal = (orjson.loads(state).get("n", 0) if state is not None else 0) + 1
     decision = decide(delivery, QUARANTINED, error=f"set aside by the {STAGE}: {reason}")
-    object.__setattr__(decision, "seq", ordinal)  # not kept in the state: the state does not change
+    decision.seq = ordinal  # not kept in the state: the state does not change
     return [
         (n.quarantine, delivery.delivery_id.encode(), record.value,
          quarantine_headers(record.headers, STAGE, reason, resource_key)),

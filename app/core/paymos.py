@@ -118,35 +118,41 @@ def _current(state: State) -> Current | None:
     return None if state.snapshot == NULL else _CURRENT.decode(state.snapshot)
 
 
+def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject, scope: str | None = None,
+            slot: str | None = None) -> list[Effect]:
+    """The effect, once per key: none if its key was emitted before."""
+    key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
+    if key in state.emitted:
+        return []
+    state.emitted.append(key)
+    return [Effect(key, name, "paymos", rid, payload, d.delivery_id)]
+
+
+def _amounts(w: Webhook) -> JsonObject:
+    return {k: v for k, v in w.data.items() if is_amount(k)}  # decimal strings, as sent
+
+
 def _effects(state: State, event_type: str, w: Webhook, d: Delivery) -> list[Effect]:
     resource = w.resource
     rid, status, kind = resource.id, resource.status, resource.object
-
-    def effect(name: str, payload: JsonObject, scope: str | None = None, slot: str | None = None) -> Effect | None:
-        key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
-        if key in state.emitted:
-            return None
-        state.emitted.append(key)
-        return Effect(key, name, "paymos", rid, payload, d.delivery_id)
-
-    amounts = {k: v for k, v in w.data.items() if is_amount(k)}  # decimal strings, as sent
-    found: list[Effect | None] = []
     if kind == "invoice" and status in INVOICE_EFFECTS:
         name = INVOICE_EFFECTS[status]
         # paid and paid_over both credit the merchant: one credit slot per invoice, whatever detour
         slot = "credit" if name in ("invoice_paid", "invoice_paid_over") else None
-        found.append(effect(name, {"invoice_id": rid, "status": status, **amounts}, slot=slot))
-    elif kind == "withdrawal":
+        return _effect(state, rid, d, name, {"invoice_id": rid, "status": status, **_amounts(w)}, slot=slot)
+    if kind == "withdrawal":
         if event_type == "withdrawal.completion_rewound":
-            found.append(effect("payout_reopened", {"withdrawal_id": rid, "status": status}, str(state.cycle)))
+            found = _effect(state, rid, d, "payout_reopened", {"withdrawal_id": rid, "status": status},
+                            str(state.cycle))
             state.cycle += 1
-        elif status in WITHDRAWAL_EFFECTS:
-            found.append(effect(WITHDRAWAL_EFFECTS[status], {"withdrawal_id": rid, "status": status, **amounts},
-                                str(state.cycle)))
+            return found
+        if status in WITHDRAWAL_EFFECTS:
+            return _effect(state, rid, d, WITHDRAWAL_EFFECTS[status],
+                           {"withdrawal_id": rid, "status": status, **_amounts(w)}, str(state.cycle))
     elif kind == "payment_channel_deposit" and status == "confirmed":
         # the net amount, once: a deposit confirmed again after a reorg is not credited twice
-        found.append(effect("credit_channel_deposit", {"deposit_id": rid, **amounts}))
-    return [e for e in found if e is not None]
+        return _effect(state, rid, d, "credit_channel_deposit", {"deposit_id": rid, **_amounts(w)})
+    return []
 
 
 def _allowed(current: Current | None, event_type: str, resource: Resource) -> bool:
@@ -162,12 +168,12 @@ def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
     state.applied += 1
     row = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
            "updated_at_ms": resource.updated_at, "snapshot": data, "applied_seq": state.applied}
-    effects = _effects(state, w.event.event_type, w, d)
+    effects = _effects(state, w.event_type, w, d)
     return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects, **_common(w))
 
 
 def _common(w: Webhook) -> JsonObject:
-    return {"event_id": w.event.event_id, "event_type": w.event.event_type, "payload": w.body}
+    return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
 
 
 def _parked(p: Parked) -> Webhook:
@@ -191,7 +197,7 @@ def _retry_parked(state: State) -> list[Decision]:
                 out.append(decide(p.delivery, STALE, **_common(w)))
                 progressed = True
                 break
-            if _allowed(current, w.event.event_type, w.resource):
+            if _allowed(current, w.event_type, w.resource):
                 state.parked.remove(p)
                 out.append(_apply(state, w, p.delivery, UNPARKED))
                 progressed = True
@@ -201,8 +207,7 @@ def _retry_parked(state: State) -> list[Decision]:
 
 def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
     state = State() if state is None else state
-    event, resource = w.event, w.resource
-    event_id, event_type = event.event_id, event.event_type
+    resource, event_id, event_type = w.resource, w.event_id, w.event_type
     if event_id in state.seen:
         return numbered(state, [decide(d, DUPLICATE, **_common(w))])  # a redelivery, not a transition
     state.seen.append(event_id)

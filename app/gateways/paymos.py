@@ -106,6 +106,19 @@ class Event(Body):
         require_ids(event_id=self.event_id, event_type=self.event_type)
 
 
+class Checked(Body):
+    """The worker's typed view of a body the ingest took already: ``data`` read as the Resource in
+    the same conversion (the ingest's checks on the whole of ``data`` were made there)."""
+
+    event_id: IdText
+    event_type: Text
+    data: Resource
+    created_at: UnixMs | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(event_id=self.event_id, event_type=self.event_type)
+
+
 class Head(msgspec.Struct):
     """What a refused body may still tell: its ids, read without types."""
 
@@ -132,7 +145,8 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A paymos body read once, for the worker: the typed event and resource, and the document as
     orjson read it (``body``), which decisions and state carry unchanged."""
 
-    event: Event
+    event_id: str
+    event_type: str
     resource: Resource
     body: JsonObject
     raw: bytes
@@ -155,19 +169,20 @@ def route(raw: bytes) -> Route:
 def read(raw: bytes, checked: bool) -> Webhook | Route:
     """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already
     (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
-    if not checked and (problem := body_error(raw)) is not None:
+    if checked:
+        typed = schema.parse(raw, Checked)
+        if isinstance(typed, Refusal):
+            return refused(raw, typed)
+        view, body = typed
+        return Webhook(view.event_id, view.event_type, view.data, body, raw)
+    if (problem := body_error(raw)) is not None:
         return refused(raw, Refusal("invalid", problem))
     parsed = schema.parse(raw, Event)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
     event, body = parsed
-    if checked:
-        resource = schema.convert(event.data, Resource, "data")
-        if isinstance(resource, Refusal):
-            return Route.quarantine(resource.code, resource.reason, event.event_id, event.event_type)
-        return Webhook(event, resource, body, raw)
     found = accept(event)
-    return found if isinstance(found, Route) else Webhook(event, found, body, raw)
+    return found if isinstance(found, Route) else Webhook(event.event_id, event.event_type, found, body, raw)
 
 
 def accept(event: Event) -> Resource | Route:
