@@ -87,7 +87,8 @@ class Event(Body):
     currency: Text | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)
+        if not (self.id.isprintable() and self.type.isprintable() and self.payment_ref.isprintable()):
+            require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)  # which one, by name
         require_times(occurred_at=self.occurred_at)
 
 

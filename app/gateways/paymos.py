@@ -93,7 +93,8 @@ class Resource(Body):
     paid_late_at: UnixS | None = None  # invoice.paid_late: Unix seconds, says the document
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id)
+        if not self.id.isprintable():
+            require_ids(id=self.id)
 
 
 class Event(Body):
@@ -103,7 +104,8 @@ class Event(Body):
     created_at: UnixMs | None = None
 
     def __post_init__(self) -> None:
-        require_ids(event_id=self.event_id, event_type=self.event_type)
+        if not (self.event_id.isprintable() and self.event_type.isprintable()):
+            require_ids(event_id=self.event_id, event_type=self.event_type)  # which one, by name
 
 
 class Checked(Body):
@@ -116,7 +118,8 @@ class Checked(Body):
     created_at: UnixMs | None = None
 
     def __post_init__(self) -> None:
-        require_ids(event_id=self.event_id, event_type=self.event_type)
+        if not (self.event_id.isprintable() and self.event_type.isprintable()):
+            require_ids(event_id=self.event_id, event_type=self.event_type)  # which one, by name
 
 
 class Head(msgspec.Struct):

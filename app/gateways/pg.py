@@ -122,16 +122,19 @@ class Deposit(Body, tag_field="object", tag="deposit"):
     rejection: Rejection | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)
-        require_times(late_slip_accepted_until=self.late_slip_accepted_until,
-                      clearing_available_at=self.clearing_available_at)
+        if not (self.id.isprintable() and (self.balance_transaction_id or "").isprintable()):
+            require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)  # which one, by name
+        if self.late_slip_accepted_until is not None or self.clearing_available_at is not None:
+            require_times(late_slip_accepted_until=self.late_slip_accepted_until,
+                          clearing_available_at=self.clearing_available_at)
 
 
 class PayoutMetadata(Body):
     payout_id: IdText  # close_payout's key: the merchant's payout
 
     def __post_init__(self) -> None:
-        require_ids(payout_id=self.payout_id)
+        if not self.payout_id.isprintable():
+            require_ids(payout_id=self.payout_id)
 
 
 class Withdrawal(Body, tag_field="object", tag="withdrawal"):
@@ -148,7 +151,8 @@ class Withdrawal(Body, tag_field="object", tag="withdrawal"):
     settled_splits: SmallCount | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id)
+        if not self.id.isprintable():
+            require_ids(id=self.id)
 
 
 class Source(Body):
@@ -203,7 +207,8 @@ class Event(Body):
     sequence: Seq | None = None  # global per merchant: gap detection only
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, type=self.type)
+        if not (self.id.isprintable() and self.type.isprintable()):
+            require_ids(id=self.id, type=self.type)  # which one, by name
 
 
 class Head(msgspec.Struct):
