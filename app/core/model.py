@@ -90,6 +90,6 @@ def redecided(state: Numbered | None, d: Delivery) -> list[Decision] | None:
 
 def remember(before: Recent, after: Numbered, d: Delivery, decisions: list[Decision]) -> None:
     """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
-    recent = [*before, (d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type)
-                                        for x in decisions])]
-    after.recent = recent[-RECENT:]
+    recent = before[1 - RECENT:]  # a copy: ``before`` may be the state's own list
+    recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
+    after.recent = recent

@@ -75,8 +75,10 @@ def parse(raw: bytes, into: type[T]) -> tuple[T, JsonObject] | Refusal:
         return Refusal("not_json", "body is not JSON")
     if not isinstance(body, dict):
         return Refusal("not_json", "body is not a JSON object")
-    typed = convert(body, into, "")
-    return typed if isinstance(typed, Refusal) else (typed, body)
+    try:
+        return msgspec.convert(body, into), body
+    except msgspec.ValidationError as exc:
+        return Refusal("invalid", readable(str(exc)))
 
 
 def convert(value: Any, into: type[T], at: str) -> T | Refusal:
