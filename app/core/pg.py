@@ -92,7 +92,6 @@ class Snapshot(msgspec.Struct, gc=False):
 
 
 _STATE = msgspec.json.Decoder(State)
-_CORRELATION = msgspec.json.Decoder(Correlation)
 _encode = msgspec.json.Encoder().encode
 parse = read  # the adapter's one read of a body
 
@@ -313,8 +312,9 @@ def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Dec
 
 
 def read_correlation(raw: bytes) -> Correlation:
-    """A correlation record's body (the merchant's mapping, as the ingest wrote it)."""
-    return _CORRELATION.decode(raw)
+    """A correlation record's body (the merchant's mapping, as the ingest wrote it); read by orjson
+    as before, so what cannot be read is set aside with the same reason."""
+    return msgspec.convert(orjson.loads(raw), Correlation)
 
 
 def apply_correlation(state: State | None, correlation: Correlation, d: Delivery) -> tuple[State, list[Decision]]:
