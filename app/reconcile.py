@@ -10,9 +10,8 @@ import sys
 from typing import Any
 
 import asyncpg
-import orjson
 
-from app.core.card import event_from_body, reduce
+from app.core.card import reduce, stored_event
 from app.settings import Settings
 from projections.migrate import quote_ident
 
@@ -20,7 +19,7 @@ from projections.migrate import quote_ident
 async def mismatches(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     events: dict[str, list[Any]] = {}
     for r in await conn.fetch("SELECT payment_ref, payload FROM card_events"):
-        events.setdefault(r["payment_ref"], []).append(event_from_body(orjson.loads(bytes(r["payload"]))))
+        events.setdefault(r["payment_ref"], []).append(stored_event(bytes(r["payload"])))
     found = []
     for row in await conn.fetch("SELECT * FROM card_payments ORDER BY payment_ref"):
         derived = reduce(events.get(row["payment_ref"], []))

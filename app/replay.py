@@ -229,7 +229,7 @@ async def _rebuild_partitions(target: Settings, merged: Merged, partitions: list
             for start in range(0, len(log), CHUNK):  # the live worker's rules, a chunk at a time
                 chunk = [Incoming(key, value, headers, offset, partition, n.raw)
                          for offset, (key, value, headers) in enumerate(log[start:start + CHUNK], start=start)]
-                plan = plan_batch(n, chunk, partial(_known, states))
+                plan = plan_batch(n, registry.GATEWAYS, chunk, partial(_known, states))
                 states.update(plan.states)
                 decided += sum(plan.outcomes.values())
                 out += plan.records.get(partition, [])

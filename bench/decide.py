@@ -78,7 +78,7 @@ def decide_all(log: list[Raw], batch: int = BATCH) -> dict[bytes, bytes]:
 
     for start in range(0, len(log), batch):
         incoming = [Incoming(r.key, r.value, r.headers, r.offset, r.partition, n.raw) for r in log[start:start + batch]]
-        store.update(plan_batch(n, incoming, read).states)
+        store.update(plan_batch(n, GATEWAYS, incoming, read).states)
     return store
 
 

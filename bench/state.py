@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from app.bootstrap import prepare
 from app.core import pg
 from app.core.model import Delivery
+from app.gateways.pg import Webhook, read
 from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.replay import ensure_changelog
@@ -38,7 +39,7 @@ from app.stack.process import stop_process
 from bench.stack import embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import H_CHECKED, raw_headers
+from topics.records import H_CHECKED, Correlation, raw_headers
 
 RESOURCES = int(os.environ.get("BENCH_RESOURCES", "1000000"))
 PARTITIONS = 12
@@ -55,12 +56,13 @@ def template_state() -> bytes:
     """A deposit that was correlated, went pending -> slip_received -> settled and credited."""
     def delivery(n: int) -> Delivery:
         return Delivery(f"d{n}", "pg", f"pg:{TEMPLATE}", 0, n)
-    state, _ = pg.apply_correlation(None, {"pg_deposit_id": TEMPLATE, "merchant_reference": f"mr_{TEMPLATE}",
-                                           "our_order_id": f"o_{TEMPLATE}", "our_user_id": f"u_{TEMPLATE}"},
+    state, _ = pg.apply_correlation(None, Correlation(TEMPLATE, f"mr_{TEMPLATE}", f"o_{TEMPLATE}", f"u_{TEMPLATE}"),
                                     delivery(0))
     for version, status in enumerate(["pending", "slip_received", "settled"], start=1):
-        state, _ = pg.apply_event(state, deposit(TEMPLATE, version, status, sequence=version), delivery(version))
-    return orjson.dumps(state)
+        webhook = read(deposit(TEMPLATE, version, status, sequence=version), True)
+        assert isinstance(webhook, Webhook), webhook
+        state, _ = pg.apply_event(state, webhook, delivery(version))
+    return pg.dump(state)
 
 
 async def fill_changelog(settings: Settings) -> tuple[str, int]:

@@ -15,26 +15,27 @@ gateway's GET answer) replaces the working state and totals; later events apply 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable
+from datetime import UTC, datetime
 
-import orjson
+import msgspec
 
 from app.core.model import (
     APPLIED,
     DUPLICATE,
     PARKED,
-    QUARANTINED,
     SYNCED,
     UNPARKED,
     Decision,
     Delivery,
     Effect,
     Fact,
+    Recent,
     numbered,
 )
 from app.core.model import decide as _decide
+from app.core.reducer import Reducer
+from app.gateways.card import Fetched, Synced, Webhook, read
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
 RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}
@@ -47,24 +48,28 @@ NEXT: dict[str, dict[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class CardEvent:
+# Stored in the state in this field order: the JSON object release 0.2 wrote for each event.
+class CardEvent(msgspec.Struct, frozen=True, gc=False):
+    """One event of a payment as the reducer orders it, with the delivery that brought it."""
+
     id: str
     kind: str  # authorised | captured | refunded | voided | synced
     occurred_at_ms: int
     amount_minor: int = 0
     sequence: int | None = None
-    synced: dict[str, Any] | None = None  # for kind == "synced": state and totals as fetched
+    synced: Synced | None = None  # for kind == "synced": state and totals as fetched
+    delivery_id: str = ""
+    received_at_ms: int = 0
+    source: str = "webhook"
 
 
-@dataclass
-class Reduced:
+class Reduced(msgspec.Struct, gc=False):
     state: str = "created"
     authorised_minor: int = 0
     captured_minor: int = 0
     refunded_minor: int = 0
-    applied: list[str] = field(default_factory=list)
-    parked: list[str] = field(default_factory=list)
+    applied: list[str] = msgspec.field(default_factory=list)
+    parked: list[str] = msgspec.field(default_factory=list)
 
 
 def parse_time_ms(value: str) -> int:
@@ -72,22 +77,25 @@ def parse_time_ms(value: str) -> int:
     return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def event_from_body(body: dict[str, Any]) -> CardEvent:
-    kind = str(body["type"]).removeprefix("payment.")
-    amount = body.get("amount_minor", 0)
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
-        raise ValueError(f"amount_minor must be a non-negative integer, got {amount!r}")
-    sequence = body.get("sequence")
-    if sequence is not None and (not isinstance(sequence, int) or isinstance(sequence, bool)):
-        raise ValueError(f"sequence must be an integer or null, got {sequence!r}")
-    return CardEvent(str(body["id"]), kind, parse_time_ms(str(body["occurred_at"])), amount, sequence,
-                     body.get("synced"))
+def event_of(event: Fetched, d: Delivery | None = None) -> CardEvent:
+    """The reducer's view of a typed event (with the delivery that brought it, when there is one)."""
+    return CardEvent(event.id, event.type.removeprefix("payment."), parse_time_ms(event.occurred_at),
+                     event.amount_minor, event.sequence, event.synced,
+                     *((d.delivery_id, d.received_at_ms, d.source) if d is not None else ()))
 
 
-def ordering_key(events: list[CardEvent]) -> Any:
+def stored_event(raw: bytes) -> CardEvent:
+    """A stored event's body (card_events.payload, as received) as the reducer orders it."""
+    found = read(raw, checked=True)
+    if not isinstance(found, Webhook):
+        raise ValueError(f"unusable card event: {found.quarantine_reason}")
+    return event_of(found.event)
+
+
+def ordering_key(events: list[CardEvent]) -> Callable[[CardEvent], tuple[int, int, str]]:
     """The sort key for this payment's events (see the module docstring)."""
     if events and all(e.sequence is not None for e in events):
-        return lambda e: (e.sequence, RANK.get(e.kind, 3), e.id)
+        return lambda e: (e.sequence or 0, RANK.get(e.kind, 3), e.id)
     return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), e.id)
 
 
@@ -103,10 +111,10 @@ def reduce(events: list[CardEvent]) -> Reduced:
         for ev in pending:
             if ev.kind == "synced" and ev.synced is not None:
                 s = ev.synced
-                out.state = s["state"] if s.get("state") in STATES else out.state
-                out.authorised_minor = int(s.get("authorised_minor", 0))
-                out.captured_minor = int(s.get("captured_minor", 0))
-                out.refunded_minor = int(s.get("refunded_minor", 0))
+                out.state = s.state if s.state in STATES else out.state
+                out.authorised_minor = s.authorised_minor
+                out.captured_minor = s.captured_minor
+                out.refunded_minor = s.refunded_minor
                 # what the gateway reported already includes every earlier event still waiting here
                 covered = [p for p in pending if key(p) < key(ev)]
                 out.applied += [p.id for p in covered]
@@ -146,63 +154,87 @@ def effects_due(reduced: Reduced, emitted: set[str]) -> list[str]:
 
 # --- decisions for one delivery ---------------------------------------------------------------
 
-State = dict[str, Any]
+# The JSON of this state is what orderly.state's changelog has always held (a dict in release 0.2).
+class State(msgspec.Struct, gc=False):
+    """One card payment as the worker holds it: every event stored, what was applied and emitted."""
+
+    n: int = 0
+    events: list[CardEvent] = msgspec.field(default_factory=list)
+    emitted: list[str] = msgspec.field(default_factory=list)
+    applied: list[str] = msgspec.field(default_factory=list)
+    currency: str | None = None
+    recent: Recent = msgspec.field(default_factory=list, name="_recent")
+
+
+class Snapshot(msgspec.Struct, gc=False):
+    applied: list[str]
+    events: int
+    emitted: list[str]
+    parked: int
+
+
+_STATE = msgspec.json.Decoder(State)
+_encode = msgspec.json.Encoder().encode
+parse = read  # the adapter's one read of a body
+
+
+def load(stored: bytes) -> State:
+    return _STATE.decode(stored)
+
+
+def dump(state: State) -> bytes:
+    return _encode(state)
 
 
 def _iso(ms: int) -> str:
-    from datetime import UTC
-
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def apply_event(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
+def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
     """Store the event with the payment's others, rerun the reducer, and decide what changed."""
-    state = {"n": 0, "events": [], "emitted": [], "applied": [], "currency": None} if state is None else state
-    try:
-        body = orjson.loads(raw)
-        event = event_from_body(body)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        return numbered(state, [_decide(d, QUARANTINED, error=f"unusable card event: {exc}")])
-    common = {"event_id": event.id, "event_type": str(body.get("type")), "sequence": event.sequence,
-              "payload": body}
-    if any(e["id"] == event.id for e in state["events"]):
+    state = State() if state is None else state
+    body = w.event
+    event = event_of(body, d)
+    common = {"event_id": event.id, "event_type": body.type, "sequence": event.sequence, "payload": w.body}
+    if any(e.id == event.id for e in state.events):
         return numbered(state, [_decide(d, DUPLICATE, **common)])
-    state["events"].append({**asdict(event), "delivery_id": d.delivery_id, "received_at_ms": d.received_at_ms,
-                            "source": d.source})
-    state["currency"] = body.get("currency") or state["currency"]
-    reduced = reduce([CardEvent(**{k: e[k] for k in ("id", "kind", "occurred_at_ms", "amount_minor", "sequence",
-                                                      "synced")}) for e in state["events"]])
-    before = set(state["applied"])
-    state["applied"] = reduced.applied
-    newly = [e for e in state["events"] if e["id"] in reduced.applied and e["id"] not in before]
-    row = {"payment_ref": d.resource_key.partition(":")[2], "state": reduced.state,
+    state.events.append(event)
+    state.currency = body.currency or state.currency
+    reduced = reduce(state.events)
+    before = set(state.applied)
+    state.applied = reduced.applied
+    newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
+    payment_ref = d.resource_key.partition(":")[2]
+    row = {"payment_ref": payment_ref, "state": reduced.state,
            "authorised_minor": reduced.authorised_minor, "captured_minor": reduced.captured_minor,
-           "refunded_minor": reduced.refunded_minor, "currency": state["currency"],
-           "version": len(state["events"])}  # events only accumulate: a newer row has more
+           "refunded_minor": reduced.refunded_minor, "currency": state.currency,
+           "version": len(state.events)}  # events only accumulate: a newer row has more
+    applied_at = _iso(d.received_at_ms)
     facts = [Fact("card_event", event.id, {
-        "gateway_event_id": event.id, "payment_ref": row["payment_ref"], "event_type": str(body.get("type")),
-        "sequence": event.sequence, "occurred_at": _iso(event.occurred_at_ms), "received_at": _iso(d.received_at_ms),
-        "payload": raw.decode(), "source": "fetch" if event.kind == "synced" else "webhook"})]
-    facts += [Fact("card_event_applied", e["id"], {"gateway_event_id": e["id"], "applied_at": _iso(d.received_at_ms)})
-              for e in newly]
-    effects = [Effect(f"card:{row['payment_ref']}:{kind}", kind, "card", row["payment_ref"],
-                      {"payment_ref": row["payment_ref"], "state": reduced.state,
+        "gateway_event_id": event.id, "payment_ref": payment_ref, "event_type": body.type,
+        "sequence": event.sequence, "occurred_at": _iso(event.occurred_at_ms), "received_at": applied_at,
+        "payload": w.raw.decode(), "source": "fetch" if event.kind == "synced" else "webhook"})]
+    facts += [Fact("card_event_applied", e.id, {"gateway_event_id": e.id, "applied_at": applied_at}) for e in newly]
+    effects = [Effect(f"card:{payment_ref}:{kind}", kind, "card", payment_ref,
+                      {"payment_ref": payment_ref, "state": reduced.state,
                        "captured_minor": reduced.captured_minor, "refunded_minor": reduced.refunded_minor},
                       d.delivery_id)
-               for kind in effects_due(reduced, set(state["emitted"]))]
-    state["emitted"] += [e.type for e in effects]
+               for kind in effects_due(reduced, set(state.emitted))]
+    state.emitted += [e.type for e in effects]
     outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
     decisions = [_decide(d, outcome, row=row if newly else None, table="card_payments" if newly else None,
                          effects=effects, facts=facts, **common)]
     # events that were parked and apply now: their own deliveries move to "unparked"
     for e in newly:
-        if e["id"] != event.id:
-            original = Delivery(e["delivery_id"], "card", d.resource_key, e["received_at_ms"], d.seq, e["source"])
-            decisions.append(_decide(original, UNPARKED, event_id=e["id"], event_type=f"payment.{e['kind']}",
-                                     sequence=e["sequence"]))
+        if e.id != event.id:
+            original = Delivery(e.delivery_id, "card", d.resource_key, e.received_at_ms, d.seq, e.source)
+            decisions.append(_decide(original, UNPARKED, event_id=e.id, event_type=f"payment.{e.kind}",
+                                     sequence=e.sequence))
     return numbered(state, decisions)
 
 
-def snapshot(state: State) -> dict[str, Any]:
-    return {"applied": state["applied"], "events": len(state["events"]), "emitted": state["emitted"],
-            "parked": len(state["events"]) - len(state["applied"])}
+def snapshot(state: State) -> bytes:
+    return _encode(Snapshot(state.applied, len(state.events), state.emitted, len(state.events) - len(state.applied)))
+
+
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)

@@ -19,8 +19,9 @@ import msgspec
 import orjson
 
 from app.core import pg
-from app.core.model import QUARANTINED, RECENT_KEY, Decision, Delivery, decide, redecided, remember
-from app.gateways.registry import GATEWAYS
+from app.core.model import QUARANTINED, Decision, Delivery, Numbered, Recent, decide, redecided, remember
+from app.core.reducer import Gateways, Reducer
+from app.gateways.base import Route
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
 from topics.records import CORRELATION, H_CHECKED, H_RECORD, quarantine_headers
 
@@ -70,20 +71,27 @@ class BatchPlan:
     set_aside: list[tuple[str, str]] = field(default_factory=list)  # (gateway, reason)
 
 
+TOUCHING = frozenset({"parked", "applied", "unparked"})  # outcomes that change what orderly.state shows
+
+
 def touches_state(decisions: list[Decision]) -> bool:
     """Whether these decisions change what orderly.state publishes for the resource."""
-    return any(d.row is not None or d.outcome in ("parked", "applied", "unparked") for d in decisions)
+    return any(d.row is not None or d.outcome in TOUCHING for d in decisions)
 
 
-def state_record(n: TopicNames, key: bytes, state: dict[str, Any]) -> Record:
+def reducer_of(gateways: Gateways, key: bytes) -> Reducer[Any, Any] | None:
+    """The reducer whose state is stored under ``key`` (``gateway:resource_id``)."""
+    found = gateways.get(key.partition(b":")[0].decode(errors="replace"))
+    return found.reducer if found is not None else None
+
+
+def state_record(n: TopicNames, key: bytes, reducer: Reducer[Any, Any], state: object) -> Record:
     """The resource's orderly.state snapshot (compacted: the latest per resource is what stays)."""
-    gateway = GATEWAYS.get(key.partition(b":")[0].decode())
-    if gateway is None:
-        raise ValueError(f"no gateway for {key!r}")
-    return n.state, key, orjson.dumps(gateway.reducer.snapshot(state))
+    return n.state, key, reducer.snapshot(state)
 
 
 def output_records(decision: Decision, n: TopicNames) -> list[Record]:
+    """A decision's records: itself, its effects and its facts (the fast pass writes the same inline)."""
     key = f"{decision.gateway}:{decision.resource_id}".encode()
     records: list[Record] = [(n.decisions, key, decision.to_bytes())]
     for effect in decision.effects:
@@ -102,30 +110,31 @@ def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: 
                     int(get("received_at") or 0), offset, get("source", "webhook"))
 
 
-def decide_record(topic: str, n: TopicNames, state: dict[str, Any] | None, key: bytes, value: bytes,
-                  headers: dict[str, str], offset: int, partition: int) -> tuple[dict[str, Any] | None, list[Decision]]:
+def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value: bytes,
+                  headers: dict[str, str], offset: int, partition: int) -> tuple[Any, list[Decision]]:
+    """Decide one record on its resource's ``state`` (the state object of the key's gateway, or None)."""
     resource_key = key.decode()
     delivery = delivery_of(resource_key, headers, topic, offset, partition)
     gateway = delivery.gateway
     again = redecided(state, delivery)
     if again is not None:  # decided before, but its offsets were not committed: the same outcome again
         return state, again
-    before = state.get(RECENT_KEY) if state is not None else None
-    found = GATEWAYS.get(gateway)
+    before: Recent = state.recent if state is not None else []
+    found = gateways.get(gateway)
+    after: Numbered
     if headers.get(H_RECORD) == CORRELATION:  # the merchant's mapping of a pg deposit
-        after, decisions = pg.apply_correlation(state, orjson.loads(value), delivery)
+        after, decisions = pg.apply_correlation(state, pg.read_correlation(value), delivery)
     elif found is not None:
-        if headers.get(H_CHECKED) != "1" and delivery.source == "webhook":
-            # not through this release's ingest (an older log, a direct append): the same typed
-            # check first, so no state holds what DESIGN.md §2.4 refuses
-            route = found.adapter.route(value)
-            if route.resource_key is None:
-                raise Refused(route.quarantine_reason or "refused by its adapter")
-        after, decisions = found.reducer.apply_event(state, value, delivery)
+        # The body is read once, here, into the gateway's typed event. A record that did not come
+        # through this release's ingest (an older log, a direct append) gets the ingest's checks on
+        # that same read, so no state holds what DESIGN.md §2.4 refuses.
+        event = found.reducer.read(value, headers.get(H_CHECKED) == "1" or delivery.source != "webhook")
+        if isinstance(event, Route):
+            raise Refused(event.quarantine_reason or "refused by its adapter")
+        after, decisions = found.reducer.apply_event(state, event, delivery)
     else:
         return state, [decide(delivery, QUARANTINED, error=f"no reducer for gateway {gateway!r}")]
-    if after is not None:
-        remember({RECENT_KEY: before} if before else None, after, delivery, decisions)
+    remember(before, after, delivery, decisions)
     return after, decisions
 
 
@@ -147,56 +156,68 @@ def _check_size(records: list[Record], state: bytes | None, max_bytes: int) -> N
                        "too many or too large parked or stored events")
 
 
-def plan_batch(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
-               topic_max_bytes: int = DERIVED_RECORD_BYTES) -> BatchPlan:
-    """Decide ``batch`` (in log order); ``read(partition, key)`` gives a resource's stored state;
-    ``topic_max_bytes`` is the largest record the output topics take. Never raises for what a
-    record holds: see the module's docstring."""
+def plan_batch(n: TopicNames, gateways: Gateways, batch: list[Incoming],
+               read: Callable[[int, bytes], bytes | None], topic_max_bytes: int = DERIVED_RECORD_BYTES) -> BatchPlan:
+    """Decide ``batch`` (in log order) with the reducers of ``gateways`` (the registry's table);
+    ``read(partition, key)`` gives a resource's stored state; ``topic_max_bytes`` is the largest
+    record the output topics take. Never raises for what a record holds: see the module's docstring."""
     max_bytes = topic_max_bytes // 2
     try:
-        return _plan_fast(n, batch, read, max_bytes)
+        return _plan_fast(n, gateways, batch, read, max_bytes)
     except Exception:  # whatever it was, the careful pass finds the record and sets it aside with the reason
-        return _plan_careful(n, batch, read, max_bytes)
+        return _plan_careful(n, gateways, batch, read, max_bytes)
 
 
-def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
-               max_bytes: int) -> BatchPlan:
+def _load(reducer: Reducer[Any, Any] | None, stored: bytes | None) -> Any:
+    return reducer.load(stored) if stored is not None and reducer is not None else None
+
+
+def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
+               read: Callable[[int, bytes], bytes | None], max_bytes: int) -> BatchPlan:
     # The worker's hot loop: locals bound once, counters kept inline (a call per record adds up).
+    # States stay objects for the whole batch; each is written once, after it.
     plan = BatchPlan()
-    overlay: dict[bytes, dict[str, Any] | None] = {}
+    overlay: dict[bytes, Any] = {}
+    reducers: dict[bytes, Reducer[Any, Any] | None] = {}
     changed: set[bytes] = set()
     last, records, outcomes, effect_counts, errors = plan.last, plan.records, plan.outcomes, plan.effects, plan.errors
-    loads = orjson.loads
+    decisions_topic, effects_topic, facts_topic, dumps = n.decisions, n.effects, n.facts, orjson.dumps
     for index, record in enumerate(batch):
         key, partition = record.key, record.partition
         if key in overlay:
             state = overlay[key]
         else:
-            stored = read(partition, key)
-            state = loads(stored) if stored is not None else None
-        state, decisions = decide_record(record.topic, n, state, key, record.value,
+            reducer = reducers[key] = reducer_of(gateways, key)
+            state = _load(reducer, read(partition, key))
+        state, decisions = decide_record(record.topic, gateways, state, key, record.value,
                                          {k: v.decode() for k, v in record.headers}, record.offset, partition)
         overlay[key] = state
         last[key] = index
         outputs = records.get(partition)
         if outputs is None:
             outputs = records[partition] = []
+        # output_records inline; a decision is about the record's own resource, so its key is the record's
         for decision in decisions:
-            outputs += output_records(decision, n)
-            gateway = decision.gateway
-            outcomes[(gateway, decision.outcome)] += 1
-            if decision.outcome in ("parked", "applied", "unparked") or decision.row is not None:
+            outputs.append((decisions_topic, key, dumps(decision)))
+            gateway, outcome = decision.gateway, decision.outcome
+            outcomes[(gateway, outcome)] += 1
+            if outcome in TOUCHING or decision.row is not None:
                 changed.add(key)
             for effect in decision.effects:
+                outputs.append((effects_topic, effect.dedupe_key.encode(), dumps(effect)))
                 effect_counts[(gateway, effect.type)] += 1
+            for fact in decision.facts:
+                outputs.append((facts_topic, fact.key.encode(), dumps(
+                    {"kind": fact.kind, "key": fact.key, "gateway": gateway,
+                     "resource_id": decision.resource_id, "data": fact.data})))
             if decision.error:
                 errors.append(decision)
-    dumps = orjson.dumps
-    plan.states = {key: dumps(state) for key, state in overlay.items() if state is not None}
+    plan.states = {key: reducers[key].dump(state)  # type: ignore[union-attr]  # a state has its reducer
+                   for key, state in overlay.items() if state is not None}
     # orderly.state is compacted: one snapshot per resource per batch is all it keeps anyway
     for key in changed:
         if (state := overlay[key]) is not None:
-            records[batch[last[key]].partition].append(state_record(n, key, state))
+            records[batch[last[key]].partition].append((n.state, key, reducers[key].snapshot(state)))  # type: ignore[union-attr]
     # Sizes after the loop, not inside it; the careful pass finds which record it was and sets it
     # aside. Compared one by one: max() over an itemgetter map costs more per record in 3.11.
     if max(map(len, plan.states.values()), default=0) > max_bytes:
@@ -208,8 +229,8 @@ def _plan_fast(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes]
     return plan
 
 
-def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, bytes], bytes | None],
-                  max_bytes: int) -> BatchPlan:
+def _plan_careful(n: TopicNames, gateways: Gateways, batch: list[Incoming],
+                  read: Callable[[int, bytes], bytes | None], max_bytes: int) -> BatchPlan:
     plan = BatchPlan()
     current: dict[bytes, bytes | None] = {}  # resource key -> its last good state
     for index, record in enumerate(batch):
@@ -220,12 +241,15 @@ def _plan_careful(n: TopicNames, batch: list[Incoming], read: Callable[[int, byt
         headers = {k: v.decode(errors="replace") for k, v in record.headers}
         outputs = plan.records.setdefault(record.partition, [])
         try:
-            state, decisions = decide_record(record.topic, n, orjson.loads(before) if before is not None else None,
+            reducer = reducer_of(gateways, key)
+            state, decisions = decide_record(record.topic, gateways, _load(reducer, before),
                                              key, record.value, headers, record.offset, record.partition)
+            after = None
             made = [r for d in decisions for r in output_records(d, n)]
-            after = orjson.dumps(state) if state is not None else None
-            if after is not None and touches_state(decisions):
-                made.append(state_record(n, key, state))  # type: ignore[arg-type]  # state is not None here
+            if state is not None and reducer is not None:
+                after = reducer.dump(state)
+                if touches_state(decisions):
+                    made.append(state_record(n, key, reducer, state))
             _check_size(made, after, max_bytes)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:REASON_MAX]
@@ -249,7 +273,7 @@ def set_aside(n: TopicNames, record: Incoming, headers: dict[str, str], state: b
     delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition)
     ordinal = (orjson.loads(state).get("n", 0) if state is not None else 0) + 1
     decision = decide(delivery, QUARANTINED, error=f"set aside by the {STAGE}: {reason}")
-    object.__setattr__(decision, "seq", ordinal)  # not kept in the state: the state does not change
+    decision.seq = ordinal  # not kept in the state: the state does not change
     return [
         (n.quarantine, delivery.delivery_id.encode(), record.value,
          quarantine_headers(record.headers, STAGE, reason, resource_key)),

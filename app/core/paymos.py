@@ -15,10 +15,7 @@ gateway-docs/paymos-events.ru.txt, summarised in DESIGN.md §2.3).
 
 from __future__ import annotations
 
-import functools
-import re
-from typing import Any
-
+import msgspec
 import orjson
 
 from app.core.model import (
@@ -32,11 +29,14 @@ from app.core.model import (
     Delivery,
     Effect,
     Fact,
+    Recent,
     decide,
     numbered,
 )
+from app.core.reducer import Reducer
+from app.gateways.paymos import Resource, Webhook, is_amount, read
+from app.gateways.schema import JsonObject
 
-State = dict[str, Any]
 REORGS = frozenset({"invoice.awaiting_payment", "withdrawal.completion_rewound", "payment_channel.deposit.reorged"})
 RANK = {  # the state machine's order, for ties on updated_at
     "awaiting_payment": 0, "confirming": 1, "underpaid_waiting": 2,
@@ -49,161 +49,200 @@ TABLE = {"invoice": "paymos_invoices", "withdrawal": "paymos_withdrawals",
 INVOICE_EFFECTS = {"paid": "invoice_paid", "paid_over": "invoice_paid_over", "underpaid": "invoice_underpaid",
                    "expired": "invoice_expired", "cancelled": "invoice_cancelled"}
 WITHDRAWAL_EFFECTS = {"completed": "payout_completed", "failed": "payout_failed", "cancelled": "payout_cancelled"}
-DECIMAL = re.compile(r"^-?\d+(\.\d+)?$")
+NULL = msgspec.Raw(b"null")
 
 
-class Invalid(ValueError):
-    pass
+class Parked(msgspec.Struct, gc=False):
+    """A change out of a terminal state waiting for its reorg: the body as orjson wrote it."""
+
+    body: msgspec.Raw
+    delivery: Delivery
 
 
-def _validate(data: Any) -> None:
-    if not isinstance(data, dict) or not isinstance(data.get("id"), str) or not data["id"]:
-        raise Invalid("data.id missing")
-    if not isinstance(data.get("status"), str) or not isinstance(data.get("is_final"), bool):
-        raise Invalid("data.status or data.is_final missing")
-    if not isinstance(data.get("updated_at"), int) or isinstance(data.get("updated_at"), bool):
-        raise Invalid("data.updated_at must be integer unix milliseconds")
-    for name, value in data.items():
-        # crypto amounts are decimal strings end to end; a float has already lost precision
-        if isinstance(value, float):
-            raise Invalid(f"data.{name} is a float; amounts must be decimal strings")
-        if is_amount(name) and value is not None and not (
-                isinstance(value, str) and DECIMAL.match(value)):
-            raise Invalid(f"data.{name} must be a decimal string, got {value!r}")
+# The JSON of this state is what orderly.state's changelog has always held (a dict in release 0.2):
+# the fields in this order, the applied ``data`` and parked bodies as orjson wrote them (raw JSON).
+class State(msgspec.Struct, gc=False):
+    """One paymos resource (an invoice, a withdrawal or a channel deposit) as the worker holds it."""
+
+    n: int = 0
+    applied: int = 0
+    kind: str | None = None
+    snapshot: msgspec.Raw = NULL  # the last applied ``data``
+    seen: list[str] = msgspec.field(default_factory=list)
+    parked: list[Parked] = msgspec.field(default_factory=list)
+    emitted: list[str] = msgspec.field(default_factory=list)
+    cycle: int = 0
+    noted: bool = False
+    recent: Recent = msgspec.field(default_factory=list, name="_recent")
 
 
-# A field of ``data`` is an amount when a word of its name (between underscores) is amount, net or
-# fee: "amount", "net", "amount_paid", "network_fee"; not "network" or "feedback".
-AMOUNT_FIELD = re.compile(r"(?:^|_)(?:amount|net|fee)(?:_|$)")
+class Current(msgspec.Struct, gc=False):
+    """What the guard reads of the applied snapshot."""
+
+    status: str
+    is_final: bool
+    updated_at: int
 
 
-@functools.lru_cache(maxsize=1024)  # called per field of every event; a body's field names are few
-def is_amount(name: str) -> bool:
-    return AMOUNT_FIELD.search(name) is not None
+class Snapshot(msgspec.Struct, gc=False):
+    kind: str | None
+    snapshot: msgspec.Raw
+    parked: int
+    emitted: list[str]
+    noted: bool
 
 
-def _key(data: dict[str, Any]) -> tuple[int, int]:
-    return data["updated_at"], RANK.get(data["status"], 1)
+_STATE = msgspec.json.Decoder(State)
+_CURRENT = msgspec.json.Decoder(Current)
+_encode = msgspec.json.Encoder().encode
+parse = read  # the adapter's one read of a body
+
+
+def load(stored: bytes) -> State:
+    return _STATE.decode(stored)
+
+
+def dump(state: State) -> bytes:
+    return _encode(state)
 
 
 def new_state() -> State:
-    return {"n": 0, "applied": 0, "kind": None, "snapshot": None, "seen": [], "parked": [], "emitted": [],
-            "cycle": 0, "noted": False}
+    return State()
 
 
-def _effects(state: State, event_type: str, data: dict[str, Any], d: Delivery) -> list[Effect]:
-    rid, status, kind = data["id"], data["status"], data["object"]
+def _key(data: Resource | Current) -> tuple[int, int]:
+    return data.updated_at, RANK.get(data.status, 1)
 
-    def effect(name: str, payload: dict[str, Any], scope: str | None = None, slot: str | None = None) -> Effect | None:
-        key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
-        if key in state["emitted"]:
-            return None
-        state["emitted"].append(key)
-        return Effect(key, name, "paymos", rid, payload, d.delivery_id)
 
-    amounts = {k: v for k, v in data.items() if is_amount(k)}
-    found: list[Effect | None] = []
+def _current(state: State) -> Current | None:
+    return None if state.snapshot == NULL else _CURRENT.decode(state.snapshot)
+
+
+def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject, scope: str | None = None,
+            slot: str | None = None) -> list[Effect]:
+    """The effect, once per key: none if its key was emitted before."""
+    key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
+    if key in state.emitted:
+        return []
+    state.emitted.append(key)
+    return [Effect(key, name, "paymos", rid, payload, d.delivery_id)]
+
+
+def _amounts(w: Webhook) -> JsonObject:
+    return {k: v for k, v in w.data.items() if is_amount(k)}  # decimal strings, as sent
+
+
+def _effects(state: State, event_type: str, w: Webhook, d: Delivery) -> list[Effect]:
+    resource = w.resource
+    rid, status, kind = resource.id, resource.status, resource.object
     if kind == "invoice" and status in INVOICE_EFFECTS:
         name = INVOICE_EFFECTS[status]
         # paid and paid_over both credit the merchant: one credit slot per invoice, whatever detour
         slot = "credit" if name in ("invoice_paid", "invoice_paid_over") else None
-        found.append(effect(name, {"invoice_id": rid, "status": status, **amounts}, slot=slot))
-    elif kind == "withdrawal":
+        return _effect(state, rid, d, name, {"invoice_id": rid, "status": status, **_amounts(w)}, slot=slot)
+    if kind == "withdrawal":
         if event_type == "withdrawal.completion_rewound":
-            found.append(effect("payout_reopened", {"withdrawal_id": rid, "status": status}, str(state["cycle"])))
-            state["cycle"] += 1
-        elif status in WITHDRAWAL_EFFECTS:
-            found.append(effect(WITHDRAWAL_EFFECTS[status], {"withdrawal_id": rid, "status": status, **amounts},
-                                str(state["cycle"])))
+            found = _effect(state, rid, d, "payout_reopened", {"withdrawal_id": rid, "status": status},
+                            str(state.cycle))
+            state.cycle += 1
+            return found
+        if status in WITHDRAWAL_EFFECTS:
+            return _effect(state, rid, d, WITHDRAWAL_EFFECTS[status],
+                           {"withdrawal_id": rid, "status": status, **_amounts(w)}, str(state.cycle))
     elif kind == "payment_channel_deposit" and status == "confirmed":
         # the net amount, once: a deposit confirmed again after a reorg is not credited twice
-        found.append(effect("credit_channel_deposit", {"deposit_id": rid, **amounts}))
-    return [e for e in found if e is not None]
+        return _effect(state, rid, d, "credit_channel_deposit", {"deposit_id": rid, **_amounts(w)})
+    return []
 
 
-def _allowed(state: State, event_type: str, data: dict[str, Any]) -> bool:
-    current = state["snapshot"]
-    if current is None or not current["is_final"]:
+def _allowed(current: Current | None, event_type: str, resource: Resource) -> bool:
+    if current is None or not current.is_final:
         return True
     # terminal: only the named reorgs (or a newer snapshot of the same status) may follow
-    return event_type in REORGS or data["status"] == current["status"]
+    return event_type in REORGS or resource.status == current.status
 
 
-def _apply(state: State, body: dict[str, Any], d: Delivery, outcome: str) -> Decision:
-    data = body["data"]
-    state["snapshot"] = data
-    state["applied"] += 1
-    row = {"id": data["id"], "status": data["status"], "is_final": data["is_final"],
-           "updated_at_ms": data["updated_at"], "snapshot": data, "applied_seq": state["applied"]}
-    effects = _effects(state, body["event_type"], data, d)
-    return decide(d, outcome, row=row, table=TABLE[data["object"]], effects=effects, **_common(body))
+def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
+    data, resource = w.data, w.resource
+    state.snapshot = msgspec.Raw(orjson.dumps(data))
+    state.applied += 1
+    row = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
+           "updated_at_ms": resource.updated_at, "snapshot": data, "applied_seq": state.applied}
+    effects = _effects(state, w.event_type, w, d)
+    return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects, **_common(w))
 
 
-def _common(body: dict[str, Any]) -> dict[str, Any]:
-    return {"event_id": body.get("event_id"), "event_type": body.get("event_type"), "payload": body}
+def _common(w: Webhook) -> JsonObject:
+    return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
+
+
+def _parked(p: Parked) -> Webhook:
+    found = read(bytes(memoryview(p.body)), checked=True)  # it was checked before it was parked
+    if not isinstance(found, Webhook):
+        raise ValueError(f"a parked body no longer reads: {found.quarantine_reason}")
+    return found
 
 
 def _retry_parked(state: State) -> list[Decision]:
     """After a change, parked snapshots get another chance, oldest first; older ones turn stale."""
     out: list[Decision] = []
     progressed = True
-    while progressed and state["parked"]:
+    while progressed and state.parked:
         progressed = False
-        for p in sorted(state["parked"], key=lambda p: _key(p["body"]["data"])):
-            body, d = p["body"], Delivery(**p["delivery"])
-            if _key(body["data"]) <= _key(state["snapshot"]):
-                state["parked"].remove(p)
-                out.append(decide(d, STALE, **_common(body)))
+        waiting = sorted(((_parked(p), p) for p in state.parked), key=lambda wp: _key(wp[0].resource))
+        current = _current(state)
+        for w, p in waiting:
+            if current is not None and _key(w.resource) <= _key(current):
+                state.parked.remove(p)
+                out.append(decide(p.delivery, STALE, **_common(w)))
                 progressed = True
                 break
-            if _allowed(state, body["event_type"], body["data"]):
-                state["parked"].remove(p)
-                out.append(_apply(state, body, d, UNPARKED))
+            if _allowed(current, w.event_type, w.resource):
+                state.parked.remove(p)
+                out.append(_apply(state, w, p.delivery, UNPARKED))
                 progressed = True
                 break
     return out
 
 
-def apply_event(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
-    state = new_state() if state is None else state
-    try:
-        body = orjson.loads(raw)
-        event_id, event_type, data = body["event_id"], body["event_type"], body["data"]
-        _validate(data)
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        return numbered(state, [decide(d, QUARANTINED, error=f"unusable paymos event: {exc}")])
-    except Invalid as exc:
-        return numbered(state, [decide(d, QUARANTINED, error=str(exc), **_common(body))])
-    if event_id in state["seen"]:
-        return numbered(state, [decide(d, DUPLICATE, **_common(body))])  # a redelivery, not a transition
-    state["seen"].append(event_id)
-    if state["kind"] not in (None, data["object"]):
-        return numbered(state, [decide(d, QUARANTINED, error="object kind changed", **_common(body))])
-    state["kind"] = data["object"]
+def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
+    state = State() if state is None else state
+    resource, event_id, event_type = w.resource, w.event_id, w.event_type
+    if event_id in state.seen:
+        return numbered(state, [decide(d, DUPLICATE, **_common(w))])  # a redelivery, not a transition
+    state.seen.append(event_id)
+    if state.kind not in (None, resource.object):
+        return numbered(state, [decide(d, QUARANTINED, error="object kind changed", **_common(w))])
+    state.kind = resource.object
 
     if event_type == "invoice.paid_late":
         # a note beside the terminal decision, never a transition: one per invoice
-        if state["noted"]:
-            return numbered(state, [decide(d, DUPLICATE, **_common(body))])
-        state["noted"] = True
-        note = {"note_key": f"paymos:{data['id']}:paid_late", "resource_id": data["id"], "kind": "paid_late",
-                "body": f"paid in full after closing as {data['status']} (paid_late_at {data.get('paid_late_at')})"}
-        effect = Effect(f"paymos:{data['id']}:add_order_note", "add_order_note", "paymos", data["id"],
-                        {"invoice_id": data["id"], "note": note["body"]}, d.delivery_id)
+        if state.noted:
+            return numbered(state, [decide(d, DUPLICATE, **_common(w))])
+        state.noted = True
+        rid = resource.id
+        note: JsonObject = {
+            "note_key": f"paymos:{rid}:paid_late", "resource_id": rid, "kind": "paid_late",
+            "body": f"paid in full after closing as {resource.status} (paid_late_at {resource.paid_late_at})"}
+        effect = Effect(f"paymos:{rid}:add_order_note", "add_order_note", "paymos", rid,
+                        {"invoice_id": rid, "note": note["body"]}, d.delivery_id)
         return numbered(state, [decide(d, APPLIED, facts=[Fact("order_note", note["note_key"], note)],
-                                       effects=[effect], **_common(body))])
+                                       effects=[effect], **_common(w))])
 
-    if state["snapshot"] is not None and _key(data) <= _key(state["snapshot"]):
-        return numbered(state, [decide(d, STALE, **_common(body))])
-    if not _allowed(state, event_type, data):
-        state["parked"].append({"body": body, "delivery": d.__dict__})
+    current = _current(state)
+    if current is not None and _key(resource) <= _key(current):
+        return numbered(state, [decide(d, STALE, **_common(w))])
+    if not _allowed(current, event_type, resource):
+        state.parked.append(Parked(msgspec.Raw(orjson.dumps(w.body)), d))
         return numbered(state, [decide(d, PARKED, error="change out of a terminal state waits for its reorg",
-                                       **_common(body))])
-    decisions = [_apply(state, body, d, APPLIED)]
+                                       **_common(w))])
+    decisions = [_apply(state, w, d, APPLIED)]
     decisions += _retry_parked(state)
     return numbered(state, decisions)
 
 
-def snapshot(state: State) -> dict[str, Any]:
-    return {"kind": state["kind"], "snapshot": state["snapshot"], "parked": len(state["parked"]),
-            "emitted": state["emitted"], "noted": state["noted"]}
+def snapshot(state: State) -> bytes:
+    return _encode(Snapshot(state.kind, state.snapshot, len(state.parked), state.emitted, state.noted))
+
+
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)

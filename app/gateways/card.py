@@ -15,8 +15,8 @@ import msgspec
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
-from app.gateways.limits import IdText, IsoText, Minor, Seq, Text
-from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
+from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error
+from app.gateways.schema import Body, JsonObject, Refusal, require_ids, require_times, valid_id
 
 name = "card"
 EVENT_TYPES = frozenset({"payment.authorised", "payment.captured", "payment.refunded", "payment.voided"})
@@ -87,8 +87,33 @@ class Event(Body):
     currency: Text | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)
+        if not (self.id.isprintable() and self.type.isprintable() and self.payment_ref.isprintable()):
+            require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)  # which one, by name
         require_times(occurred_at=self.occurred_at)
+
+
+class Synced(Body):
+    """A fetched answer's state and totals (app/fetcher.py writes them, in this order)."""
+
+    state: str | None = None
+    authorised_minor: Minor = 0
+    captured_minor: Minor = 0
+    refunded_minor: Minor = 0
+
+
+class Fetched(Event):
+    """What the worker reads of a card record: a webhook, or the fetcher's ``synced`` answer."""
+
+    synced: Synced | None = None
+
+
+class Webhook(msgspec.Struct, frozen=True, gc=False):
+    """A card body read once, for the worker: the typed event, and the document as orjson read it
+    (``body``), which decisions carry unchanged."""
+
+    event: Fetched
+    body: JsonObject
+    raw: bytes
 
 
 class Head(msgspec.Struct):
@@ -107,6 +132,26 @@ def route(raw: bytes) -> Route:
     event = schema.decode(DECODER, raw)
     if isinstance(event, Refusal):
         return refused(raw, event)
+    return accept(event)
+
+
+def read(raw: bytes, checked: bool) -> Webhook | Route:
+    """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already,
+    or the fetcher wrote it (else the same checks as :func:`route`, on the same read). A quarantine
+    Route if refused."""
+    if not checked and (problem := body_error(raw)) is not None:
+        return refused(raw, Refusal("invalid", problem))
+    parsed = schema.parse(raw, Fetched)
+    if isinstance(parsed, Refusal):
+        return refused(raw, parsed)
+    event, body = parsed
+    if not checked and (route := accept(event)).resource_key is None:
+        return route
+    return Webhook(event, body, raw)
+
+
+def accept(event: Event) -> Route:
+    """Where a body the schema took goes."""
     if event.type not in EVENT_TYPES:
         return Route.quarantine("unknown_type", f"type: unknown event type {event.type!r}", event.id, event.type,
                                 f"{name}:{event.payment_ref}")

@@ -6,17 +6,17 @@ from an id prefix. Ordering key: ``data.updated_at`` with the state-machine rank
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from app.core.paymos import AMOUNT_FIELD
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, hmac_sha256
-from app.gateways.limits import DECIMAL_MAX, IdText, Text, UnixMs, UnixS
-from app.gateways.schema import Body, Refusal, field, require_ids, valid_id
+from app.gateways.limits import DECIMAL_MAX, IdText, Text, UnixMs, UnixS, body_error
+from app.gateways.schema import Body, JsonObject, Refusal, field, require_ids, valid_id
 
 name = "paymos"
 SIGNATURE_HEADER = "X-Paymos-Signature"
@@ -69,11 +69,17 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         raise SignatureError("no X-Paymos-Signature matches")
 
 
-# Crypto amounts are decimal strings end to end. app/core/paymos.py treats every field of ``data``
-# whose name holds one of these words as an amount (and refuses a float anywhere in ``data``): the
-# adapter applies the same rule, so what it accepts the core can apply.
-AMOUNT_NAME = AMOUNT_FIELD
+# Crypto amounts are decimal strings end to end. A field of ``data`` is an amount when a word of its
+# name (between underscores) is amount, net or fee: "amount", "net", "amount_paid", "network_fee";
+# not "network" or "feedback". The adapter refuses a float anywhere in ``data`` and an amount that
+# is not a decimal string; app/core/paymos.py passes every amount field on to the merchant's effects.
+AMOUNT_NAME = re.compile(r"(?:^|_)(?:amount|net|fee)(?:_|$)")
 DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
+@functools.lru_cache(maxsize=1024)  # called per field of every event; a body's field names are few
+def is_amount(name: str) -> bool:
+    return AMOUNT_NAME.search(name) is not None
 
 
 class Resource(Body):
@@ -87,7 +93,8 @@ class Resource(Body):
     paid_late_at: UnixS | None = None  # invoice.paid_late: Unix seconds, says the document
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id)
+        if not self.id.isprintable():
+            require_ids(id=self.id)
 
 
 class Event(Body):
@@ -97,7 +104,22 @@ class Event(Body):
     created_at: UnixMs | None = None
 
     def __post_init__(self) -> None:
-        require_ids(event_id=self.event_id, event_type=self.event_type)
+        if not (self.event_id.isprintable() and self.event_type.isprintable()):
+            require_ids(event_id=self.event_id, event_type=self.event_type)  # which one, by name
+
+
+class Checked(Body):
+    """The worker's typed view of a body the ingest took already: ``data`` read as the Resource in
+    the same conversion (the ingest's checks on the whole of ``data`` were made there)."""
+
+    event_id: IdText
+    event_type: Text
+    data: Resource
+    created_at: UnixMs | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.event_id.isprintable() and self.event_type.isprintable()):
+            require_ids(event_id=self.event_id, event_type=self.event_type)  # which one, by name
 
 
 class Head(msgspec.Struct):
@@ -122,10 +144,52 @@ def amount_error(data: dict[str, Any]) -> str | None:
     return None
 
 
+class Webhook(msgspec.Struct, frozen=True, gc=False):
+    """A paymos body read once, for the worker: the typed event and resource, and the document as
+    orjson read it (``body``), which decisions and state carry unchanged."""
+
+    event_id: str
+    event_type: str
+    resource: Resource
+    body: JsonObject
+    raw: bytes
+
+    @property
+    def data(self) -> JsonObject:
+        """``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)."""
+        data: JsonObject = self.body["data"]
+        return data
+
+
 def route(raw: bytes) -> Route:
     event = schema.decode(DECODER, raw)
     if isinstance(event, Refusal):
         return refused(raw, event)
+    found = accept(event)
+    return found if isinstance(found, Route) else Route(f"{name}:{found.id}", event.event_id, event.event_type)
+
+
+def read(raw: bytes, checked: bool) -> Webhook | Route:
+    """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already
+    (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
+    if checked:
+        typed = schema.parse(raw, Checked)
+        if isinstance(typed, Refusal):
+            return refused(raw, typed)
+        view, body = typed
+        return Webhook(view.event_id, view.event_type, view.data, body, raw)
+    if (problem := body_error(raw)) is not None:
+        return refused(raw, Refusal("invalid", problem))
+    parsed = schema.parse(raw, Event)
+    if isinstance(parsed, Refusal):
+        return refused(raw, parsed)
+    event, body = parsed
+    found = accept(event)
+    return found if isinstance(found, Route) else Webhook(event.event_id, event.event_type, found, body, raw)
+
+
+def accept(event: Event) -> Resource | Route:
+    """The resource of a body the schema took, or the quarantine Route where it goes instead."""
     resource_id = valid_id(event.data.get("id"))
     hint = f"{name}:{resource_id}" if resource_id is not None else None
 
@@ -141,7 +205,7 @@ def route(raw: bytes) -> Route:
         return quarantine("unknown_object", f"data.object: {resource.object!r} does not match {event.event_type}")
     if (problem := amount_error(event.data)) is not None:
         return quarantine("invalid", problem)
-    return Route(f"{name}:{resource.id}", event.event_id, event.event_type)
+    return resource
 
 
 def refused(raw: bytes, refusal: Refusal) -> Route:

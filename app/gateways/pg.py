@@ -14,8 +14,8 @@ import msgspec
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
-from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text
-from app.gateways.schema import Body, Refusal, field, require_ids, require_times, valid_id
+from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text, body_error
+from app.gateways.schema import Body, JsonObject, Refusal, field, require_ids, require_times, valid_id
 
 name = "pg"
 SIGNATURE_HEADER = "PG-Signature"
@@ -122,16 +122,19 @@ class Deposit(Body, tag_field="object", tag="deposit"):
     rejection: Rejection | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)
-        require_times(late_slip_accepted_until=self.late_slip_accepted_until,
-                      clearing_available_at=self.clearing_available_at)
+        if not (self.id.isprintable() and (self.balance_transaction_id or "").isprintable()):
+            require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)  # which one, by name
+        if self.late_slip_accepted_until is not None or self.clearing_available_at is not None:
+            require_times(late_slip_accepted_until=self.late_slip_accepted_until,
+                          clearing_available_at=self.clearing_available_at)
 
 
 class PayoutMetadata(Body):
     payout_id: IdText  # close_payout's key: the merchant's payout
 
     def __post_init__(self) -> None:
-        require_ids(payout_id=self.payout_id)
+        if not self.payout_id.isprintable():
+            require_ids(payout_id=self.payout_id)
 
 
 class Withdrawal(Body, tag_field="object", tag="withdrawal"):
@@ -148,7 +151,8 @@ class Withdrawal(Body, tag_field="object", tag="withdrawal"):
     settled_splits: SmallCount | None = None
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id)
+        if not self.id.isprintable():
+            require_ids(id=self.id)
 
 
 class Source(Body):
@@ -203,7 +207,8 @@ class Event(Body):
     sequence: Seq | None = None  # global per merchant: gap detection only
 
     def __post_init__(self) -> None:
-        require_ids(id=self.id, type=self.type)
+        if not (self.id.isprintable() and self.type.isprintable()):
+            require_ids(id=self.id, type=self.type)  # which one, by name
 
 
 class Head(msgspec.Struct):
@@ -218,11 +223,42 @@ DECODER = msgspec.json.Decoder(Event)
 HEAD = msgspec.json.Decoder(Head)
 
 
+class Webhook(msgspec.Struct, frozen=True, gc=False):
+    """A pg body read once, for the worker: the typed event, and the document as orjson read it
+    (``body``, its ``data.object`` and ``data.fill``), which decisions and state carry unchanged."""
+
+    event: Event
+    body: JsonObject
+    object: JsonObject
+    fill: JsonObject | None
+    raw: bytes
+
+
 def route(raw: bytes) -> Route:
     event = schema.decode(DECODER, raw)
     if isinstance(event, Refusal):
         return refused(raw, event)
+    return accept(event)
+
+
+def accept(event: Event) -> Route:
+    """Where a body the schema took goes."""
     return Route(f"{name}:{event.data.object.id}", event.id, event.type)
+
+
+def read(raw: bytes, checked: bool) -> Webhook | Route:
+    """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already
+    (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
+    if not checked and (problem := body_error(raw)) is not None:
+        return refused(raw, Refusal("invalid", problem))
+    parsed = schema.parse(raw, Event)
+    if isinstance(parsed, Refusal):
+        return refused(raw, parsed)
+    event, body = parsed
+    if not checked and (route := accept(event)).resource_key is None:
+        return route
+    data = body["data"]
+    return Webhook(event, body, data["object"], data.get("fill"), raw)
 
 
 def refused(raw: bytes, refusal: Refusal) -> Route:

@@ -17,11 +17,9 @@ from typing import Any, Protocol
 from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
-from app.core.model import Decision, Delivery
+from app.core.reducer import Reducer
 from app.gateways import card, paymos, pg
 from app.gateways.base import Route
-
-State = dict[str, Any]
 
 
 class Adapter(Protocol):
@@ -32,14 +30,6 @@ class Adapter(Protocol):
     def route(self, raw: bytes) -> Route: ...
 
     def signed_headers(self, raw: bytes, secret: str, now: float) -> dict[str, str]: ...
-
-
-class Reducer(Protocol):
-    """What the worker needs of a gateway: its decisions, pure functions of (state, event)."""
-
-    def apply_event(self, state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]: ...
-
-    def snapshot(self, state: State) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +46,7 @@ class Table:
 class Gateway:
     name: str
     adapter: Adapter
-    reducer: Reducer
+    reducer: Reducer[Any, Any]  # its decisions and the codecs of its state (app/core/reducer.py)
     tables: tuple[Table, ...] = ()
     timestamped: bool = True  # its signature carries a timestamp checked against the clock (±300 s)
     secret_help: str = "signing secret(s), comma-separated for rotation"  # ORDERLY_SECRET_<NAME>'s description
@@ -84,7 +74,7 @@ def find(name: str) -> Gateway | None:
     return GATEWAYS.get(name)
 
 
-register(Gateway("pg", pg, pg_core, secret_help="pg signing secret(s), comma-separated for rotation",
+register(Gateway("pg", pg, pg_core.REDUCER, secret_help="pg signing secret(s), comma-separated for rotation",
                  dev_secret="dev-pg-secret", tables=(
     Table("pg_deposits", "pg_deposit_id, pg_version, status, is_terminal, late_slip_accepted_until, "
           "ordered_amount_minor, transferred_amount_minor, amount_received_minor, fee_total_minor, "
@@ -99,14 +89,14 @@ register(Gateway("pg", pg, pg_core, secret_help="pg signing secret(s), comma-sep
           "raw_flag"),
     Table("pg_withdrawal_fills", "leg_ref, pg_withdrawal_id, sequence, amount_minor"),
 )))
-register(Gateway("card", card, card_core, secret_help="card Standard Webhooks secret(s), `whsec_<base64>`",
+register(Gateway("card", card, card_core.REDUCER, secret_help="card Standard Webhooks secret(s), `whsec_<base64>`",
                  dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", tables=(
     Table("card_payments", "payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency",
           key="payment_ref", kind="payment"),
     Table("card_events", "gateway_event_id, payment_ref, event_type, sequence, payload, applied_at IS NOT NULL, "
           "source"),
 )))
-register(Gateway("paymos", paymos, paymos_core, timestamped=False, secret_help="paymos signing secret(s)",
+register(Gateway("paymos", paymos, paymos_core.REDUCER, timestamped=False, secret_help="paymos signing secret(s)",
                  dev_secret="dev-paymos-secret", tables=(
     Table("paymos_invoices", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="invoice"),
     Table("paymos_withdrawals", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="withdrawal"),

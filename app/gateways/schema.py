@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
+import orjson
 
 from app.gateways import limits
 
 T = TypeVar("T")
+# A JSON object as orjson read it from a body: carried unread into decisions and state (gateways
+# add fields; the typed schema names only those Orderly reads).
+JsonObject = dict[str, Any]
 
 
 class Body(msgspec.Struct):
@@ -58,6 +62,23 @@ def decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T | Refusal:
         return Refusal("invalid", reason)
     except (msgspec.DecodeError, RecursionError):
         return Refusal("not_json", "body is not JSON")
+
+
+def parse(raw: bytes, into: type[T]) -> tuple[T, JsonObject] | Refusal:
+    """The worker's one read of a body: the document as orjson reads it (what the decisions and
+    the state carry on, unknown fields included, in the form the topics have always held) and the
+    schema's typed view of it, converted from that document rather than read from the bytes again.
+    ``limits.body_error`` is the caller's to check first where the ingest has not."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return Refusal("not_json", "body is not JSON")
+    if not isinstance(body, dict):
+        return Refusal("not_json", "body is not a JSON object")
+    try:
+        return msgspec.convert(body, into), body
+    except msgspec.ValidationError as exc:
+        return Refusal("invalid", readable(str(exc)))
 
 
 def convert(value: Any, into: type[T], at: str) -> T | Refusal:

@@ -85,7 +85,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
     start = 0
     while start < len(batch):
         size = batch_sizes.choice([1, 2, 3, 8, 64])
-        plan = plan_batch(TOPICS, batch[start:start + size], lambda _p, key: store.get(key))
+        plan = plan_batch(TOPICS, GATEWAYS, batch[start:start + size], lambda _p, key: store.get(key))
         start += size
         store.update(plan.states)
         for topic, _key, value in (r[:3] for outputs in plan.records.values() for r in outputs):
@@ -106,7 +106,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
             got.facts |= {(f["kind"], f["key"]) for f in decision["facts"] if f["kind"] in FACT_KINDS}
     reducer = GATEWAYS[history.gateway].reducer
     for key, state in store.items():
-        parked = reducer.snapshot(orjson.loads(state)).get("parked", 0)
+        parked = orjson.loads(reducer.snapshot(reducer.load(state)))["parked"]
         if parked:
             got.parked[key.decode().partition(":")[2]] = parked
     if history.gateway == "pg":

@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 from faust.types import AppT, TableT
 
 from app.core.dispatch import STAGE, BatchPlan, Incoming, Record, plan_batch
+from app.gateways.registry import GATEWAYS
 from app.liveness import Liveness
 from app.logs import SampledLog
 from app.metrics import WorkerMetrics
@@ -121,7 +122,7 @@ class BatchProcessor:
         """Plan the batch (app/core/dispatch.py), send or stage its outputs, write its table values,
         and only then let the next commit cover its offsets."""
         started = time.perf_counter()
-        plan = plan_batch(self.names, [Incoming(e.key, e.value, e.message.headers or [], e.message.offset,
+        plan = plan_batch(self.names, GATEWAYS, [Incoming(e.key, e.value, e.message.headers or [], e.message.offset,
                                                 e.message.partition, e.message.topic) for e in events],
                           self.read, self.max_record_bytes)
         self.report(plan)

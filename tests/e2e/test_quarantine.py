@@ -72,9 +72,11 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
             await append_raw(pipe, "dep_qw", deposit("dep_qw", 4, "under_review", review="a string"), "poison-w")
             await append_raw(pipe, "dep_qc", b"\xff not a correlation", "poison-c", correlation=True)
             await pipe.canary(same_partition("dep_qw", "dep_cw", s.partitions))
-            # the projector: a withdrawal fill without an amount that the ingest let through (a bug),
-            # decided by the worker, refused by the projector
-            await append_raw(pipe, "wdr_qp", withdrawal("wdr_qp", 7, "filling", 400_000, fill={"leg_ref": "leg_qp"}),
+            # the projector: a NUL in a field Orderly does not read, which the ingest let through (a
+            # bug): the worker's typed read takes it, PostgreSQL's jsonb refuses it
+            await append_raw(pipe, "wdr_qp", withdrawal("wdr_qp", 7, "filling", 400_000,
+                                                        fill={"leg_ref": "leg_qp", "amount_minor": 400_000,
+                                                              "note": "a\x00b"}),
                              "poison-p", checked=True)
             await pipe.canary(same_partition("wdr_qp", "dep_cp", s.partitions))
             query = "SELECT delivery_id, stage, gateway, resource_id, reason FROM quarantine"
@@ -93,7 +95,7 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
         # not through the ingest: the worker applies the same typed check, and sets it aside with its reason
         assert found["dep_qw"]["delivery_id"] == "poison-w" and "data.object.review" in found["dep_qw"]["reason"]
         assert found["dep_qc"]["delivery_id"] == "poison-c" and "JSONDecodeError" in found["dep_qc"]["reason"]
-        assert found["wdr_qp"]["delivery_id"] == "poison-p" and "amount_minor" in found["wdr_qp"]["reason"]
+        assert found["wdr_qp"]["delivery_id"] == "poison-p" and "Unicode escape" in found["wdr_qp"]["reason"]
         # no restart: every process still the one started
         pipe.pipeline.assert_alive()
         assert {name: proc.pid for name, proc in pipe.pipeline.procs.items()} == pids

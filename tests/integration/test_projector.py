@@ -9,6 +9,7 @@ import orjson
 from app.bootstrap import prepare
 from app.core.model import Delivery
 from app.core.pg import apply_correlation, apply_event
+from app.gateways.pg import Webhook, read
 from app.producer import KeyedProducer
 from app.projector import Projector
 from app.settings import Settings
@@ -18,14 +19,17 @@ from projections import sql
 from tests.pg_events import deposit
 from tests.support import make_settings
 from topics.catalog import names
+from topics.records import Correlation
 
 CORR = {"pg_deposit_id": "dep_p", "merchant_reference": "mr_p", "our_order_id": "ord_p", "our_user_id": "usr_p"}
 
 
 def decisions_for(events: list[bytes]) -> list[bytes]:
-    state, out = apply_correlation(None, CORR, Delivery("dlv_c", "pg", "pg:dep_p", 1_700_000_000_000, 0))
+    state, out = apply_correlation(None, Correlation(**CORR), Delivery("dlv_c", "pg", "pg:dep_p", 1_700_000_000_000, 0))
     for i, ev in enumerate(events):
-        state, more = apply_event(state, ev, Delivery(f"dlv_{i}", "pg", "pg:dep_p", 1_700_000_000_001 + i, i + 1))
+        webhook = read(ev, True)  # the adapter's one read, as the worker does
+        assert isinstance(webhook, Webhook), webhook
+        state, more = apply_event(state, webhook, Delivery(f"dlv_{i}", "pg", "pg:dep_p", 1_700_000_000_001 + i, i + 1))
         out += more
     return [d.to_bytes() for d in out]
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.dispatch import BatchPlan, Incoming, plan_batch
+from app.gateways.registry import GATEWAYS
 from tests.pg_events import deposit
 from topics.catalog import names
 from topics.records import H_CHECKED, correlation_headers, raw_headers
@@ -57,16 +58,18 @@ def test_a_record_the_core_cannot_handle_is_set_aside_and_the_batch_goes_on() ->
     batch = numbered([correlation("dep_a"), webhook("pg", "dep_a", deposit("dep_a", 3, "settled"), "d1"),
                       webhook("pg", "dep_a", POISON["review is a string"]("dep_a"), "d2"),
                       webhook("pg", "dep_a", deposit("dep_a", 5, "reversed"), "d3")])
-    plan = plan_batch(N, batch, lambda partition, key: None)
-    assert [reason.split(":")[0] for _, reason in plan.set_aside] == ["AttributeError"]
+    plan = plan_batch(N, GATEWAYS, batch, lambda partition, key: None)
+    # the worker reads it with the schema (what the ingest's check would have said): refused
+    assert [reason for _, reason in plan.set_aside] == [
+        "Refused: data.object.review: expected object | null, got str"]
     quarantined = [r for records in plan.records.values() for r in records if r[0] == N.quarantine]
     assert len(quarantined) == 1 and quarantined[0][1] == b"d2" and quarantined[0][2] == batch[2].value
     headers = dict(quarantined[0][3])  # type: ignore[misc]
     assert headers["stage"] == b"worker" and headers["resource_key"] == b"pg:dep_a"
-    assert b"AttributeError" in headers["reason"]
+    assert b"review" in headers["reason"]
     timeline = {d["delivery_id"]: (d["outcome"], d["error"]) for _, d in outputs(plan, N.decisions)}
     assert timeline["d1"][0] == "applied" and timeline["d3"][0] == "applied"
-    assert timeline["d2"][0] == "quarantined" and "AttributeError" in timeline["d2"][1]
+    assert timeline["d2"][0] == "quarantined" and "review" in timeline["d2"][1]
     kinds = [e["type"] for _, e in outputs(plan, N.effects)]
     assert kinds == ["credit_user", "release_goods", "debit_user", "hold_goods"]
     state = orjson.loads(plan.states[b"pg:dep_a"])
@@ -74,10 +77,11 @@ def test_a_record_the_core_cannot_handle_is_set_aside_and_the_batch_goes_on() ->
 
 
 def test_a_set_aside_record_leaves_the_stored_state_as_it_was() -> None:
-    first = plan_batch(N, numbered([correlation("dep_s"), webhook("pg", "dep_s", deposit("dep_s", 3, "settled"),
-                                                                   "d1")]), lambda p, k: None)
+    first = plan_batch(N, GATEWAYS, numbered([correlation("dep_s"),
+                                              webhook("pg", "dep_s", deposit("dep_s", 3, "settled"), "d1")]),
+                       lambda p, k: None)
     stored = first.states[b"pg:dep_s"]
-    plan = plan_batch(N, [webhook("pg", "dep_s", POISON["review is a string"]("dep_s"), "d2")],
+    plan = plan_batch(N, GATEWAYS, [webhook("pg", "dep_s", POISON["review is a string"]("dep_s"), "d2")],
                       lambda partition, key: stored)
     assert plan.states == {} and len(plan.set_aside) == 1  # no new state: the stored one stands
 
@@ -86,20 +90,23 @@ def test_state_over_the_limit_is_set_aside() -> None:
     padding = "x" * 6_000
     batch = numbered([webhook("pg", "dep_p", deposit("dep_p", v, "pending", padding=padding), f"d{v}")
                       for v in range(1, 6)])  # parked: no correlation yet, so the state grows
-    plan = plan_batch(N, batch, lambda partition, key: None, topic_max_bytes=40_000)  # states of 20,000 at most
+    # states of 20,000 bytes at most
+    plan = plan_batch(N, GATEWAYS, batch, lambda partition, key: None, topic_max_bytes=40_000)
     assert len(plan.set_aside) == 2 and all("state would be" in reason for _, reason in plan.set_aside)
     assert len(orjson.loads(plan.states[b"pg:dep_p"])["parked"]) == 3
 
 
 def test_captures_whose_sum_passes_64_bits_are_set_aside() -> None:
-    """The issue's card example: amount_minor 2**63 twice; the second capture's totals cannot be written."""
+    """The issue's card example, at the largest amount the schema takes (2**63 - 1): the third
+    capture's total passes what orjson writes (64 bits unsigned); its decision cannot be written."""
+    most = 2**63 - 1
     auth = orjson.dumps({"id": "a1", "type": "payment.authorised", "payment_ref": "pay_x", "sequence": None,
-                         "occurred_at": "2026-11-29T10:02:15.000Z", "amount_minor": 2**63, "currency": "EUR"})
-    batch = numbered([webhook("card", "pay_x", auth, "d0"), webhook("card", "pay_x", card("pay_x", 2**63, "e1"), "d1"),
-                      webhook("card", "pay_x", card("pay_x", 2**63, "e2"), "d2")])
-    plan = plan_batch(N, batch, lambda partition, key: None)
+                         "occurred_at": "2026-11-29T10:02:15.000Z", "amount_minor": most, "currency": "EUR"})
+    batch = numbered([webhook("card", "pay_x", auth, "d0"),
+                      *(webhook("card", "pay_x", card("pay_x", most, f"e{i}"), f"d{i}") for i in (1, 2, 3))])
+    plan = plan_batch(N, GATEWAYS, batch, lambda partition, key: None)
     assert [reason for _, reason in plan.set_aside] == ["TypeError: Integer exceeds 64-bit range"]
-    assert [d["outcome"] for _, d in outputs(plan, N.decisions)] == ["applied", "applied", "quarantined"]
+    assert [d["outcome"] for _, d in outputs(plan, N.decisions)] == ["applied", "applied", "applied", "quarantined"]
 
 
 GOOD = [
@@ -127,8 +134,8 @@ def test_every_other_record_is_decided_as_without_the_poison(plan_spec: list[tup
             batch.append(GOOD[kind](i))
     batch = numbered(batch)  # each record keeps its offset in both runs
     good = [record for record, (bad, _, _) in zip(batch, plan_spec, strict=True) if not bad]
-    with_poison = plan_batch(N, batch, lambda partition, key: None)
-    without = plan_batch(N, good, lambda partition, key: None)
+    with_poison = plan_batch(N, GATEWAYS, batch, lambda partition, key: None)
+    without = plan_batch(N, GATEWAYS, good, lambda partition, key: None)
     assert len(with_poison.set_aside) <= sum(bad for bad, _, _ in plan_spec)
     never_applied = {d["delivery_id"]: d["outcome"] for _, d in outputs(with_poison, N.decisions)
                      if str(d["delivery_id"]).startswith("bad")}
@@ -162,7 +169,7 @@ def test_a_raw_record_that_did_not_pass_the_ingest_is_checked_by_its_adapter_fir
     batch = numbered([correlation("dep_u"),
                       webhook("pg", "dep_u", POISON["review is a string"]("dep_u"), "d1", checked=False),
                       webhook("pg", "dep_u", deposit("dep_u", 3, "settled"), "d2", checked=False)])
-    plan = plan_batch(N, batch, lambda partition, key: None)
+    plan = plan_batch(N, GATEWAYS, batch, lambda partition, key: None)
     assert [reason for _, reason in plan.set_aside] == [
         "Refused: data.object.review: expected object | null, got str"]
     assert orjson.loads(plan.states[b"pg:dep_u"])["version"] == 3  # the valid one applied

@@ -179,7 +179,7 @@ def test_the_toy_gateway_is_decided_by_the_workers_own_dispatch() -> None:
     batch = [Incoming(b"toy:thg_1", toy_gateway.example("thg_1", v, f"e{v}"),
                       raw_headers("toy", f"d{i}", 1_700_000_000_000), i, 0, n.raw)
              for i, v in enumerate([2, 1, 3, 3])]
-    plan = plan_batch(n, batch, lambda partition, key: None)
+    plan = plan_batch(n, registry.GATEWAYS, batch, lambda partition, key: None)
     outcomes = [orjson.loads(r[2])["outcome"] for r in plan.records[0] if r[0] == n.decisions]
     assert outcomes == ["applied", "stale", "applied", "duplicate"] and not plan.set_aside
     assert orjson.loads(plan.states[b"toy:thg_1"])["version"] == 3
@@ -193,5 +193,5 @@ def test_random_interleavings_of_toy_snapshots_end_at_the_newest() -> None:
     rng.shuffle(versions)
     batch = [Incoming(b"toy:thg_2", toy_gateway.example("thg_2", v), raw_headers("toy", f"d{i}", 1), i, 0, n.raw)
              for i, v in enumerate(versions)]
-    plan = plan_batch(n, batch, lambda partition, key: None)
+    plan = plan_batch(n, registry.GATEWAYS, batch, lambda partition, key: None)
     assert orjson.loads(plan.states[b"toy:thg_2"])["version"] == 8

@@ -20,17 +20,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("app", "topics", "projections")
 
-# TEMPORARY (issue #43): circles that other helpers remove on their own branches. Each entry is one
-# circle's modules. The lead deletes an entry once the branch removing that circle is merged (the
-# test then fails while a gone circle is still listed, so the set cannot go stale), and the whole
-# set once it is empty.
-KNOWN_CYCLES_OWNED_ELSEWHERE: set[frozenset[str]] = set()
-# TEMPORARY (issue #43), as above: the core's imports of the registry, cut by the typed-core helper.
-KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE: set[tuple[str, str]] = {
-    ("app.core.dispatch", "app.gateways.registry"),
-}
-
-
 @dataclass(frozen=True)
 class Edge:
     importer: str
@@ -176,20 +165,13 @@ def test_the_graph_is_read_from_every_module() -> None:
 def test_no_import_circles() -> None:
     out, all_edges = graph()
     found = set(cycles(out))
-    new = found - KNOWN_CYCLES_OWNED_ELSEWHERE
-    gone = KNOWN_CYCLES_OWNED_ELSEWHERE - found
-    messages = [f"import circle: {describe(c, all_edges)}" for c in sorted(new, key=sorted)]
-    messages += [f"circle gone, remove it from KNOWN_CYCLES_OWNED_ELSEWHERE: {' <-> '.join(sorted(c))}"
-                 for c in sorted(gone, key=sorted)]
+    messages = [f"import circle: {describe(c, all_edges)}" for c in sorted(found, key=sorted)]
     assert not messages, "\n".join(messages)
 
 
 def core_loads(forbidden: str) -> list[str]:
-    """Each chain by which a module of app/core loads ``forbidden`` (or a module under it), leaving out
-    the imports KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE lists."""
+    """Each chain by which a module of app/core loads ``forbidden`` (or a module under it)."""
     out, _ = graph()
-    for importer, imported in KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE:
-        out[importer].discard(imported)
     wrong = []
     for module in sorted(m for m in out if m == "app.core" or m.startswith("app.core.")):
         via = reachable(out, module)
@@ -202,12 +184,6 @@ def core_loads(forbidden: str) -> list[str]:
 def test_the_core_imports_neither_the_registry_nor_the_simulator(forbidden: str) -> None:
     wrong = core_loads(forbidden)
     assert not wrong, f"the pure core loads {forbidden}:\n" + "\n".join(wrong)
-
-
-def test_the_core_imports_owned_elsewhere_are_still_there() -> None:
-    out, _ = graph()
-    gone = sorted((a, b) for a, b in KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE if b not in out[a])
-    assert not gone, f"no longer imported, remove from KNOWN_CORE_IMPORTS_OWNED_ELSEWHERE: {gone}"
 
 
 def test_the_registry_does_not_load_the_simulator() -> None:

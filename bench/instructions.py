@@ -1,0 +1,65 @@
+"""The decision path's cost in instructions, repeatable where seconds are not: run under
+``valgrind --tool=callgrind`` twice, ``python -m bench.instructions build`` (only builds the log)
+and ``python -m bench.instructions decide`` (builds it, then decides it ROUNDS times); the cost per
+record is the difference of the two totals over ROUNDS times the log's records.
+
+``python -m bench.instructions measure`` runs both under valgrind and prints the figure (valgrind
+must be on the PATH). The process loads Faust first, as the worker's does. Settings:
+``BENCH_RESOURCES`` (100), ``BENCH_ROUNDS`` (3).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import faust  # noqa: F401  # the worker's process has it loaded: the same interpreter state
+
+from bench import decide
+
+RESOURCES = int(os.environ.get("BENCH_RESOURCES", "100"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+
+
+def run(mode: str) -> int:
+    log = decide.build(RESOURCES)
+    if mode == "decide":
+        for _ in range(ROUNDS):
+            decide.decide_all(log)
+    return len(log)
+
+
+def instructions(mode: str, out: Path) -> int:
+    """The total instructions (Ir) of one run of ``mode`` under callgrind."""
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                    sys.executable, "-m", "bench.instructions", mode],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    found = re.search(rb"^summary: (\d+)", out.read_bytes(), re.MULTILINE) or \
+        re.search(rb"^totals: (\d+)", out.read_bytes(), re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"no summary line in {out}")
+    return int(found[1])
+
+
+def measure() -> None:
+    records = len(decide.build(RESOURCES))
+    with tempfile.TemporaryDirectory(prefix="orderly-callgrind-") as work:
+        built = instructions("build", Path(work) / "build.out")
+        decided = instructions("decide", Path(work) / "decide.out")
+    cost = decided - built
+    print(f"decide: {records} records x {ROUNDS} rounds: {cost / 1e6:,.0f} M instructions, "
+          f"{cost / (records * ROUNDS) / 1e3:,.1f} k per record")
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "measure"
+    if mode == "measure":
+        measure()
+    elif mode in ("build", "decide"):
+        print(run(mode))
+    else:
+        raise SystemExit("usage: python -m bench.instructions [measure|build|decide]")
