@@ -183,7 +183,10 @@ class StableOffsetFetchRequest(Request[OffsetFetchRequest_v7]):  # type: ignore[
 
 class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[misc]  # aiokafka is untyped here
     """aiokafka's handler, with version 3 and the worker's membership; a refusal for being an
-    earlier generation's member makes the transaction abortable only."""
+    earlier generation's member makes the transaction abortable only. Relied on (producer/sender.py
+    TxnOffsetCommitHandler, line 617): its _offsets and _group_id, its sender's _txn_manager (the
+    producer's TransactionManager: transactional_id, producer_id, producer_epoch), and
+    handle_response reading ``resp.errors`` in version 0's shape."""
 
     def create_request(self) -> FencedTxnOffsetCommitRequest:
         txn_manager = self._sender._txn_manager
@@ -219,7 +222,10 @@ class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[mi
 def _refuse(txn_manager: Any, exc: Exception) -> None:
     """aiokafka's error_transaction, but the transaction's partitions kept: aiokafka's abort ends
     at the broker only a transaction it knows to hold something (else the broker keeps it open,
-    and read_committed readers wait at its first record, until the transaction timeout)."""
+    and read_committed readers wait at its first record, until the transaction timeout).
+    producer/transaction_manager.py TransactionManager: _transition_to (line 106), and the state
+    error_transaction (line 141) resets: _pending_txn_partitions, _pending_txn_offsets (a deque of
+    (group id, offsets, future)), _transaction_waiter (lines 60-66)."""
     txn_manager._transition_to(TransactionState.ABORTABLE_ERROR)
     txn_manager._pending_txn_partitions.clear()  # never added: nothing of them at the broker
     for _group_id, _offsets, refused in txn_manager._pending_txn_offsets:
@@ -231,7 +237,9 @@ def _refuse(txn_manager: Any, exc: Exception) -> None:
 
 
 async def _fetch_stable_offsets(self: Any, partitions: list[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata]:
-    """aiokafka's GroupCoordinator._do_fetch_commit_offsets, asking for stable offsets (version 7)."""
+    """aiokafka's GroupCoordinator._do_fetch_commit_offsets (consumer/group_coordinator.py line
+    1184), asking for stable offsets (version 7): it sends through the coordinator's _send_req
+    (line 299), and its caller, fetch_committed_offsets, retries a retriable error after the backoff."""
     by_topic: dict[str, list[int]] = collections.defaultdict(list)
     for tp in partitions:
         by_topic[tp.topic].append(tp.partition)
@@ -256,6 +264,7 @@ async def _fetch_stable_offsets(self: Any, partitions: list[TopicPartition]) -> 
 
 
 def _raise_fetch_error(coordinator: Any, error_type: type[Errors.KafkaError], tp: TopicPartition | None) -> None:
+    """What aiokafka's own _do_fetch_commit_offsets does with each error code (coordinator_dead: line 516)."""
     if error_type in (Errors.NotCoordinatorForGroupError, Errors.GroupCoordinatorNotAvailableError):
         coordinator.coordinator_dead()  # found again before the retry
     if error_type in (Errors.GroupLoadInProgressError, Errors.NotCoordinatorForGroupError,
@@ -320,8 +329,8 @@ def positions(consumer: AIOKafkaConsumer, topic: str) -> dict[int, int | None]:
     """``consumer``'s fetch position of each assigned partition of ``topic`` (a stall's diagnosis):
     AIOKafkaConsumer._subscription (consumer.py line 341), SubscriptionState.subscription.assignment
     .state_value(tp).position (consumer/subscription_state.py line 415)."""
-    assignment = consumer._subscription.subscription.assignment
-    return {tp.partition: assignment.state_value(tp).position for tp in consumer.assignment() if tp.topic == topic}
+    return {tp.partition: consumer._subscription.subscription.assignment.state_value(tp).position
+            for tp in consumer.assignment() if tp.topic == topic}
 
 
 def set_fetch_max_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:
@@ -332,7 +341,8 @@ def set_fetch_max_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:
 
 def set_fetch_min_bytes(consumer: AIOKafkaConsumer | None, value: int) -> None:
     """From ``consumer``'s next fetch request on (a started consumer; else nothing): Fetcher reads its
-    _fetch_min_bytes (consumer/fetcher.py line 405) for each request it builds (line 664), a plain
+    _fetch_min_bytes (consumer/fetcher.py line 405) for each request it builds
+    (Fetcher._get_actions_per_node, line 664), a plain
     attribute, so setting it from another thread is safe. AIOKafkaConsumer._fetcher: consumer.py line 384."""
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is not None:

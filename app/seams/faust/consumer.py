@@ -122,7 +122,7 @@ class Consumer(faust_aiokafka.Consumer):
     async def _hand_over(self, tp: TP, message: Message, read: int | None, callback: Any,
                          acks_enabled_for: Any) -> None:
         # the body of Faust's loop for one record: _add_gap (line 1157), _commit_every and _n_acked
-        # (lines 471, 1218: commit every N acks), _read_offset
+        # (line 471; _n_acked a class attribute, line 440), _read_offset
         offset = message.offset
         if read is not None and offset < read:
             return  # handed over before (Faust drops it the same way)
@@ -209,7 +209,8 @@ class Consumer(faust_aiokafka.Consumer):
         """What Faust's fetch loop holds for ``topic``'s assigned partitions, for the log of a stall:
         whether the flow is on, which partitions it pauses or fetches, the offset it last handed over
         and aiokafka's position. Each read is guarded: this runs when something is already wrong.
-        Consumer._paused_partitions and _active_partitions: transport/consumer.py lines 518-519."""
+        Consumer._paused_partitions and _active_partitions: transport/consumer.py
+        Consumer._reset_state, lines 518-519."""
         try:
             assigned = sorted(tp.partition for tp in self.assignment() if tp.topic == topic)
             paused = sorted(tp.partition for tp in self._paused_partitions if tp.topic == topic)

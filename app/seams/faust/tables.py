@@ -55,7 +55,7 @@ class WorkerTableManager(TableManager):
 
     @property
     def recovery(self) -> Recovery:
-        # TableManager.recovery (line 119) makes its Recovery into _recovery on first use
+        # TableManager.recovery (line 119) makes its Recovery into _recovery (a class attribute, line 42) on first use
         if self._recovery is None:
             self._recovery = ExactRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
         return self._recovery
@@ -68,7 +68,8 @@ def partition_db(store: Any, partition: int) -> Any:
 
 
 def is_rocksdict(store: Any) -> bool:
-    """Whether ``store`` is Faust's RocksDB store on the rocksdict driver (Store.use_rocksdict, line 105)."""
+    """Whether ``store`` is Faust's RocksDB store on the rocksdict driver (Store.use_rocksdict, set
+    in its __init__, line 276)."""
     return bool(getattr(store, "use_rocksdict", False))
 
 
