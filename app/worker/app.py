@@ -50,10 +50,7 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     state = WorkerState(WorkerMetrics(), busy_commit_interval=settings.worker_busy_commit_interval_s,
                         quiet_s=quiet_after(settings.worker_busy_interval_s))
     source = app.topic(n.raw, schema=raw_schema())
-    table = app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
-                      extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES),
-                                           "min.insync.replicas": str(settings.min_insync)},
-                      options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
+    table = resource_table(app, settings)
     # send_all hands over whole batches
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0, **client_options(settings))
     liveness = Liveness(settings.kafka_bootstrap, f"{settings.namespace}-worker", settings.worker_stall_s,
@@ -122,6 +119,14 @@ def faust_app(settings: Settings) -> WorkerApp:
     )
     app.transport = Transport(app.conf.broker_consumer, app)
     return app
+
+
+def resource_table(app: WorkerApp, settings: Settings) -> faust.types.TableT[bytes, bytes]:
+    """Each resource's state, changelogged: every value fits a record of the catalog's limit."""
+    return app.Table(TABLE, partitions=settings.partitions, key_type=bytes, value_type=bytes,
+                     extra_topic_configs={"max.message.bytes": str(DERIVED_RECORD_BYTES),
+                                          "min.insync.replicas": str(settings.min_insync)},
+                     options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
 
 
 def exactly_once(app: WorkerApp, settings: Settings, state: WorkerState, batches: BatchProcessor) -> None:
