@@ -283,7 +283,7 @@ ORIGINAL_FETCH_COMMIT_OFFSETS = group_coordinator.GroupCoordinator._do_fetch_com
 def install() -> None:
     """Every aiokafka producer and consumer of this process from then on: TxnOffsetCommit version 3
     with the registered membership, OffsetFetch version 7 with require_stable. Idempotent."""
-    # producer/sender.py Sender._send_offsets_to_txn (line 356) builds its handler by this
+    # producer/sender.py Sender._do_txn_offset_commit (line 340) builds its handler (line 356) by this
     # module-global name at each commit, so replacing the name replaces the handler
     sender.TxnOffsetCommitHandler = _TxnOffsetCommitHandler
     # consumer/group_coordinator.py GroupCoordinator.fetch_committed_offsets (its retry loop) awaits
