@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import faust
+import mode
 from mode import worker as mode_worker
 from mode.utils import queues
 
@@ -36,6 +37,7 @@ def test_the_members_relied_on_are_there() -> None:
     assert "self.on_setup_root_logger(" in inspect.getsource(mode_worker.Worker._setup_logging)
     assert "self._sentinel_task()" in inspect.getsource(mode_worker.Worker._shutdown_loop)
     assert assigns(faust.Worker, "__init__", "spinner")
+    assert assigns(mode.Service, "__init__", "_stopped")  # Faust's fetch loop, replayed, reads it
 
 
 def test_the_seams_flow_control_resumes_like_modes_but_clears_only_after_a_suspension() -> None:

@@ -90,6 +90,7 @@ class Consumer(faust_aiokafka.Consumer):
         callback = self.callback
         read_offset = self._read_offset  # Consumer._read_offset (line 481): the last offset handed over
         acks_enabled_for = self.app.topics.acks_enabled_for
+        # mode's Service._stopped (mode/services.py line 579: the Event its stop sets), as Faust's loop reads it
         consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set  # type: ignore[attr-defined]
         since_yield = 0
         try:
