@@ -17,11 +17,11 @@ from app.liveness import Liveness
 from app.logs import SampledLog
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer, send_keyed
-from app.worker.consumer import consumer_of
+from app.seams.faust import Target, consumer_of, inside, producer_of, transactional_id
 from app.worker.exits import FAILED_EXIT_CODE, SKIPPED_EXIT_CODE, OffsetGuard, exit_for_restart
 from app.worker.shared import WorkerState
-from app.worker.store import PartitionStore, inside
-from app.worker.transactions import Target, TransactionStage, producer_of, transactional_id
+from app.worker.store import PartitionStore
+from app.worker.transactions import TransactionStage
 from topics.catalog import TopicNames
 
 log = logging.getLogger("orderly.worker")

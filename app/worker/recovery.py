@@ -1,9 +1,10 @@
-"""The table's start: Faust's TableManager and Recovery, with an exact end of recovery (I/O shell).
+"""The table's start: the exact end of Faust's recovery, read from the changelogs (I/O shell).
 
 Two things in Faust's own start cost every worker start seconds, and one of them can lose state:
 
 - Its TableManager waits a fixed second at start for tables to be registered; the worker registers
-  its one table before the app starts (app/worker/app.py), so there is nothing to wait for.
+  its one table before the app starts (app/worker/app.py), so there is nothing to wait for
+  (app/seams/faust/tables.py's WorkerTableManager skips it).
 - With exactly-once, Faust takes a changelog partition's highwater from the last stable offset its
   consumer has cached from a fetch, minus one. The offset before the last stable one is a
   transaction's commit marker, never a record, so recovery cannot reach it: it waits for two idle
@@ -12,7 +13,8 @@ Two things in Faust's own start cost every worker start seconds, and one of them
   a worker with an empty store (a new worker, a takeover) would skip recovery and decide on empty
   state; after a fetch the cached value can be stale, which ends in Faust's ConsistencyError.
 
-Here the highwater of each changelog partition is asked of the broker: the offset of its last
+Here (``exact_highwaters``, which app/seams/faust/tables.py's ExactRecovery asks for) the
+highwater of each changelog partition is asked of the broker: the offset of its last
 committed record, read with read_committed from the tail of the partition below its last stable
 offset. Recovery then ends the moment the table holds that record.
 
@@ -33,13 +35,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from faust.tables.manager import TableManager
-from faust.tables.recovery import Recovery
 from faust.types import TP
 
 from app.worker.exits import STALLED_EXIT_CODE, exit_for_restart
@@ -162,38 +161,16 @@ async def read_to(consumer: AIOKafkaConsumer, partitions: set[TopicPartition], s
                 pending.discard(tp)
 
 
-class ExactRecovery(Recovery):
-    async def _build_highwaters(self, consumer: Any, tps: set[TP], destination: Counter[TP], title: str) -> None:
-        if not self.app.in_transaction:  # at-least-once: the log's end offset, as Faust reads it, is exact
-            await super()._build_highwaters(consumer, tps, destination, title)
-            return
-        bootstrap, options = self.app.kafka_client  # type: ignore[attr-defined]  # WorkerApp's
-        # the offsets the local stores hold (Faust set them from the stores for this assignment)
-        held = self.active_offsets if destination is self.active_highwaters else self.standby_offsets
-        try:
-            highwaters = await last_committed_offsets(
-                bootstrap, tps, timeout_s=read_timeout(float(self.app.conf.broker_request_timeout)),
-                floor={tp: held.get(tp) for tp in tps},
-                # active partitions only: a standby's changelog is a live worker's, always in a transaction
-                stable_first=destination is self.active_highwaters, **options)
-        except HighwaterTimeout as exc:
-            exit_for_restart(STALLED_EXIT_CODE, "recovery of the %s changelog partitions stalled: %s; exiting so that "
-                             "the supervisor restarts this worker", title, exc)
-            raise
-        self.log.info("Highwater for %s changelog partitions (last committed records): %s", title,
-                      ", ".join(f"{tp.topic}[{tp.partition}]={offset}" for tp, offset in sorted(highwaters.items())))
-        destination.clear()
-        destination.update(highwaters)
-
-
-class WorkerTableManager(TableManager):
-    async def on_start(self) -> None:
-        if not self.should_stop:  # no fixed second's wait for tables: the worker's is registered
-            await self._update_channels()
-            await self.recovery.start()
-
-    @property
-    def recovery(self) -> Recovery:
-        if self._recovery is None:
-            self._recovery = ExactRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
-        return self._recovery
+async def exact_highwaters(bootstrap: str, options: Mapping[str, Any], tps: set[TP], held: Mapping[TP, int | None],
+                          *, active: bool, faust_timeout_s: float, title: str) -> dict[TP, int]:
+    """Exactly-once: the highwater of each changelog partition in ``tps`` for Faust's recovery (the
+    seam's ExactRecovery asks), given the offsets the local stores hold (``held``); the worker exits
+    if the broker does not let them be read in time. ``active``: active partitions, whose previous
+    owner's open transactions are waited for (a standby's changelog is a live worker's, always in one)."""
+    try:
+        return await last_committed_offsets(bootstrap, tps, timeout_s=read_timeout(faust_timeout_s), floor=held,
+                                            stable_first=active, **options)
+    except HighwaterTimeout as exc:
+        exit_for_restart(STALLED_EXIT_CODE, "recovery of the %s changelog partitions stalled: %s; exiting so that "
+                         "the supervisor restarts this worker", title, exc)
+        raise

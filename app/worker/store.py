@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import types
-import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-from faust.streams import _current_event
 from faust.types import TP
 from rocksdict import WriteBatch
 
+from app.seams.faust import PartitionEvent, inside, is_rocksdict, partition_db
 from topics.catalog import names
 
 TABLE = "resources"
@@ -38,12 +35,12 @@ class PartitionStore:
     def __init__(self, store: Any, changelog: str) -> None:
         self.store = store
         self.changelog = changelog
-        self.rocksdb = bool(getattr(store, "use_rocksdict", False))  # Faust's RocksDB store, rocksdict driver
+        self.rocksdb = is_rocksdict(store)  # Faust's RocksDB store, rocksdict driver
 
     def get(self, partition: int, key: bytes) -> bytes | None:
         value: bytes | None
         if self.rocksdb:
-            value = self.store._db_for_partition(partition).get(key)
+            value = partition_db(self.store, partition).get(key)
             return value
         with inside(PartitionEvent(partition)):
             value = self.store.get(key)
@@ -57,32 +54,10 @@ class PartitionStore:
                 batch.put(key, value)
             if offset is not None:
                 batch.put(self.store.offset_key, str(offset).encode())
-            self.store._db_for_partition(partition).write(batch)
+            partition_db(self.store, partition).write(batch)
             return
         with inside(PartitionEvent(partition)):
             for key, value in values:
                 self.store[key] = value
         if offset is not None:
             self.store.set_persisted_offset(TP(self.changelog, partition), offset)
-
-
-class PartitionEvent:
-    """Stands for an event of ``partition`` where Faust's store asks the current event which
-    partition's database to use."""
-
-    def __init__(self, partition: int) -> None:
-        self.message = types.SimpleNamespace(partition=partition)
-
-
-@contextlib.contextmanager
-def inside(event: Any) -> Iterator[None]:
-    """Read or write the table as if inside ``event``'s iteration: Faust's RocksDB store uses the
-    current event's partition (without one, a read of a new key looks in every partition's
-    database). Only this task's context variable is touched: changing the stream's own current
-    event instead would make take_events() buffer the wrong event for a record that arrives
-    meanwhile (seen here as one record processed twice and the next one lost)."""
-    token = _current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        _current_event.reset(token)

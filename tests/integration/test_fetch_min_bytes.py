@@ -1,18 +1,19 @@
-"""The worker's busy fetches (app.worker.consumer.fetch_min_bytes): set on a started consumer, the minimum
-really reaches the broker, which then holds a fetch that has less until the fetch wait ends."""
+"""The worker's busy fetches (app.worker.consumer.fetch_min_bytes, set by app/seams/aiokafka.py): set
+on a started consumer, the minimum really reaches the broker, which then holds a fetch that has less
+until the fetch wait ends."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.core.pacing import BUSY_BATCH
+from app.seams.aiokafka import set_fetch_min_bytes
 from app.stack.kafka import KafkaBroker
-from app.worker.consumer import BUSY_FETCH_MIN_BYTES, _ConsumerThread, fetch_min_bytes
+from app.worker.consumer import BUSY_FETCH_MIN_BYTES, fetch_min_bytes
 
 WAIT_MS = 1500
 
@@ -42,12 +43,11 @@ async def test_a_busy_fetch_waits_for_more_and_a_quiet_one_does_not(kafka: Kafka
     await producer.start()
     await consumer.start()
     try:
-        thread = SimpleNamespace(_consumer=consumer)  # what the method reads of Faust's consumer thread
         # Each change applies from the next fetch request: the one in flight returns a record first.
-        _ConsumerThread.set_fetch_min_bytes(thread, fetch_min_bytes(BUSY_BATCH))  # type: ignore[arg-type]
+        set_fetch_min_bytes(consumer, fetch_min_bytes(BUSY_BATCH))
         await _first_record_after(consumer, producer, topic)
         busy = await _first_record_after(consumer, producer, topic)
-        _ConsumerThread.set_fetch_min_bytes(thread, fetch_min_bytes(1))  # type: ignore[arg-type]
+        set_fetch_min_bytes(consumer, fetch_min_bytes(1))
         await _first_record_after(consumer, producer, topic)
         quiet = await _first_record_after(consumer, producer, topic)
     finally:

@@ -1,4 +1,4 @@
-"""KIP-447 fencing on the started broker (app/worker/fencing.py): a transaction's offsets carry its
+"""KIP-447 fencing on the started broker (app/seams/aiokafka.py): a transaction's offsets carry its
 worker's group generation and are refused from a member of an earlier one; committed offsets are
 read only once no open transaction holds offsets of their partitions."""
 
@@ -13,8 +13,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from faust.types import TP
 
+from app.seams import aiokafka as fencing
 from app.stack.kafka import KafkaBroker
-from app.worker import fencing
 from app.worker.recovery import last_committed_offsets
 
 
@@ -62,7 +62,7 @@ async def transactional(kafka: KafkaBroker, transactional_id: str) -> AIOKafkaPr
 async def test_the_offsets_of_the_current_member_commit(kafka: KafkaBroker,
                                                         group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
     source, output, consumer, group_id = group
-    membership = fencing.coordinator_membership(consumer._coordinator)
+    membership = fencing.group_membership(consumer)
     assert membership.generation >= 1 and membership.member_id
     producer = await transactional(kafka, f"{source}-current")
     try:
@@ -79,7 +79,7 @@ async def test_the_offsets_of_the_current_member_commit(kafka: KafkaBroker,
 async def test_a_member_of_an_earlier_generation_cannot_commit_its_offsets(
         kafka: KafkaBroker, group: tuple[str, str, AIOKafkaConsumer, str]) -> None:
     source, output, consumer, group_id = group
-    current = fencing.coordinator_membership(consumer._coordinator)
+    current = fencing.group_membership(consumer)
     # what a worker still believes after its group moved on without it
     stale = current._replace(generation=current.generation + 1)
     producer = await transactional(kafka, f"{source}-zombie")
@@ -137,7 +137,7 @@ async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
     try:
         await producer.begin_transaction()
         await producer.send_and_wait(output, b"decided", partition=1)
-        with fencing.pinned(group_id, fencing.coordinator_membership(consumer._coordinator)):
+        with fencing.pinned(group_id, fencing.group_membership(consumer)):
             await producer.send_offsets_to_transaction({TopicPartition(source, 1): 7}, group_id)
         fetch = asyncio.ensure_future(consumer.committed(TopicPartition(source, 1)))
         await asyncio.sleep(1.0)
@@ -154,7 +154,7 @@ async def test_offsets_taken_before_a_rebalance_are_refused_after_it(
     coordinator once another member's join has started the next; they carry the generation they
     were taken in, which the coordinator refuses."""
     source, output, consumer, group_id = group
-    taken = fencing.coordinator_membership(consumer._coordinator)
+    taken = fencing.group_membership(consumer)
     producer = await transactional(kafka, f"{source}-in-flight")
     other = AIOKafkaConsumer(source, bootstrap_servers=kafka.bootstrap, group_id=group_id, enable_auto_commit=False)
     await other.start()
@@ -163,9 +163,9 @@ async def test_offsets_taken_before_a_rebalance_are_refused_after_it(
         await producer.send_and_wait(output, b"decided before the rebalance", partition=0)
         for _ in range(200):  # both members poll until the group has moved on to a later generation
             await asyncio.gather(consumer.getmany(timeout_ms=50), other.getmany(timeout_ms=50))
-            if consumer._coordinator.generation > taken.generation and other.assignment():
+            if fencing.group_membership(consumer).generation > taken.generation and other.assignment():
                 break
-        assert consumer._coordinator.generation > taken.generation, "the group never rebalanced"
+        assert fencing.group_membership(consumer).generation > taken.generation, "the group never rebalanced"
         with pytest.raises(fencing.FencedMemberError, match="no longer a member"), fencing.pinned(group_id, taken):
             await producer.send_offsets_to_transaction({TopicPartition(source, 0): 13}, group_id)
         await producer.abort_transaction()
@@ -188,12 +188,12 @@ async def test_a_static_member_replaced_under_its_instance_id_cannot_commit(
                                              group_instance_id="worker-1", enable_auto_commit=False))
 
     first = await member()
-    replaced = fencing.coordinator_membership(first._coordinator)
+    replaced = fencing.group_membership(first)
     assert replaced.group_instance_id == "worker-1"
     second = await member()
     producer = await transactional(kafka, f"{source}-replaced")
     try:
-        current = fencing.coordinator_membership(second._coordinator)
+        current = fencing.group_membership(second)
         assert current.member_id != replaced.member_id
         await producer.begin_transaction()
         await producer.send_and_wait(output, b"late", partition=0)

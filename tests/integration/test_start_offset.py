@@ -1,5 +1,5 @@
 """Where the worker's consumer began reading a partition, as the broker says it
-(app.worker.consumer._Consumer.start_offset, what the skip guard asks when Faust knows no committed
+(app.worker.consumer.Consumer.start_offset, what the skip guard asks when Faust knows no committed
 offset): the partition's earliest offset for a group that never committed, its committed offset
 once it has, retention included."""
 
@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.structs import OffsetAndMetadata
 
+from app.seams.faust.consumer import START_OFFSET_TIMEOUT_S, Consumer
 from app.stack.kafka import KafkaBroker
-from app.worker.consumer import START_OFFSET_TIMEOUT_S, _Consumer
 
 
 def _faust_side(consumer: Any) -> Any:
@@ -48,12 +48,12 @@ async def test_the_start_is_the_earliest_offset_until_the_group_commits(kafka: K
                 await consumer.getmany(timeout_ms=200)
         faust = _faust_side(consumer)
         p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
-        assert await _Consumer.start_offset(faust, p0) == 4  # nothing committed: the earliest left by retention
-        assert await _Consumer.start_offset(faust, p1) == 0  # an empty partition
+        assert await Consumer.start_offset(faust, p0) == 4  # nothing committed: the earliest left by retention
+        assert await Consumer.start_offset(faust, p1) == 0  # an empty partition
         await consumer.commit({p0: OffsetAndMetadata(7, "")})
-        assert await _Consumer.start_offset(faust, p0) == 7
+        assert await Consumer.start_offset(faust, p0) == 7
         await consumer.commit({p0: OffsetAndMetadata(0, "")})  # committed at 0, which Faust records as unknown
-        assert await _Consumer.start_offset(faust, p0) == 0
+        assert await Consumer.start_offset(faust, p0) == 0
     finally:
         await consumer.stop()
         await producer.stop()
@@ -69,7 +69,7 @@ async def test_a_broker_that_cannot_answer_gives_no_start() -> None:
             raise AssertionError("unreachable")
 
     started = time.monotonic()
-    assert await _Consumer.start_offset(_faust_side(Away()), TopicPartition("t", 0)) is None
+    assert await Consumer.start_offset(_faust_side(Away()), TopicPartition("t", 0)) is None
     assert time.monotonic() - started < START_OFFSET_TIMEOUT_S + 2  # bounded, not a wait for ever
 
     async def refuse(*_a: Any) -> Any:
@@ -77,4 +77,4 @@ async def test_a_broker_that_cannot_answer_gives_no_start() -> None:
 
     faust: Any = SimpleNamespace(_thread=SimpleNamespace(call_thread=refuse, _ensure_consumer=lambda: None),
                                  log=logging.getLogger("test"))
-    assert await _Consumer.start_offset(faust, TopicPartition("t", 0)) is None
+    assert await Consumer.start_offset(faust, TopicPartition("t", 0)) is None

@@ -1,5 +1,5 @@
-"""KIP-447 fencing's requests and its refusal (app/worker/fencing.py), and the worker's one
-transactional id (app/worker/transactions.py). On the broker: tests/integration/test_kafka_fencing.py."""
+"""KIP-447 fencing's requests and its refusal (app/seams/aiokafka.py), and the worker's one
+transactional id (app/seams/faust/producer.py). On the broker: tests/integration/test_kafka_fencing.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.worker import fencing, transactions
+from app.seams import aiokafka as fencing
+from app.seams.faust import producer as transactions
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=40)
 int32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -78,7 +79,7 @@ def fake_app(transactional_id: str | None) -> Any:
 @given(st.sets(st.integers(0, 63), max_size=12))
 def test_a_worker_with_its_own_transactional_id_writes_every_partition_under_it(partitions: set[int]) -> None:
     app = fake_app("orderly-worker-worker-1")
-    manager = transactions._TransactionManager.__new__(transactions._TransactionManager)
+    manager = transactions.TransactionManager.__new__(transactions.TransactionManager)
     manager.app = app
     tps = {TP("raw", p) for p in partitions}
     assert manager._tps_to_transactional_ids(tps) == ({"orderly-worker-worker-1"} if partitions else set())
@@ -111,7 +112,7 @@ def test_a_commit_without_a_known_membership_is_refused(unknown: fencing.Members
 def test_transactional_producers_time_out_after_the_settings_transaction_timeout(in_transaction: bool) -> None:
     from app.settings import TRANSACTION_TIMEOUT_S
 
-    producer = object.__new__(transactions._Producer)
+    producer = object.__new__(transactions.Producer)
     producer.app = SimpleNamespace(in_transaction=in_transaction)  # type: ignore[assignment]
     extra = producer._settings_extra()
     assert extra.get("transaction_timeout_ms") == (TRANSACTION_TIMEOUT_S * 1000 if in_transaction else None)

@@ -1,4 +1,4 @@
-"""The worker's fetch loop hand-over (app.worker.consumer._Consumer.delivers_at_once, _hand_over):
+"""The worker's fetch loop hand-over (app.seams.faust.consumer.Consumer.delivers_at_once, _hand_over):
 a record goes straight to the conductor only when nothing can make that wait (the flow runs, no
 subscription change holds the conductor, the producer buffer is under its limit, no queue of the
 partition is full); otherwise it races the flow's suspension as in Faust, so a rebalance that
@@ -15,7 +15,7 @@ from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.worker.consumer import _Consumer
+from app.seams.faust.consumer import Consumer
 
 TP0 = TP("ns.raw", 0)
 
@@ -34,12 +34,12 @@ def test_a_record_is_handed_over_directly_only_when_nothing_can_make_it_wait(
         suspended: bool, flow_active: bool, locked: bool, buffered: int, full: list[bool]) -> None:
     consumer = _consumer(suspended, flow_active, locked, buffered, tuple(full))
     expected = not suspended and flow_active and not locked and buffered <= 100 and not any(full)
-    assert _Consumer.delivers_at_once(consumer, TP0) is expected
+    assert Consumer.delivers_at_once(consumer, TP0) is expected
 
 
 def test_a_partition_without_channels_is_handed_over_directly() -> None:
     consumer = _consumer(full=())
-    assert _Consumer.delivers_at_once(consumer, TP("ns.raw", 7)) is True
+    assert Consumer.delivers_at_once(consumer, TP("ns.raw", 7)) is True
 
 
 class _Fake:
@@ -75,7 +75,7 @@ class _Fake:
             delivered.append(message.offset)
 
         message = SimpleNamespace(offset=offset, topic=TP0.topic)
-        await _Consumer._hand_over(self, TP0, message, self._read_offset.get(TP0), callback,  # type: ignore[arg-type]
+        await Consumer._hand_over(self, TP0, message, self._read_offset.get(TP0), callback,  # type: ignore[arg-type]
                                    lambda topic: True)
 
     def suspend(self) -> Any:
@@ -125,7 +125,7 @@ def test_a_hand_over_that_raises_leaves_the_read_offset_where_it_was() -> None:
         raise KeyError(TP0)  # e.g. a partition the conductor has no handler for
 
     async def run() -> None:
-        await _Consumer._hand_over(fake, TP0, SimpleNamespace(offset=5, topic=TP0.topic),  # type: ignore[arg-type]
+        await Consumer._hand_over(fake, TP0, SimpleNamespace(offset=5, topic=TP0.topic),  # type: ignore[arg-type]
                                    4, callback, lambda topic: True)
 
     try:

@@ -1,4 +1,4 @@
-"""The worker's flow control (app.worker.shared.FlowControl): a resume clears the stream queues only
+"""The worker's flow control (app.seams.mode.FlowControl): a resume clears the stream queues only
 when the flow comes back from a suspension. Faust resumes it again once a rebalance's stream
 partitions are sought to their committed offsets, with the flow running since the recovery began;
 clearing then dropped records handed over in between, and the skip guard restarted the worker."""
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mode.utils.queues import FlowControlQueue
 
-from app.worker.shared import FlowControl
+from app.seams.mode import FlowControl
 
 
 def _queue(flow: FlowControl, items: list[int]) -> FlowControlQueue[int]:

@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.producer import KeyedProducer
-from app.worker import transactions
-from app.worker.transactions import TransactionStage, WriteFailed, _TransactionManager
+from app.seams.faust import producer as transactions
+from app.seams.faust.producer import TransactionManager as WorkerTransactionManager
+from app.worker.runtime import WorkerRuntime
+from app.worker.transactions import TransactionStage, WriteFailed
 
 CHANGELOG = "changelog"
 
@@ -245,7 +247,7 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     stopped: list[str] = []
     aborted: list[str] = []
 
-    class Producer(transactions._Producer):
+    class Producer(transactions.Producer):
         async def stop_transaction(self, transactional_id: str) -> None:
             stopped.append(transactional_id)
 
@@ -265,10 +267,12 @@ async def test_a_rebalance_replaces_the_producers_whose_transactions_hold_droppe
     producer._trn_locks = {tid: asyncio.Lock() for tid in producer._transaction_producers}
     app = type("App", (), {})()
     app.producer = producer
-    app.worker_state = type("State", (), {"stage": stage})()
+    runtime = object.__new__(WorkerRuntime)  # what the worker's runtime answers the seam (settle)
+    runtime.app, runtime.state = app, type("State", (), {"stage": stage})()
+    app.hooks = runtime
     app.conf = type("Conf", (), {"id": "w"})()
     app.assignor = type("Assignor", (), {"group_for_topic": staticmethod(lambda topic: 0)})()
-    manager = object.__new__(_TransactionManager)
+    manager = object.__new__(WorkerTransactionManager)
     manager.app = app
     manager.consumer = type("Consumer", (), {"maybe_wait_for_commit_to_finish": staticmethod(
         lambda: asyncio.sleep(0))})()
@@ -315,15 +319,25 @@ class Exited(Exception):
     pass
 
 
-def member_of_generation(monkeypatch: Any, state: Any, generation: int, assigned: int | None = None) -> None:
+def member_of_generation(monkeypatch: Any, consumer: Any, state: Any, generation: int,
+                         assigned: int | None = None) -> None:
     """The worker's consumer a member of ``generation`` of its group; its partitions assigned in
     ``assigned`` (the same generation unless given)."""
-    from app.worker import consumer as consumer_module
+    from app.seams.aiokafka import Membership
 
-    coordinator = type("Coordinator", (), {"generation": generation, "member_id": "member-1",
-                                           "_group_instance_id": None})()
-    monkeypatch.setattr(consumer_module, "_coordinator", lambda app: coordinator)
+    monkeypatch.setattr(consumer, "membership", lambda: Membership(generation, "member-1", None), raising=False)
     state.assigned_generation = generation if assigned is None else assigned
+
+
+def worker_consumer(state: Any) -> Any:
+    """The seam's consumer of a worker whose commits are app/worker/commit.py's, over ``state``."""
+    from app.seams.faust.consumer import Consumer
+    from app.worker.commit import Commit
+
+    consumer = object.__new__(Consumer)
+    consumer.in_transaction = True
+    consumer.app = type("App", (), {"hooks": type("Hooks", (), {"commit_offsets": Commit(state, False).run})()})()
+    return consumer
 
 
 def exiting_consumer(monkeypatch: Any, stage: Any, generation: int,
@@ -333,25 +347,21 @@ def exiting_consumer(monkeypatch: Any, stage: Any, generation: int,
     Exited: (consumer, its worker state, the exit codes)."""
     from aiokafka import TopicPartition
 
-    from app.worker import consumer as consumer_module
-    from app.worker.consumer import _Consumer
+    from app.worker import commit as commit_module
 
     codes: list[int] = []
 
     def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
         codes.append(code)
         raise Exited(message % args)
-    monkeypatch.setattr(consumer_module, "exit_for_restart", fake_exit)
+    monkeypatch.setattr(commit_module, "exit_for_restart", fake_exit)
     state = type("State", (), {})()
     state.stage = stage
     state.decided = {TopicPartition("raw", 0): 5}
     state.metrics = type("Metrics", (), {})()
-    member_of_generation(monkeypatch, state, generation, assigned)
-    consumer = object.__new__(_Consumer)
-    consumer.in_transaction = True
+    consumer = worker_consumer(state)
+    member_of_generation(monkeypatch, consumer, state, generation, assigned)
     consumer._committed_offset = {TopicPartition("raw", 0): 1}
-    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
-    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
     return consumer, state, codes
 
 
@@ -448,9 +458,6 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     from aiokafka import TopicPartition
     from faust.transport import consumer as faust_consumer
 
-    from app.worker import consumer as consumer_module
-    from app.worker.consumer import _Consumer
-
     committed_offsets: list[dict[Any, int]] = []
 
     async def faust_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
@@ -476,13 +483,10 @@ async def test_the_consumer_commits_no_offsets_of_a_partition_revoked_during_the
     state.stage = stage
     state.decided = {raw0: 5, raw1: 7}
     state.metrics = type("Metrics", (), {"commit_seconds": type("H", (), {"observe": lambda self, v: None})()})()
-    member_of_generation(monkeypatch, state, 3)
-    consumer = object.__new__(_Consumer)
-    consumer.in_transaction = True
+    consumer = worker_consumer(state)
+    member_of_generation(monkeypatch, consumer, state, 3)
     consumer._committed_offset = {raw0: 1, raw1: 1}
-    monkeypatch.setattr(consumer_module, "worker_state", lambda app: state)
     monkeypatch.setattr(consumer, "assignment", lambda: {raw0, raw1}, raising=False)
-    consumer.app = None  # type: ignore[assignment]  # worker_state is replaced above
     assert await consumer._commit_offsets({raw0: 5, raw1: 7})
     assert committed_offsets == [{raw0: 5}]
     assert stored == [{0}]
@@ -540,7 +544,7 @@ async def test_a_stopped_producer_aborts_its_open_transaction_first_and_a_stuck_
                 await asyncio.sleep(3600)  # aiokafka waits for its sender's pending end of the transaction
             events.append(f"stop {self.tid}")
 
-    producer = object.__new__(transactions._Producer)
+    producer = object.__new__(transactions.Producer)
     producer._transaction_producers = {"w-0": Transactional("w-0"), "w-1": Transactional("w-1", abort_hangs=True)}
     await asyncio.wait_for(producer.stop_transaction("w-0"), 5)
     assert events == ["abort w-0", "stop w-0"]

@@ -1,4 +1,4 @@
-"""Exactly-once failure paths of the worker's transactional producers (app/worker/transactions.py),
+"""Exactly-once failure paths of the worker's transactional producers (app/seams/faust/producer.py),
 with stand-ins for aiokafka's producers: a fenced commit ends the worker before the local store
 takes the values, a transaction that could not begin ends it too, and a revoked partition's
 decided offsets go with its staged writes."""
@@ -12,9 +12,9 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 
-from app.worker import transactions
+from app.seams.faust.producer import Producer, TransactionManager
+from app.worker import runtime
 from app.worker.exits import FAILED_EXIT_CODE
-from app.worker.transactions import _Producer, _TransactionManager
 
 
 class Exited(Exception):
@@ -28,7 +28,7 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def fake_exit(code: int, message: str, *args: Any, **kwargs: Any) -> None:
         codes.append(code)
         raise Exited(message % args)
-    monkeypatch.setattr(transactions, "exit_for_restart", fake_exit)
+    monkeypatch.setattr(runtime, "exit_for_restart", fake_exit)  # the worker's hooks' fail()
     return codes
 
 
@@ -62,11 +62,17 @@ class FakeTransactional:
         self.stopped = True
 
 
-def producer_with(**transactional: FakeTransactional) -> _Producer:
-    producer = object.__new__(_Producer)  # no Faust service: only the maps the methods use
+def producer_with(**transactional: FakeTransactional) -> Producer:
+    producer = object.__new__(Producer)  # no Faust service: only the maps the methods use
     producer._transaction_producers = dict(transactional)
     producer._trn_locks = {tid: asyncio.Lock() for tid in transactional}
+    producer.app = worker_app()
     return producer
+
+
+def worker_app(**attributes: Any) -> Any:
+    """An app whose hooks are the worker's runtime (its fail() ends the worker)."""
+    return type("App", (), {"hooks": object.__new__(runtime.WorkerRuntime), **attributes})()
 
 
 def test_a_fenced_commit_exits_before_the_caller_can_write_the_store(exits: list[int]) -> None:
@@ -87,7 +93,7 @@ def test_another_commit_failure_is_raised_after_every_commit_ended(exits: list[i
 
 
 def test_a_transaction_that_did_not_begin_ends_the_worker(exits: list[int]) -> None:
-    manager = object.__new__(_TransactionManager)
+    manager = object.__new__(TransactionManager)
     producer = producer_with(kept=FakeTransactional(in_transaction=True))
 
     async def begin_swallowing_failures(tid: str) -> None:  # Faust's: it logs and swallows every error
@@ -96,7 +102,7 @@ def test_a_transaction_that_did_not_begin_ends_the_worker(exits: list[int]) -> N
             producer._trn_locks[tid] = asyncio.Lock()
 
     producer.maybe_begin_transaction = begin_swallowing_failures  # type: ignore[method-assign,assignment]
-    manager.app = type("App", (), {"producer": producer})()
+    manager.app = worker_app(producer=producer)
     asyncio.run(manager._start_transactions(["kept", "new-ok"]))
     assert exits == []
     with pytest.raises(Exited, match="new-broken"):

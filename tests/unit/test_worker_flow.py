@@ -1,5 +1,5 @@
 """The worker app's fetch path against Faust's real conductor: WorkerApp installs its FlowControl
-for every stream and changelog queue, and when _Consumer.delivers_at_once says a hand-over cannot
+for every stream and changelog queue, and when Consumer.delivers_at_once says a hand-over cannot
 wait, the conductor's compiled handler (Faust's Cython one when built) completes without suspending
 — the fetch loop's direct call relies on that. A suspended flow makes it wait, and the check says so."""
 
@@ -12,16 +12,15 @@ from typing import Any
 from faust.types import TP
 from faust.types.tuples import Message
 
-from app.worker.app import _RawSchema
-from app.worker.consumer import _Consumer
-from app.worker.shared import FlowControl, WorkerApp
+from app.seams.faust import Consumer, RawSchema, WorkerApp
+from app.seams.mode import FlowControl
 
 TP0 = TP("raw", 0)
 
 
 def _setup() -> tuple[WorkerApp, Any, Any]:
     app = WorkerApp("flow-test", broker="kafka://127.0.0.1:1", store="memory://")
-    topic = app.topic("raw", schema=_RawSchema(key_type=bytes, value_type=bytes,
+    topic = app.topic("raw", schema=RawSchema(key_type=bytes, value_type=bytes,
                                                 key_serializer="raw", value_serializer="raw"))
     channel = topic.clone(is_iterator=True)
     conductor: Any = app.topics
@@ -60,14 +59,14 @@ def test_a_direct_hand_over_completes_without_suspending() -> None:
         consumer: Any = SimpleNamespace(app=app, suspend_flow=asyncio.Event())
         app.flow_control.resume()
         for offset in range(3):
-            assert _Consumer.delivers_at_once(consumer, TP0)
+            assert Consumer.delivers_at_once(consumer, TP0)
             assert _completes_at_once(conductor.on_message(_message(offset)))
             assert channel.queue.qsize() == offset + 1
         event = channel.queue.get_nowait()
         assert (event.key, event.value, event.message.offset) == (b"pg:dep_1", b"{}", 0)
 
         app.flow_control.suspend()  # a rebalance: the hand-over would wait, and the check knows it
-        assert not _Consumer.delivers_at_once(consumer, TP0)
+        assert not Consumer.delivers_at_once(consumer, TP0)
         assert not _completes_at_once(conductor.on_message(_message(9)))
 
         app.flow_control.resume()  # back from the suspension: the old generation's records go

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.pacing import BUSY_BATCH, HOLD_MAX_S
-from app.worker.app import queued
+from app.seams.faust import queued
 from app.worker.takes import decide_takes
 from tests.unit.test_worker_flow import _message, _setup
 

@@ -1,4 +1,5 @@
-"""Kafka's KIP-447 fencing of exactly-once workers' transactions (I/O shell over aiokafka).
+"""The door to aiokafka 0.14.0's internals: KIP-447 fencing of exactly-once commits, and the
+private state of its consumers and producers the worker reads or tunes (seam layer).
 
 aiokafka 0.14 commits a transaction's offsets with TxnOffsetCommit version 0, which carries no
 consumer group generation, and reads committed offsets with OffsetFetch versions 1-3, which may
@@ -14,6 +15,10 @@ under the same id, ends the old one's). With these two requests one producer per
 - OffsetFetch version 7 asks with ``require_stable``: while a transaction holding offsets of a
   partition is open, the coordinator answers UNSTABLE_OFFSET_COMMIT, and the fetch is tried again
   after the retry backoff until the transaction has ended (committed or aborted).
+
+Both are patches of aiokafka's modules, installed by ``install`` (the worker's start-up calls it,
+nothing does at import; a second call changes nothing). Paths and line numbers below are of
+aiokafka 0.14.0 (app/seams/__init__.py pins it; tests/unit/test_seams_aiokafka.py checks them).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import errors as Errors
 from aiokafka.consumer import group_coordinator
 from aiokafka.producer import sender
@@ -72,13 +78,6 @@ def pinned(group_id: str, membership: Membership) -> Iterator[None]:
         yield
     finally:
         _pinned.pop(group_id, None)
-
-
-def coordinator_membership(coordinator: Any) -> Membership:
-    """The membership that an aiokafka consumer's group coordinator holds now (none before it runs)."""
-    if coordinator is None:
-        return Membership(NO_GENERATION, "", None)
-    return Membership(coordinator.generation, coordinator.member_id, coordinator._group_instance_id)
 
 
 class UnstableOffsetCommitError(Errors.KafkaError):  # type: ignore[misc]  # aiokafka's protocol classes are untyped
@@ -184,7 +183,10 @@ class StableOffsetFetchRequest(Request[OffsetFetchRequest_v7]):  # type: ignore[
 
 class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[misc]  # aiokafka is untyped here
     """aiokafka's handler, with version 3 and the worker's membership; a refusal for being an
-    earlier generation's member makes the transaction abortable only."""
+    earlier generation's member makes the transaction abortable only. Relied on (producer/sender.py
+    TxnOffsetCommitHandler, line 617): its _offsets and _group_id, its sender's _txn_manager (the
+    producer's TransactionManager: transactional_id, producer_id, producer_epoch), and
+    handle_response reading ``resp.errors`` in version 0's shape."""
 
     def create_request(self) -> FencedTxnOffsetCommitRequest:
         txn_manager = self._sender._txn_manager
@@ -220,7 +222,10 @@ class _TxnOffsetCommitHandler(sender.TxnOffsetCommitHandler):  # type: ignore[mi
 def _refuse(txn_manager: Any, exc: Exception) -> None:
     """aiokafka's error_transaction, but the transaction's partitions kept: aiokafka's abort ends
     at the broker only a transaction it knows to hold something (else the broker keeps it open,
-    and read_committed readers wait at its first record, until the transaction timeout)."""
+    and read_committed readers wait at its first record, until the transaction timeout).
+    producer/transaction_manager.py TransactionManager: _transition_to (line 106), and the state
+    error_transaction (line 141) resets: _pending_txn_partitions, _pending_txn_offsets (a deque of
+    (group id, offsets, future)), _transaction_waiter (lines 60-66)."""
     txn_manager._transition_to(TransactionState.ABORTABLE_ERROR)
     txn_manager._pending_txn_partitions.clear()  # never added: nothing of them at the broker
     for _group_id, _offsets, refused in txn_manager._pending_txn_offsets:
@@ -232,7 +237,9 @@ def _refuse(txn_manager: Any, exc: Exception) -> None:
 
 
 async def _fetch_stable_offsets(self: Any, partitions: list[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata]:
-    """aiokafka's GroupCoordinator._do_fetch_commit_offsets, asking for stable offsets (version 7)."""
+    """aiokafka's GroupCoordinator._do_fetch_commit_offsets (consumer/group_coordinator.py line
+    1184), asking for stable offsets (version 7): it sends through the coordinator's _send_req
+    (line 299), and its caller, fetch_committed_offsets, retries a retriable error after the backoff."""
     by_topic: dict[str, list[int]] = collections.defaultdict(list)
     for tp in partitions:
         by_topic[tp.topic].append(tp.partition)
@@ -257,6 +264,7 @@ async def _fetch_stable_offsets(self: Any, partitions: list[TopicPartition]) -> 
 
 
 def _raise_fetch_error(coordinator: Any, error_type: type[Errors.KafkaError], tp: TopicPartition | None) -> None:
+    """What aiokafka's own _do_fetch_commit_offsets does with each error code (coordinator_dead: line 516)."""
     if error_type in (Errors.NotCoordinatorForGroupError, Errors.GroupCoordinatorNotAvailableError):
         coordinator.coordinator_dead()  # found again before the retry
     if error_type in (Errors.GroupLoadInProgressError, Errors.NotCoordinatorForGroupError,
@@ -267,8 +275,81 @@ def _raise_fetch_error(coordinator: Any, error_type: type[Errors.KafkaError], tp
     raise Errors.KafkaError(f"fetching the committed offsets{f' of {tp}' if tp else ''}: {error_type.__name__}")
 
 
+# The originals the patches replace, kept for the seam's tests (the signature and source they were read at).
+ORIGINAL_TXN_OFFSET_COMMIT_HANDLER = sender.TxnOffsetCommitHandler
+ORIGINAL_FETCH_COMMIT_OFFSETS = group_coordinator.GroupCoordinator._do_fetch_commit_offsets
+
+
 def install() -> None:
-    """Every aiokafka producer and consumer of this process from now on: TxnOffsetCommit version 3
-    with the registered membership, OffsetFetch version 7 with require_stable."""
+    """Every aiokafka producer and consumer of this process from then on: TxnOffsetCommit version 3
+    with the registered membership, OffsetFetch version 7 with require_stable. Idempotent."""
+    # producer/sender.py Sender._do_txn_offset_commit (line 340) builds its handler (line 356) by this
+    # module-global name at each commit, so replacing the name replaces the handler
     sender.TxnOffsetCommitHandler = _TxnOffsetCommitHandler
+    # consumer/group_coordinator.py GroupCoordinator.fetch_committed_offsets (its retry loop) awaits
+    # self._do_fetch_commit_offsets(partitions) (line 1184), retrying on retriable errors after the backoff
     group_coordinator.GroupCoordinator._do_fetch_commit_offsets = _fetch_stable_offsets
+
+
+def installed() -> bool:
+    return (sender.TxnOffsetCommitHandler is _TxnOffsetCommitHandler
+            and group_coordinator.GroupCoordinator._do_fetch_commit_offsets is _fetch_stable_offsets)
+
+
+# --- the private state of aiokafka's clients that the worker reads or tunes ---
+
+def group_membership(consumer: AIOKafkaConsumer | None) -> Membership:
+    """The membership that ``consumer``'s group coordinator holds now (none before it runs).
+    consumer/consumer.py AIOKafkaConsumer._coordinator (set in start(), line 403);
+    consumer/group_coordinator.py GroupCoordinator.generation, .member_id (public attributes) and
+    ._group_instance_id (line 264)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is None:
+        return Membership(NO_GENERATION, "", None)
+    return Membership(coordinator.generation, coordinator.member_id, coordinator._group_instance_id)
+
+
+def member_id(consumer: AIOKafkaConsumer | None) -> str | None:
+    """The id the group coordinator gave ``consumer`` when it last joined (None before)."""
+    found: str | None = getattr(getattr(consumer, "_coordinator", None), "member_id", None)
+    return found or None
+
+
+def coordination_failure(consumer: AIOKafkaConsumer | None) -> BaseException | None:
+    """Why ``consumer``'s group coordination ended, or None while it runs: GroupCoordinator's
+    _coordination_task (consumer/group_coordinator.py line 272) runs for as long as it is a member."""
+    task = getattr(getattr(consumer, "_coordinator", None), "_coordination_task", None)
+    if task is None or not task.done() or task.cancelled():
+        return None
+    failure: BaseException | None = task.exception()
+    return failure
+
+
+def positions(consumer: AIOKafkaConsumer, topic: str) -> dict[int, int | None]:
+    """``consumer``'s fetch position of each assigned partition of ``topic`` (a stall's diagnosis):
+    AIOKafkaConsumer._subscription (consumer.py line 341), SubscriptionState.subscription.assignment
+    .state_value(tp).position (consumer/subscription_state.py line 415)."""
+    return {tp.partition: consumer._subscription.subscription.assignment.state_value(tp).position
+            for tp in consumer.assignment() if tp.topic == topic}
+
+
+def set_fetch_max_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:
+    """Before ``consumer`` starts: AIOKafkaConsumer.__init__ keeps fetch_max_wait_ms as
+    _fetch_max_wait_ms (consumer.py line 330), which start() hands to its Fetcher (line 391)."""
+    consumer._fetch_max_wait_ms = wait_ms
+
+
+def set_fetch_min_bytes(consumer: AIOKafkaConsumer | None, value: int) -> None:
+    """From ``consumer``'s next fetch request on (a started consumer; else nothing): Fetcher reads its
+    _fetch_min_bytes (consumer/fetcher.py line 405) for each request it builds
+    (Fetcher._get_actions_per_node, line 664), a plain
+    attribute, so setting it from another thread is safe. AIOKafkaConsumer._fetcher: consumer.py line 384."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_min_bytes = value
+
+
+def in_transaction(producer: AIOKafkaProducer | None) -> bool:
+    """Whether ``producer`` (transactional) has a transaction open: AIOKafkaProducer._txn_manager
+    (producer/producer.py line 272), TransactionManager.is_in_transaction (transaction_manager.py line 180)."""
+    return producer is not None and bool(producer._txn_manager.is_in_transaction())

@@ -1,0 +1,246 @@
+"""Faust's Kafka consumer as the worker runs it: fetch waits and sizes, the fetch loop's hand-over,
+the commit timer and the offsets to commit asked of the worker (seam layer over faust-streaming 0.15.3).
+
+Paths and line numbers are of faust-streaming 0.15.3 (app/seams/__init__.py pins it;
+tests/unit/test_seams_faust.py checks that each private member relied on is still there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.transport import consumer as faust_consumer
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP, AppT, Message
+from mode import Service, ServiceT
+
+from app.seams import aiokafka as kafka_seam
+from app.seams.faust.app import hooks_of
+
+# Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
+# and leaves out the partitions whose records are still buffered or paused (Faust pauses them for
+# flow control), so a fetch sent at such a moment asks only for quiet partitions and the broker
+# holds it the whole wait: orderly.raw is not read meanwhile, and no batch is taken while the
+# ingest appends.
+FETCH_MAX_WAIT_MS = 100
+DRAIN_YIELD_EVERY = 100  # the fetch loop lets other tasks run after this many records (as Faust's does)
+START_OFFSET_TIMEOUT_S = 5.0  # the skip guard's question to the broker (ask_start_offset), at most
+
+
+class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        # faust/transport/drivers/aiokafka.py AIOKafkaConsumerThread._create_worker_consumer (line 568)
+        # builds the aiokafka consumer, passing fetch_max_wait_ms=1500 with no setting to change it
+        consumer = super()._create_worker_consumer(transport)
+        kafka_seam.set_fetch_max_wait(consumer, FETCH_MAX_WAIT_MS)  # read when the consumer starts
+        return consumer
+
+    def client(self) -> AIOKafkaConsumer | None:
+        """aiokafka's consumer, once the thread made it: AIOKafkaConsumerThread._consumer (line 547)."""
+        client: AIOKafkaConsumer | None = getattr(self, "_consumer", None)
+        return client
+
+
+class Consumer(faust_aiokafka.Consumer):
+    """Faust's consumer with the worker's fetch loop, commit timer and offsets (through its hooks,
+    app/seams/faust/app.py's WorkerHooks; without them, Faust's own)."""
+
+    def _new_consumer_thread(self) -> ConsumerThread:
+        # faust/transport/drivers/aiokafka.py Consumer._new_consumer_thread (line 237), called by
+        # faust/transport/consumer.py ThreadDelegateConsumer.__init__ (line 1398) to set self._thread
+        return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def client(self) -> AIOKafkaConsumer | None:
+        """aiokafka's consumer under this one (Consumer._thread: transport/consumer.py line 1398)."""
+        thread = getattr(self, "_thread", None)
+        return thread.client() if isinstance(thread, ConsumerThread) else None
+
+    def set_fetch_min_bytes(self, value: int) -> None:
+        kafka_seam.set_fetch_min_bytes(self.client(), value)
+
+    def membership(self) -> kafka_seam.Membership:
+        return kafka_seam.group_membership(self.client())
+
+    def delivers_at_once(self, tp: TP) -> bool:
+        """Whether handing a record of ``tp`` to the conductor cannot wait: the flow runs, no
+        subscription change holds the conductor, Faust's producer buffer is not over its limit and
+        no queue of the partition's channels is full. Only then may the fetch loop await the
+        hand-over itself; otherwise it must give it up when the flow stops (a rebalance clears the
+        queues, and a hand-over finished after that would deliver a record of a revoked partition)."""
+        app = self.app
+        # faust/transport/conductor.py Conductor._tp_to_callback_lock (line 264, held while the
+        # subscriptions change) and Conductor._tp_index (line 262, partition -> its channels)
+        conductor: Any = app.topics
+        if self.suspend_flow.is_set() or not app.flow_control.is_active() or conductor._tp_to_callback_lock.locked():
+            return False
+        buffer = app.producer.buffer
+        if buffer.size > buffer.max_messages:
+            return False
+        return not any(channel.queue.full() for channel in conductor._tp_index.get(tp, ()))
+
+    async def _drain_messages(self, fetcher: ServiceT) -> None:  # pragma: no cover  # Faust's thread-side loop
+        """Faust's fetch loop (faust/transport/consumer.py Consumer._drain_messages, line 1170), handing
+        a record over directly when that cannot wait (delivers_at_once). Faust races every hand-over
+        against the flow's suspension in ``wait_first``: four tasks and an ``asyncio.wait`` per record,
+        a tenth of the worker's CPU under load. Records whose hand-over could wait still go that way."""
+        callback = self.callback
+        read_offset = self._read_offset  # Consumer._read_offset (line 481): the last offset handed over
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        # mode's Service._stopped (mode/services.py line 579: the Event its stop sets), as Faust's loop reads it
+        consumer_stopped, fetcher_stopped = self._stopped.is_set, fetcher._stopped.is_set  # type: ignore[attr-defined]
+        since_yield = 0
+        try:
+            while not (consumer_stopped() or fetcher_stopped()):
+                self.diag.set_flag(faust_consumer.CONSUMER_FETCHING)
+                records = self.getmany(timeout=1.0)
+                await self.sleep(0)  # getmany may return at once, again and again
+                if not self.should_stop:
+                    async for tp, message in records:
+                        since_yield += 1
+                        if since_yield > DRAIN_YIELD_EVERY:
+                            await asyncio.sleep(0)
+                            since_yield = 0
+                        await self._hand_over(tp, message, read_offset.get(tp), callback, acks_enabled_for)
+                self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
+        except self.consumer_stopped_errors:
+            if not self.transport.app.should_stop:
+                raise
+            self.log.info("Broker stopped consumer, shutting down...")
+        except asyncio.CancelledError:
+            if not self.transport.app.should_stop:
+                raise
+            self.log.info("Consumer shutting down for user cancel.")
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
+
+    async def _hand_over(self, tp: TP, message: Message, read: int | None, callback: Any,
+                         acks_enabled_for: Any) -> None:
+        # the body of Faust's loop for one record: _add_gap (line 1157), _commit_every and _n_acked
+        # (line 471; _n_acked a class attribute, line 440), _read_offset
+        offset = message.offset
+        if read is not None and offset < read:
+            return  # handed over before (Faust drops it the same way)
+        if read and offset - read > 1 and acks_enabled_for(message.topic):
+            await self._add_gap(tp, read + 1, offset)
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+        if self.delivers_at_once(tp):
+            await callback(message)
+        else:
+            await self.wait_first(callback(message), self.suspend_flow.wait())
+        self._read_offset[tp] = offset
+
+    def committed_offset(self, tp: TP) -> int | None:
+        """Where ``tp`` was last committed or sought to by Faust (None: not known yet);
+        Consumer._committed_offset (line 482), a defaultdict."""
+        return self._committed_offset.get(tp)
+
+    def committed_offsets(self) -> dict[TP, int | None]:
+        return dict(self._committed_offset)
+
+    def should_commit(self, tp: TP, offset: int) -> bool:
+        """Faust's test of an offset against the one last committed (Consumer._should_commit, line 1093)."""
+        return bool(self._should_commit(tp, offset))
+
+    async def start_offset(self, tp: TP) -> int | None:
+        """Where the consumer began reading ``tp`` in this assignment, asked of the broker (on
+        Faust's consumer thread, where aiokafka's consumer runs): see ``ask_start_offset``. None if
+        the broker could not say within START_OFFSET_TIMEOUT_S (the caller then takes the first
+        record as the start)."""
+        thread = self._thread
+        try:
+            # mode's ServiceThread.call_thread; AIOKafkaConsumerThread._ensure_consumer (line 1065)
+            start: int | None = await thread.call_thread(ask_start_offset, thread._ensure_consumer(), tp)
+            return start
+        except Exception as exc:  # a guard, not a step the batch depends on
+            self.log.warning("could not ask where %s[%d] starts: %r", tp.topic, tp.partition, exc)
+            return None
+
+    @Service.task
+    async def _commit_handler(self) -> None:
+        """Faust's commit timer (Consumer._commit_handler, line 910: a fixed interval), with the wait
+        after each commit chosen by the worker."""
+        interval = self.commit_interval
+        hooks = hooks_of(self.app)
+        await self.sleep(interval)
+        while not self.should_stop:
+            await self.commit()
+            committed_at = time.monotonic()
+            wait = hooks.next_commit_wait(interval) if hooks is not None else interval
+            await self.sleep(interval)
+            while not self.should_stop:
+                now = time.monotonic()
+                if hooks is None or hooks.commit_due(now - committed_at, wait):
+                    break
+                await self.sleep(min(interval, committed_at + wait - now))
+
+    def _new_offset(self, tp: TP) -> int | None:
+        """The offset to commit, the worker's (Consumer._new_offset, line 1097, reads it from its
+        list of acks, which fell behind what was decided when records were handed over during
+        recovery and again after its seek)."""
+        hooks = hooks_of(self.app)
+        if hooks is None:
+            return super()._new_offset(tp)
+        self._acked[tp].clear()  # Faust's ack lists (lines 479-480) only say which partitions have news
+        self._acked_index[tp].clear()
+        return hooks.decided_offset(tp)
+
+    async def _commit_offsets(self, offsets: Any, start_new_transaction: bool = True) -> bool:
+        """Consumer._commit_offsets (line 1039) as the worker's commit runs it (its hooks'
+        commit_offsets, which calls ``faust_commit_offsets`` for Faust's own step)."""
+        hooks = hooks_of(self.app)
+        if hooks is None:
+            return await self.faust_commit_offsets(offsets, start_new_transaction)
+        return await hooks.commit_offsets(self, offsets, start_new_transaction)
+
+    async def faust_commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        """Faust's commit of ``offsets``: its transactions (TransactionManager.commit) or its
+        consumer's commit, the tables' on_commit, and its committed offsets."""
+        return bool(await super()._commit_offsets(offsets, start_new_transaction))
+
+    def flow_state(self, topic: str) -> str:
+        """What Faust's fetch loop holds for ``topic``'s assigned partitions, for the log of a stall:
+        whether the flow is on, which partitions it pauses or fetches, the offset it last handed over
+        and aiokafka's position. Each read is guarded: this runs when something is already wrong.
+        Consumer._paused_partitions and _active_partitions: transport/consumer.py
+        Consumer._reset_state, lines 518-519."""
+        try:
+            assigned = sorted(tp.partition for tp in self.assignment() if tp.topic == topic)
+            paused = sorted(tp.partition for tp in self._paused_partitions if tp.topic == topic)
+            active = sorted(tp.partition for tp in (self._active_partitions or ()) if tp.topic == topic)
+            read = {tp.partition: offset for tp, offset in self._read_offset.items() if tp.topic == topic}
+            client = self.client()
+            positions = kafka_seam.positions(client, topic) if client is not None else {}
+            return (f"flow active {self.flow_active}; assigned {assigned}, paused {paused}, fetched {active}; "
+                    f"last handed over {read}; positions {positions}")
+        except Exception as exc:  # a diagnosis must not hide the stall it reports
+            return f"not read ({type(exc).__name__}: {exc})"
+
+
+async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSET_TIMEOUT_S) -> int | None:
+    """The group's committed offset of ``tp``, or with none the partition's earliest (the auto
+    offset reset): where ``consumer`` (aiokafka's) began reading it. Bounded: aiokafka retries an
+    offset fetch without end while the group's coordinator is away or loading."""
+    partition = TopicPartition(tp.topic, tp.partition)  # aiokafka's own type, which beginning_offsets asks for
+    async with asyncio.timeout(timeout_s):
+        committed = await consumer.committed(partition)
+        if committed is not None:
+            return int(committed)
+        found = await consumer.beginning_offsets([partition])
+        return int(found[partition]) if partition in found else None
+
+
+def consumer_of(app: AppT) -> Consumer:
+    """The worker's consumer, as the seam's Transport creates it."""
+    consumer = app.consumer
+    if not isinstance(consumer, Consumer):
+        raise TypeError(f"the worker's app has {type(consumer).__name__} for a consumer, not the seam's Consumer")
+    return consumer

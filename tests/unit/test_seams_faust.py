@@ -1,0 +1,120 @@
+"""app/seams/faust/ against the pinned faust-streaming: each private member it relies on is there
+with the expected signature, each method it replaces or wraps is the source it was written
+against, and the transport builds the seam's classes."""
+
+from __future__ import annotations
+
+import inspect
+from contextvars import ContextVar
+
+import faust
+import pytest
+from faust import streams
+from faust.stores import rocksdb
+from faust.tables import manager, recovery
+from faust.transport import conductor
+from faust.transport import consumer as faust_consumer
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from app.seams import faust as seam
+from tests.unit.seams_upstream import assigns, changed, fingerprint, parameters
+
+Consumer, TransactionManager = faust_consumer.Consumer, faust_consumer.TransactionManager
+Producer, Thread = faust_aiokafka.Producer, faust_aiokafka.AIOKafkaConsumerThread
+
+# Each method the seam overrides (its behaviour replayed or extended there), at the source it was read.
+SOURCES = {
+    "Consumer._drain_messages": (Consumer._drain_messages, "44a2500309e83c63"),
+    "Consumer._commit_handler": (Consumer._commit_handler.fun, "4e5da5df073082d6"),
+    "Consumer._new_offset": (Consumer._new_offset, "1d2c7ea89a7ad4f1"),
+    "Consumer._commit_offsets": (Consumer._commit_offsets, "1a69799041188441"),
+    "TransactionManager.on_rebalance": (TransactionManager.on_rebalance, "2c190b35003af25c"),
+    "TransactionManager.commit": (TransactionManager.commit, "fbb29c3467ac8bfa"),
+    "TransactionManager._start_transactions": (TransactionManager._start_transactions, "6ee1a2d9b4196b3a"),
+    "AIOKafkaConsumerThread._create_worker_consumer": (Thread._create_worker_consumer, "c2701bfc3e6f6cad"),
+    "Producer._settings_extra": (Producer._settings_extra, "a4c7bc41b6382223"),
+    "Producer.commit_transactions": (Producer.commit_transactions, "70091e6f431974e9"),
+    "Producer.stop_transaction": (Producer.stop_transaction, "ba24cb80581302aa"),
+    "Recovery._build_highwaters": (recovery.Recovery._build_highwaters, "91b4cc0d3724ae7b"),
+    "TableManager.on_start": (manager.TableManager.on_start, "365dd25fbc0e0684"),
+    "TableManager.recovery": (vars(manager.TableManager)["recovery"].fget, "f0bf5de78b4c3d23"),
+}
+
+
+def test_each_method_the_seam_overrides_is_the_source_it_was_written_against() -> None:
+    expected = {name: digest for name, (_, digest) in SOURCES.items()}
+    found = {name: fingerprint(obj) for name, (obj, _) in SOURCES.items()}
+    assert found == expected, changed(expected, found, "faust-streaming")
+
+
+@pytest.mark.parametrize(("owner", "method", "wanted"), [
+    (Consumer, "_drain_messages", ["self", "fetcher"]),
+    (Consumer, "_new_offset", ["self", "tp"]),
+    (Consumer, "_commit_offsets", ["self", "offsets", "start_new_transaction"]),
+    (Consumer, "_should_commit", ["self", "tp", "offset"]),
+    (Consumer, "_add_gap", ["self", "tp", "offset_from", "offset_to"]),
+    (Consumer, "maybe_wait_for_commit_to_finish", ["self"]),
+    (Consumer, "wait_first", ["self", "coros", "timeout"]),
+    (faust_aiokafka.Consumer, "_new_consumer_thread", ["self"]),
+    (Thread, "_create_worker_consumer", ["self", "transport"]),
+    (Thread, "_ensure_consumer", ["self"]),
+    (Producer, "_settings_extra", ["self"]),
+    (Producer, "stop_transaction", ["self", "transactional_id"]),
+    (Producer, "maybe_begin_transaction", ["self", "transactional_id"]),
+    (Producer, "commit_transactions", ["self", "tid_to_offset_map", "group_id", "start_new_transaction"]),
+    (TransactionManager, "on_rebalance", ["self", "assigned", "revoked", "newly_assigned"]),
+    (TransactionManager, "_start_transactions", ["self", "tids"]),
+    (TransactionManager, "_tps_to_transactional_ids", ["self", "tps"]),
+    (TransactionManager, "commit", ["self", "offsets", "start_new_transaction"]),
+    (recovery.Recovery, "_build_highwaters", ["self", "consumer", "tps", "destination", "title"]),
+    (manager.TableManager, "_update_channels", ["self"]),
+    (rocksdb.Store, "_db_for_partition", ["self", "partition"]),
+    (rocksdb.Store, "set_persisted_offset", ["self", "tp", "offset"]),
+    (streams.Stream, "noack_take", ["self", "max_", "within"]),
+])
+def test_each_private_method_relied_on_has_its_signature(owner: type, method: str, wanted: list[str]) -> None:
+    assert parameters(getattr(owner, method)) == wanted, f"{owner.__name__}.{method} changed"
+
+
+@pytest.mark.parametrize(("owner", "method", "attribute"), [
+    (Consumer, "__init__", "_acked"),
+    (Consumer, "__init__", "_acked_index"),
+    (Consumer, "__init__", "_read_offset"),
+    (Consumer, "__init__", "_committed_offset"),
+    (Consumer, "__init__", "_commit_every"),
+    (Consumer, "_reset_state", "_active_partitions"),
+    (Consumer, "_reset_state", "_paused_partitions"),
+    (faust_consumer.ThreadDelegateConsumer, "__init__", "_thread"),
+    (Thread, "on_start", "_consumer"),
+    (conductor.Conductor, "__init__", "_tp_index"),
+    (conductor.Conductor, "__init__", "_tp_to_callback_lock"),
+    (rocksdb.Store, "__init__", "use_rocksdict"),
+    (recovery.Recovery, "__init__", "active_offsets"),
+    (recovery.Recovery, "__init__", "standby_offsets"),
+    (recovery.Recovery, "__init__", "active_highwaters"),
+])
+def test_each_private_attribute_relied_on_is_still_set_where_it_was(owner: type, method: str, attribute: str) -> None:
+    assert assigns(owner, method, attribute), f"{owner.__name__}.{method} no longer sets {attribute}"
+
+
+def test_the_class_level_state_and_names_relied_on_are_there() -> None:
+    assert isinstance(Producer._transaction_producers, dict) and isinstance(Producer._trn_locks, dict)
+    assert rocksdb.Store.offset_key == b"__faust\0offset__"
+    assert Consumer._n_acked == 0 and manager.TableManager._recovery is None  # class-level defaults
+    assert isinstance(streams._current_event, ContextVar)
+    assert faust_consumer.CONSUMER_FETCHING == "FETCHING"
+    assert "flow_control" in vars(faust.App)  # a cached property the seam's app replaces
+    # the drain loop the seam replays reads these the same way
+    drain = inspect.getsource(Consumer._drain_messages)
+    assert "getmany(timeout=1.0)" in drain and "callback(message), self.suspend_flow.wait()" in drain
+
+
+def test_the_transport_builds_the_seams_consumer_producer_and_transaction_manager() -> None:
+    assert issubclass(seam.Transport, faust_aiokafka.Transport)
+    assert (seam.Transport.Consumer, seam.Transport.Producer, seam.Transport.TransactionManager) == (
+        seam.Consumer, seam.Producer, seam.TransactionManager)
+    app = seam.WorkerApp("seam-test", broker="kafka://127.0.0.1:1", store="memory://")
+    app.transport = seam.Transport(app.conf.broker_consumer, app)
+    assert isinstance(app.consumer, seam.Consumer)
+    assert isinstance(app.producer, seam.Producer)
+    assert seam.hooks_of(app) is None and seam.worker_transactional_id(app) is None
