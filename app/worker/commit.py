@@ -22,30 +22,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Protocol
 
 from faust.types import TP
 
-from app.seams.aiokafka import FencedMemberError, Membership
+from app.seams.aiokafka import FencedMemberError
+from app.seams.faust import CommittingConsumer
 from app.worker.consumer import next_commit_wait
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import WorkerState
-
-
-class CommittingConsumer(Protocol):
-    """What a commit asks of the worker's consumer (app/seams/faust/consumer.py's Consumer)."""
-
-    in_transaction: bool
-
-    def committed_offsets(self) -> dict[TP, int | None]: ...
-
-    def should_commit(self, tp: TP, offset: int) -> bool: ...
-
-    def assignment(self) -> set[TP]: ...
-
-    def membership(self) -> Membership: ...
-
-    async def faust_commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool: ...
 
 
 class Commit:

@@ -23,7 +23,15 @@ from app.kafka_client import client_options
 from app.liveness import Liveness
 from app.producer import KeyedProducer
 from app.seams import aiokafka as kafka_seam
-from app.seams.faust import Consumer, WorkerApp, consumer_of, noack_take, queued, transactional_id
+from app.seams.faust import (
+    CommittingConsumer,
+    Consumer,
+    WorkerApp,
+    consumer_of,
+    noack_take,
+    queued,
+    transactional_id,
+)
 from app.settings import Settings
 from app.worker.batch import BatchProcessor
 from app.worker.commit import Commit
@@ -196,7 +204,7 @@ class WorkerRuntime:
     def commit_due(self, since_commit: float, wait: float) -> bool:
         return commit_due(since_commit, wait, time.monotonic() - self.state.last_batch_at, self.state.quiet_s)
 
-    async def commit_offsets(self, consumer: Consumer, offsets: Mapping[TP, int],
+    async def commit_offsets(self, consumer: CommittingConsumer, offsets: Mapping[TP, int],
                              start_new_transaction: bool) -> bool:
         return await self.commit.run(consumer, offsets, start_new_transaction)
 

@@ -16,15 +16,6 @@ CHECKED = ("app", "topics", "projections")
 MODULE_LINES = 400
 FUNCTION_LINES = 80
 
-# TEMPORARY (issue #43, parallel branches): modules other helpers are restructuring on their own
-# branches, left out of test_no_module_or_function_over_the_limits until then. The lead empties this
-# allow-list once every branch is merged; test_pending_shapes_still_break says when an entry is stale.
-PENDING = {
-    "app/worker/app.py",  # seams-worker helper: build_app of 198 lines
-    "app/worker/transactions.py",  # seams-worker helper: a module of 408 lines
-}
-
-
 def modules() -> list[Path]:
     return sorted(path for folder in CHECKED for path in (ROOT / folder).rglob("*.py"))
 
@@ -52,18 +43,8 @@ def test_the_walk_finds_the_modules() -> None:
 
 
 def test_no_module_or_function_over_the_limits() -> None:
-    found = [line for path in modules() if path.relative_to(ROOT).as_posix() not in PENDING
-             for line in violations(path)]
+    found = [line for path in modules() for line in violations(path)]
     assert not found, "over the size limits:\n" + "\n".join(found)
-
-
-def test_pending_shapes_still_break() -> None:
-    """Each allow-listed module still breaks the rule: once it does not, remove it from PENDING."""
-    pending = {path.relative_to(ROOT).as_posix(): violations(path) for path in modules()
-               if path.relative_to(ROOT).as_posix() in PENDING}
-    assert set(pending) == PENDING, f"allow-listed modules that do not exist: {PENDING - set(pending)}"
-    within = sorted(name for name, found in pending.items() if not found)
-    assert not within, f"within the limits now, remove from PENDING: {within}"
 
 
 def test_the_counts(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app.seams.faust.app import (
+    CommittingConsumer,
     RawSchema,
     WorkerApp,
     WorkerHooks,
@@ -37,7 +38,8 @@ class Transport(faust_aiokafka.Transport):
 
 
 __all__ = [
-    "Consumer", "ConsumerThread", "PartitionEvent", "Producer", "RawSchema", "Target", "TransactionManager",
+    "CommittingConsumer", "Consumer", "ConsumerThread", "PartitionEvent", "Producer", "RawSchema", "Target",
+    "TransactionManager",
     "Transport", "WorkerApp", "WorkerHooks", "WorkerTableManager", "ask_start_offset", "consumer_of", "hooks_of",
     "inside", "is_rocksdict", "noack_take", "partition_db", "producer_of", "queued", "raw_schema",
     "transactional_id", "worker_transactional_id",

@@ -7,7 +7,7 @@ Paths and line numbers are of faust-streaming 0.15.3 (app/seams/__init__.py pins
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import faust
 from faust.types import TP, AppT
@@ -17,8 +17,22 @@ from mode.utils.queues import FlowControlEvent
 from app.seams.aiokafka import Membership
 from app.seams.mode import FlowControl
 
-if TYPE_CHECKING:  # for the annotations only: consumer.py imports this module
-    from app.seams.faust.consumer import Consumer
+
+class CommittingConsumer(Protocol):
+    """What a commit asks of the worker's consumer (consumer.py's Consumer is one: declared here, where the hook
+    that takes it is, so that this module need not import consumer.py, which imports it)."""
+
+    in_transaction: bool
+
+    def committed_offsets(self) -> dict[TP, int | None]: ...
+
+    def should_commit(self, tp: TP, offset: int) -> bool: ...
+
+    def assignment(self) -> set[TP]: ...
+
+    def membership(self) -> Membership: ...
+
+    async def faust_commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool: ...
 
 
 class WorkerHooks(Protocol):
@@ -34,7 +48,7 @@ class WorkerHooks(Protocol):
     def commit_due(self, since_commit: float, wait: float) -> bool:
         """Whether to commit now, ``since_commit`` s after the last commit with ``wait`` chosen for the next."""
 
-    async def commit_offsets(self, consumer: Consumer, offsets: Mapping[TP, int],
+    async def commit_offsets(self, consumer: CommittingConsumer, offsets: Mapping[TP, int],
                              start_new_transaction: bool) -> bool:
         """Commit (the consumer's ``faust_commit_offsets`` is Faust's own step of it)."""
 
