@@ -217,6 +217,11 @@ class Secret(Generic[T]):
         # an f-string meant the value (a header, a DSN) and would silently get the mask: refused instead
         raise TypeError("a Secret is not formatted: reveal() it where the value is meant")
 
+    def __bool__(self) -> bool:
+        # whether a value is there (no secrets at all is falsy, as the value is): the checks that
+        # refuse a missing token or a gateway without secrets ask exactly this
+        return bool(self._value)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Secret) and bool(self._value == other._value)
 

@@ -275,10 +275,10 @@ class Settings:
 
     def with_overrides(self, **changes: object) -> Settings:
         for name, value in changes.items():
-            if name not in FIELDS:
-                raise TypeError(f"Settings has no setting {name!r}")
-            if name in SECRET_FIELDS and not (value is None or isinstance(value, Secret)):
-                raise TypeError(f"{name} is a secret: pass a Secret, not a {type(value).__name__}")
+            held = value.values() if isinstance(value, dict) else [value]  # secrets: a Secret per gateway
+            if name not in FIELDS or (name in SECRET_FIELDS and not all(isinstance(v, Secret | None) for v in held)):
+                raise TypeError(f"Settings has no setting {name!r}" if name not in FIELDS
+                                else f"{name} is a secret: pass a Secret, not a {type(value).__name__}")
         return Settings._of({**self.__dict__, **changes})
 
     def to_env(self) -> dict[str, str]:

@@ -2,7 +2,7 @@
 worker's run in one transaction per source partition per commit (Faust's model, a worker's
 without a static member id: a transactional producer per partition), in one transaction per
 commit (one producer for the whole worker: a worker's with one, made safe by KIP-447 fencing,
-app/worker/fencing.py), and with no transaction (an
+app/seams/aiokafka.py), and with no transaction (an
 idempotent producer: at-least-once's writes). After one run of each to warm the broker up, a round
 runs each once on the same broker, the order turned by one each round; the figures are the
 broker's and the client's CPU seconds per run.

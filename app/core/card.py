@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
@@ -35,7 +36,7 @@ from app.core.model import (
 )
 from app.core.model import decide as _decide
 from app.core.reducer import Reducer
-from app.gateways.card import Fetched, Synced, Webhook, read
+from app.gateways.card import Fetched, Stored, Webhook, read, synced_totals
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
 RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}
@@ -57,7 +58,7 @@ class CardEvent(msgspec.Struct, frozen=True, gc=False):
     occurred_at_ms: int
     amount_minor: int = 0
     sequence: int | None = None
-    synced: Synced | None = None  # for kind == "synced": state and totals as fetched
+    synced: Any = None  # as the body held it; for kind == "synced": state and totals as fetched
     delivery_id: str = ""
     received_at_ms: int = 0
     source: str = "webhook"
@@ -77,7 +78,7 @@ def parse_time_ms(value: str) -> int:
     return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def event_of(event: Fetched, d: Delivery | None = None) -> CardEvent:
+def event_of(event: Fetched | Stored, d: Delivery | None = None) -> CardEvent:
     """The reducer's view of a typed event (with the delivery that brought it, when there is one)."""
     return CardEvent(event.id, event.type.removeprefix("payment."), parse_time_ms(event.occurred_at),
                      event.amount_minor, event.sequence, event.synced,
@@ -110,7 +111,7 @@ def reduce(events: list[CardEvent]) -> Reduced:
         progressed = False
         for ev in pending:
             if ev.kind == "synced" and ev.synced is not None:
-                s = ev.synced
+                s = synced_totals(ev.synced)
                 out.state = s.state if s.state in STATES else out.state
                 out.authorised_minor = s.authorised_minor
                 out.captured_minor = s.captured_minor

@@ -102,16 +102,44 @@ class Synced(Body):
 
 
 class Fetched(Event):
-    """What the worker reads of a card record: a webhook, or the fetcher's ``synced`` answer."""
+    """What the worker reads of a card record: a webhook, or the fetcher's ``synced`` answer.
+    ``synced`` is kept as the document holds it (any JSON value), as the state has always stored it:
+    only a ``synced`` event's is read, by the reducer (:func:`synced_totals`); on a webhook it is one
+    more field the gateway may add, which the ingest's schema skips and so must the worker's."""
 
-    synced: Synced | None = None
+    synced: Any = None
+
+
+class Stored(Body):
+    """A record the ingest or the fetcher checked already, read for only what the reducer uses: what
+    the worker falls back to when the strict schema refuses such a record (one appended by an older
+    release, or the fetcher's ``synced`` answer for a ref long enough to take its derived id past
+    the ids' 200 characters), so that a record once acknowledged is decided, not set aside."""
+
+    id: str
+    type: str
+    payment_ref: str
+    occurred_at: str
+    sequence: int | None = None
+    amount_minor: int = 0
+    currency: str | None = None
+    synced: Any = None
+
+
+def synced_totals(value: Any) -> Synced:
+    """A ``synced`` event's state and totals (app/fetcher.py writes them); raises ValueError when
+    they are not of that shape, which sets the record aside with the reason."""
+    try:
+        return msgspec.convert(value, Synced)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"synced: {exc}") from None
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A card body read once, for the worker: the typed event, and the document as orjson read it
     (``body``), which decisions carry unchanged."""
 
-    event: Fetched
+    event: Fetched | Stored
     body: JsonObject
     raw: bytes
 
@@ -141,11 +169,14 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     Route if refused."""
     if not checked and (problem := body_error(raw)) is not None:
         return refused(raw, Refusal("invalid", problem))
-    parsed = schema.parse(raw, Fetched)
+    parsed: tuple[Fetched | Stored, JsonObject] | Refusal = schema.parse(raw, Fetched)
+    if isinstance(parsed, Refusal) and checked:
+        parsed = schema.parse(raw, Stored)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
     event, body = parsed
-    if not checked and (route := accept(event)).resource_key is None:
+    # unchecked, only the strict schema was tried: the event is a Fetched
+    if not checked and isinstance(event, Fetched) and (route := accept(event)).resource_key is None:
         return route
     return Webhook(event, body, raw)
 

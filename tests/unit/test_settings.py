@@ -282,6 +282,20 @@ def test_settings_are_frozen_and_overridden_by_name() -> None:
         s.with_overrides(partition=3)
     with pytest.raises(TypeError, match="api_token is a secret"):
         s.with_overrides(api_token="plain text")
+    only_pg = s.with_overrides(secrets={"pg": Secret(("one", "two"))})
+    assert only_pg.secrets["pg"].reveal() == ("one", "two") and "card" not in only_pg.secrets
+    with pytest.raises(TypeError, match="secrets is a secret"):
+        s.with_overrides(secrets={"pg": ("plain",)})
+
+
+def test_a_secret_is_true_only_when_it_holds_a_value() -> None:
+    """The checks that refuse a missing token or a gateway without secrets ask ``bool``: a Secret
+    answers for its value, as the plain value did."""
+    assert Secret("token")
+    assert Secret(("a",))
+    assert not Secret("")
+    assert not Secret(())
+    assert not Secret(None)
 
 
 def test_a_choice_reads_as_its_literal_in_any_case() -> None:
