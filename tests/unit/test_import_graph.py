@@ -83,6 +83,11 @@ def _read() -> tuple[tuple[str, ...], tuple[Edge, ...]]:
     return tuple(known), tuple(edges(known))
 
 
+# Read at collection, not late in the suite: on CPython 3.11.7, ast.parse late in a long run was seen
+# to fail with "SystemError: AST constructor recursion depth mismatch" (tests/unit/test_seams_layout.py).
+_read()
+
+
 def graph() -> tuple[dict[str, set[str]], list[Edge]]:
     """Each module with the modules it imports (a fresh copy: callers may prune it), and the imports."""
     names, all_edges = _read()
