@@ -42,7 +42,7 @@ from app.setting_kinds import (
     Text,
 )
 
-# exactly-once: the broker aborts a worker's transaction open this long (app/worker/transactions.py;
+# exactly-once: the broker aborts a worker's transaction open this long (app/seams/faust/producer.py;
 # Kafka Streams' value, Kafka's default is 60 s): a worker lost for good holds its partitions that long
 TRANSACTION_TIMEOUT_S = 10.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",

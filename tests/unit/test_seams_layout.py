@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("faust", "mode", "aiokafka")
 # The libraries' public API: their packages' top level, Faust's type interfaces, aiokafka's
 # admin client, errors, structs, TLS helper, and the metadata probe (a connection and the protocol's
-# MetadataRequest, which app/kafka_client.py and app/ingest.py use as aiokafka documents them).
+# MetadataRequest, which app/kafka_client.py and app/ingest/appender.py use as aiokafka documents them).
 PUBLIC = {"faust", "faust.types", "mode", "aiokafka", "aiokafka.admin", "aiokafka.errors", "aiokafka.structs",
           "aiokafka.helpers", "aiokafka.cluster", "aiokafka.conn", "aiokafka.protocol.metadata"}
 PUBLIC_PREFIXES = ("faust.types.",)
