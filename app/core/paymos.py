@@ -163,11 +163,14 @@ def _allowed(current: Current | None, event_type: str, resource: Resource) -> bo
 
 
 def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
-    data, resource = w.data, w.resource
-    state.snapshot = msgspec.Raw(orjson.dumps(data))
+    resource = w.resource
+    # ``data`` written once: the same bytes are the state's snapshot and the row's (a Fragment is
+    # copied into the decision's JSON as it is)
+    written = orjson.dumps(w.data)
+    state.snapshot = msgspec.Raw(written)
     state.applied += 1
     row = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
-           "updated_at_ms": resource.updated_at, "snapshot": data, "applied_seq": state.applied}
+           "updated_at_ms": resource.updated_at, "snapshot": orjson.Fragment(written), "applied_seq": state.applied}
     effects = _effects(state, w.event_type, w, d)
     return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects, **_common(w))
 
