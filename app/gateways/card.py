@@ -75,8 +75,9 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         raise SignatureError("no webhook-signature v1 matches")
 
 
-class Event(Body):
-    """Every field app/core/card.py and the projector read (DESIGN.md §2.4)."""
+class Fields(Body):
+    """Every field app/core/card.py and the projector read (DESIGN.md §2.4), with the checks msgspec
+    makes in C; :class:`Event` adds those made in Python."""
 
     id: IdText
     type: Text
@@ -86,10 +87,19 @@ class Event(Body):
     amount_minor: Minor = 0
     currency: Text | None = None
 
+
+def check(event: Fields) -> None:
+    """The checks made in Python (a ValueError names the field): printable ids, a time in range."""
+    if not (event.id.isprintable() and event.type.isprintable() and event.payment_ref.isprintable()):
+        require_ids(id=event.id, type=event.type, payment_ref=event.payment_ref)  # which one, by name
+    require_times(occurred_at=event.occurred_at)
+
+
+class Event(Fields):
+    """A webhook's body as the ingest checks it."""
+
     def __post_init__(self) -> None:
-        if not (self.id.isprintable() and self.type.isprintable() and self.payment_ref.isprintable()):
-            require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)  # which one, by name
-        require_times(occurred_at=self.occurred_at)
+        check(self)
 
 
 class Synced(Body):
@@ -101,10 +111,19 @@ class Synced(Body):
     refunded_minor: Minor = 0
 
 
-class Fetched(Event):
-    """What the worker reads of a card record: a webhook, or the fetcher's ``synced`` answer."""
+class Fetched(Fields):
+    """What the worker reads of a card record the ingest checked (or the fetcher wrote): a webhook,
+    or the fetcher's ``synced`` answer. The ingest's Python checks are not made again."""
 
     synced: Synced | None = None
+
+
+class Unchecked(Fetched):
+    """A record no adapter took yet (an older log, a direct append): the ingest's checks, on the
+    same read."""
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
@@ -141,7 +160,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     Route if refused."""
     if not checked and (problem := body_error(raw)) is not None:
         return refused(raw, Refusal("invalid", problem))
-    parsed = schema.parse(raw, Fetched)
+    parsed = schema.parse(raw, Fetched if checked else Unchecked)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
     event, body = parsed
@@ -150,7 +169,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     return Webhook(event, body, raw)
 
 
-def accept(event: Event) -> Route:
+def accept(event: Fields) -> Route:
     """Where a body the schema took goes."""
     if event.type not in EVENT_TYPES:
         return Route.quarantine("unknown_type", f"type: unknown event type {event.type!r}", event.id, event.type,
