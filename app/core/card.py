@@ -35,6 +35,7 @@ from app.core.model import (
 )
 from app.core.model import decide as _decide
 from app.core.reducer import Reducer
+from app.core.rows import CardPaymentRow
 from app.gateways.card import Fetched, Synced, Webhook, read
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
@@ -205,7 +206,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state.applied = reduced.applied
     newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
     payment_ref = d.resource_key.partition(":")[2]
-    row = {"payment_ref": payment_ref, "state": reduced.state,
+    row: CardPaymentRow = {"payment_ref": payment_ref, "state": reduced.state,
            "authorised_minor": reduced.authorised_minor, "captured_minor": reduced.captured_minor,
            "refunded_minor": reduced.refunded_minor, "currency": state.currency,
            "version": len(state.events)}  # events only accumulate: a newer row has more

@@ -34,8 +34,9 @@ from app.core.model import (
     numbered,
 )
 from app.core.reducer import Reducer
+from app.core.rows import PaymosRow
 from app.gateways.paymos import Resource, Webhook, is_amount, read
-from app.gateways.schema import JsonObject
+from app.gateways.schema import Document
 
 REORGS = frozenset({"invoice.awaiting_payment", "withdrawal.completion_rewound", "payment_channel.deposit.reorged"})
 RANK = {  # the state machine's order, for ties on updated_at
@@ -118,7 +119,7 @@ def _current(state: State) -> Current | None:
     return None if state.snapshot == NULL else _CURRENT.decode(state.snapshot)
 
 
-def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject, scope: str | None = None,
+def _effect(state: State, rid: str, d: Delivery, name: str, payload: Document, scope: str | None = None,
             slot: str | None = None) -> list[Effect]:
     """The effect, once per key: none if its key was emitted before."""
     key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
@@ -128,7 +129,7 @@ def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject,
     return [Effect(key, name, "paymos", rid, payload, d.delivery_id)]
 
 
-def _amounts(w: Webhook) -> JsonObject:
+def _amounts(w: Webhook) -> Document:
     return {k: v for k, v in w.data.items() if is_amount(k)}  # decimal strings, as sent
 
 
@@ -169,13 +170,13 @@ def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
     written = orjson.dumps(w.data)
     state.snapshot = msgspec.Raw(written)
     state.applied += 1
-    row = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
+    row: PaymosRow = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
            "updated_at_ms": resource.updated_at, "snapshot": orjson.Fragment(written), "applied_seq": state.applied}
     effects = _effects(state, w.event_type, w, d)
     return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects, **_common(w))
 
 
-def _common(w: Webhook) -> JsonObject:
+def _common(w: Webhook) -> dict[str, object]:
     return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
 
 
@@ -224,7 +225,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
             return numbered(state, [decide(d, DUPLICATE, **_common(w))])
         state.noted = True
         rid = resource.id
-        note: JsonObject = {
+        note: dict[str, str] = {
             "note_key": f"paymos:{rid}:paid_late", "resource_id": rid, "kind": "paid_late",
             "body": f"paid in full after closing as {resource.status} (paid_late_at {resource.paid_late_at})"}
         effect = Effect(f"paymos:{rid}:add_order_note", "add_order_note", "paymos", rid,

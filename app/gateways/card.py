@@ -16,7 +16,7 @@ import msgspec
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error
-from app.gateways.schema import Body, JsonObject, Refusal, require_ids, require_times, valid_id
+from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "card"
 EVENT_TYPES = frozenset({"payment.authorised", "payment.captured", "payment.refunded", "payment.voided"})
@@ -131,7 +131,7 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     (``body``), which decisions carry unchanged."""
 
     event: Fetched
-    body: JsonObject
+    body: Document
     raw: bytes
 
 
