@@ -57,10 +57,13 @@ S = TypeVar("S", bound=Numbered)
 def numbered(state: S, decisions: list[Decision]) -> tuple[S, list[Decision]]:
     """Give each decision the resource's next ordinal: the read model keeps a delivery's latest
     outcome (parked, then unparked) by comparing ordinals, whatever topic the trigger came from."""
+    # The decisions were made by this same call and nobody holds them yet: numbered in place.
+    if len(decisions) == 1:  # nearly always: without the loop's iterator
+        state.n = decisions[0].seq = state.n + 1
+        return state, decisions
     first = state.n
     state.n = first + len(decisions)
     for i, dec in enumerate(decisions):
-        # The decisions were made by this same call and nobody holds them yet: numbered in place.
         dec.seq = first + i + 1
     return state, decisions
 
@@ -91,5 +94,9 @@ def redecided(state: Numbered | None, d: Delivery) -> list[Decision] | None:
 def remember(before: Recent, after: Numbered, d: Delivery, decisions: list[Decision]) -> None:
     """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
     recent = before[1 - RECENT:]  # a copy: ``before`` may be the state's own list
-    recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
+    if len(decisions) == 1:  # nearly always: without a comprehension's frame
+        x = decisions[0]
+        recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type)]))
+    else:
+        recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
     after.recent = recent
