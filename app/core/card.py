@@ -204,10 +204,11 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state = State() if state is None else state
     body = w.event
     event = event_of(body, d)
-    common = {"event_id": event.id, "event_type": body.type, "sequence": event.sequence, "payload": w.body}
+    # event_id, event_type, sequence and payload spelt out on each decision, not a dict unpacked: hot
     for e in state.events:
         if e.id == event.id:
-            return numbered(state, [_decide(d, DUPLICATE, **common)])
+            return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=body.type,
+                                            sequence=event.sequence, payload=w.body)])
     state.events.append(event)
     state.currency = body.currency or state.currency
     reduced = reduce(state.events)
@@ -236,8 +237,9 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
                               d.delivery_id))
         state.emitted.append(kind)
     outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
-    decisions = [_decide(d, outcome, row=row, table="card_payments" if newly else None,
-                         effects=effects, facts=facts, **common)]
+    decisions = [_decide(d, outcome, row=row, table="card_payments" if newly else None, effects=effects,
+                         facts=facts, event_id=event.id, event_type=body.type, sequence=event.sequence,
+                         payload=w.body)]
     # events that were parked and apply now: their own deliveries move to "unparked"
     for e in newly:
         if e.id != event.id:
