@@ -6,7 +6,8 @@ topic as-is; money is integer minor units (or decimal strings for crypto).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Protocol, TypedDict, TypeVar
 
 import msgspec
 
@@ -32,10 +33,25 @@ class Delivery(msgspec.Struct, frozen=True, gc=False):
     source: str = "webhook"
 
 
-def decide(delivery: Delivery, outcome: str, **extra: Any) -> Decision:
+class Common(TypedDict, total=False):
+    """What every decision about one event carries of it (passed on as ``**common``)."""
+
+    event_id: str
+    event_type: str
+    sequence: int | None
+    payload: object  # the body as the gateway sent it, or the correlation's fields
+
+
+def decide(delivery: Delivery, outcome: str, *, event_id: str | None = None, event_type: str | None = None,
+           sequence: int | None = None, row: Mapping[str, object] | None = None, table: str | None = None,
+           effects: list[Effect] | None = None, facts: list[Fact] | None = None, payload: object = None,
+           error: str | None = None) -> Decision:
+    """The decision about ``delivery`` (its ordinal is set by :func:`numbered`). Keywords, passed on
+    by position: a dataclass's __init__ takes positions for less than keywords, on every decision."""
     gateway, _, resource_id = delivery.resource_key.partition(":")
-    return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms,
-                    delivery.seq, **extra)
+    return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms, delivery.seq,
+                    event_id, event_type, sequence, row, table, [] if effects is None else effects,
+                    [] if facts is None else facts, payload, error)
 
 
 # What was decided for one recent delivery: (delivery id, outcome, ordinal, event id, event type);

@@ -25,6 +25,7 @@ from app.core.model import (
     QUARANTINED,
     STALE,
     UNPARKED,
+    Common,
     Decision,
     Delivery,
     Effect,
@@ -181,7 +182,7 @@ def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
                   event_id=w.event_id, event_type=w.event_type, payload=w.body)  # _common's, spelt out: hot
 
 
-def _common(w: Webhook) -> dict[str, object]:
+def _common(w: Webhook) -> Common:
     return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
 
 

@@ -29,6 +29,7 @@ from app.core.model import (
     QUARANTINED,
     STALE,
     UNPARKED,
+    Common,
     Decision,
     Delivery,
     Effect,
@@ -281,7 +282,7 @@ def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Dec
     event = w.event
     obj = event.data.object
     kind = cast(str, w.object["object"])  # the tag the schema read the object by
-    common: dict[str, object] = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
+    common: Common = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
                               "payload": w.body}
     if event.id in state.seen:
         return state, [decide(d, DUPLICATE, **common)]
@@ -331,7 +332,7 @@ def apply_correlation(state: State | None, correlation: Correlation, d: Delivery
 def _apply_correlation(state: State, correlation: Correlation, d: Delivery) -> tuple[State, list[Decision]]:
     as_dict = {"pg_deposit_id": correlation.pg_deposit_id, "merchant_reference": correlation.merchant_reference,
                "our_order_id": correlation.our_order_id, "our_user_id": correlation.our_user_id}
-    common = {"event_type": "correlation.registered", "payload": as_dict}
+    common: Common = {"event_type": "correlation.registered", "payload": as_dict}
     if state.correlation is not None:
         if state.correlation == correlation:
             return state, [decide(d, DUPLICATE, **common)]
