@@ -4,7 +4,8 @@ and ``python -m bench.instructions decide`` (builds it, then decides it ROUNDS t
 record is the difference of the two totals over ROUNDS times the log's records.
 
 ``python -m bench.instructions measure`` runs both under valgrind and prints the figure (valgrind
-must be on the PATH). The process loads Faust first, as the worker's does. Settings:
+must be on the PATH). The process loads Faust first and tunes its garbage collector (gc.freeze and
+ORDERLY_GC_THRESHOLD), as the worker's does at start-up. Settings:
 ``BENCH_RESOURCES`` (100), ``BENCH_ROUNDS`` (3).
 """
 
@@ -26,6 +27,7 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 
 def run(mode: str) -> int:
+    decide.as_the_worker()
     log = decide.build(RESOURCES)
     if mode == "decide":
         for _ in range(ROUNDS):

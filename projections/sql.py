@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -83,7 +84,7 @@ UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balanc
 _JSON = {"fee_breakdown", "overpayment", "snapshot"}
 
 
-def row_args(table: str, row: dict[str, Any]) -> list[Any]:
+def row_args(table: str, row: Mapping[str, Any]) -> list[Any]:
     return [orjson.dumps(row[c]).decode() if c in _JSON and row[c] is not None else row[c]
             for c in UPSERT_ROW[table].columns]
 

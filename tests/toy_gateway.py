@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import msgspec
 import orjson
 
-from app.core.model import APPLIED, DUPLICATE, STALE, Decision, Delivery, Recent, decide, numbered
+from app.core.model import APPLIED, DUPLICATE, STALE, Common, Decision, Delivery, Recent, decide, numbered
 from app.core.reducer import Reducer
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
@@ -86,7 +86,7 @@ class Snapshot(msgspec.Struct):
 def apply_event(state: State | None, event: Event, d: Delivery) -> tuple[State, list[Decision]]:
     state = state or State()
     thing = event.thing
-    common = {"event_id": event.id, "event_type": "thing.updated",
+    common: Common = {"event_id": event.id, "event_type": "thing.updated",
               "payload": {"id": event.id, "thing": {"id": thing.id, "version": thing.version, "status": thing.status}}}
     if event.id in state.seen:
         return numbered(state, [decide(d, DUPLICATE, **common)])

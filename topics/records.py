@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -111,7 +112,7 @@ class Decision:
     event_id: str | None = None
     event_type: str | None = None
     sequence: int | None = None  # the gateway's global sequence (pg), for gap tracking
-    row: dict[str, Any] | None = None  # the read-model row after an applied transition
+    row: Mapping[str, Any] | None = None  # the read-model row after an applied transition
     table: str | None = None  # the read-model table ``row`` belongs to
     effects: list[Effect] = field(default_factory=list)
     facts: list[Fact] = field(default_factory=list)

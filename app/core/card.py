@@ -36,6 +36,7 @@ from app.core.model import (
 )
 from app.core.model import decide as _decide
 from app.core.reducer import Reducer
+from app.core.rows import CardPaymentRow
 from app.gateways.card import Fetched, Stored, Webhook, read, synced_totals
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
@@ -95,14 +96,20 @@ def stored_event(raw: bytes) -> CardEvent:
 
 def ordering_key(events: list[CardEvent]) -> Callable[[CardEvent], tuple[int, int, str]]:
     """The sort key for this payment's events (see the module docstring)."""
-    if events and all(e.sequence is not None for e in events):
+    for e in events:  # a loop, not all() over a generator: this runs on every delivery
+        if e.sequence is None:
+            return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), e.id)
+    if events:
         return lambda e: (e.sequence or 0, RANK.get(e.kind, 3), e.id)
     return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), e.id)
 
 
 def reduce(events: list[CardEvent]) -> Reduced:
     """The playbook's reducer, extended with synced events."""
-    unique = list({e.id: e for e in events}.values())  # a redelivered event id is one event
+    by_id = {}  # a redelivered event id is one event (loops, not comprehensions, in this hot path)
+    for e in events:
+        by_id[e.id] = e
+    unique = list(by_id.values())
     key = ordering_key(unique)
     pending = sorted(unique, key=key)
     out = Reduced()
@@ -134,7 +141,7 @@ def reduce(events: list[CardEvent]) -> Reduced:
                 fully_refunded = out.refunded_minor > 0 and out.refunded_minor == out.captured_minor
                 out.state = "refunded" if fully_refunded else to
             out.applied.append(ev.id)
-            pending = [p for p in pending if p.id != ev.id]
+            pending.remove(ev)  # the one event of its id (ids are unique here); the loop restarts below
             progressed = True
             break  # restart from the lowest key after every change
     out.parked = [p.id for p in pending]
@@ -150,7 +157,9 @@ def effects_due(reduced: Reduced, emitted: set[str]) -> list[str]:
         due.append("mark_order_refunded")
     if reduced.state == "voided":
         due.append("release_authorisation")
-    return [d for d in due if d not in emitted]
+    if emitted:
+        due = [d for d in due if d not in emitted]
+    return due
 
 
 # --- decisions for one delivery ---------------------------------------------------------------
@@ -196,9 +205,11 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state = State() if state is None else state
     body = w.event
     event = event_of(body, d)
-    common = {"event_id": event.id, "event_type": body.type, "sequence": event.sequence, "payload": w.body}
-    if any(e.id == event.id for e in state.events):
-        return numbered(state, [_decide(d, DUPLICATE, **common)])
+    # event_id, event_type, sequence and payload spelt out on each decision, not a dict unpacked: hot
+    for e in state.events:
+        if e.id == event.id:
+            return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=body.type,
+                                            sequence=event.sequence, payload=w.body)])
     state.events.append(event)
     state.currency = body.currency or state.currency
     reduced = reduce(state.events)
@@ -206,25 +217,30 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state.applied = reduced.applied
     newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
     payment_ref = d.resource_key.partition(":")[2]
-    row = {"payment_ref": payment_ref, "state": reduced.state,
-           "authorised_minor": reduced.authorised_minor, "captured_minor": reduced.captured_minor,
-           "refunded_minor": reduced.refunded_minor, "currency": state.currency,
-           "version": len(state.events)}  # events only accumulate: a newer row has more
     applied_at = _iso(d.received_at_ms)
     facts = [Fact("card_event", event.id, {
         "gateway_event_id": event.id, "payment_ref": payment_ref, "event_type": body.type,
         "sequence": event.sequence, "occurred_at": _iso(event.occurred_at_ms), "received_at": applied_at,
         "payload": w.raw.decode(), "source": "fetch" if event.kind == "synced" else "webhook"})]
-    facts += [Fact("card_event_applied", e.id, {"gateway_event_id": e.id, "applied_at": applied_at}) for e in newly]
-    effects = [Effect(f"card:{payment_ref}:{kind}", kind, "card", payment_ref,
-                      {"payment_ref": payment_ref, "state": reduced.state,
-                       "captured_minor": reduced.captured_minor, "refunded_minor": reduced.refunded_minor},
-                      d.delivery_id)
-               for kind in effects_due(reduced, set(state.emitted))]
-    state.emitted += [e.type for e in effects]
+    row: CardPaymentRow | None = None
+    if newly:
+        row = {"payment_ref": payment_ref, "state": reduced.state,
+               "authorised_minor": reduced.authorised_minor, "captured_minor": reduced.captured_minor,
+               "refunded_minor": reduced.refunded_minor, "currency": state.currency,
+               "version": len(state.events)}  # events only accumulate: a newer row has more
+        for e in newly:
+            facts.append(Fact("card_event_applied", e.id, {"gateway_event_id": e.id, "applied_at": applied_at}))
+    effects = []
+    for kind in effects_due(reduced, set(state.emitted)):
+        effects.append(Effect(f"card:{payment_ref}:{kind}", kind, "card", payment_ref,
+                              {"payment_ref": payment_ref, "state": reduced.state,
+                               "captured_minor": reduced.captured_minor, "refunded_minor": reduced.refunded_minor},
+                              d.delivery_id))
+        state.emitted.append(kind)
     outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
-    decisions = [_decide(d, outcome, row=row if newly else None, table="card_payments" if newly else None,
-                         effects=effects, facts=facts, **common)]
+    decisions = [_decide(d, outcome, row=row, table="card_payments" if newly else None, effects=effects,
+                         facts=facts, event_id=event.id, event_type=body.type, sequence=event.sequence,
+                         payload=w.body)]
     # events that were parked and apply now: their own deliveries move to "unparked"
     for e in newly:
         if e.id != event.id:

@@ -189,8 +189,11 @@ def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
         else:
             reducer = reducers[key] = reducer_of(gateways, key)
             state = _load(reducer, read(partition, key))
+        headers: dict[str, str] = {}  # a loop, not a comprehension: no frame of its own per record (3.11)
+        for name, value in record.headers:
+            headers[name] = value.decode()
         state, decisions = decide_record(record.topic, gateways, state, key, record.value,
-                                         {k: v.decode() for k, v in record.headers}, record.offset, partition)
+                                         headers, record.offset, partition)
         overlay[key] = state
         last[key] = index
         outputs = records.get(partition)

@@ -6,7 +6,8 @@ topic as-is; money is integer minor units (or decimal strings for crypto).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Protocol, TypedDict, TypeVar
 
 import msgspec
 
@@ -32,10 +33,25 @@ class Delivery(msgspec.Struct, frozen=True, gc=False):
     source: str = "webhook"
 
 
-def decide(delivery: Delivery, outcome: str, **extra: Any) -> Decision:
+class Common(TypedDict, total=False):
+    """What every decision about one event carries of it (passed on as ``**common``)."""
+
+    event_id: str
+    event_type: str
+    sequence: int | None
+    payload: object  # the body as the gateway sent it, or the correlation's fields
+
+
+def decide(delivery: Delivery, outcome: str, *, event_id: str | None = None, event_type: str | None = None,
+           sequence: int | None = None, row: Mapping[str, object] | None = None, table: str | None = None,
+           effects: list[Effect] | None = None, facts: list[Fact] | None = None, payload: object = None,
+           error: str | None = None) -> Decision:
+    """The decision about ``delivery`` (its ordinal is set by :func:`numbered`). Keywords, passed on
+    by position: a dataclass's __init__ takes positions for less than keywords, on every decision."""
     gateway, _, resource_id = delivery.resource_key.partition(":")
-    return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms,
-                    delivery.seq, **extra)
+    return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms, delivery.seq,
+                    event_id, event_type, sequence, row, table, [] if effects is None else effects,
+                    [] if facts is None else facts, payload, error)
 
 
 # What was decided for one recent delivery: (delivery id, outcome, ordinal, event id, event type);
@@ -57,10 +73,13 @@ S = TypeVar("S", bound=Numbered)
 def numbered(state: S, decisions: list[Decision]) -> tuple[S, list[Decision]]:
     """Give each decision the resource's next ordinal: the read model keeps a delivery's latest
     outcome (parked, then unparked) by comparing ordinals, whatever topic the trigger came from."""
+    # The decisions were made by this same call and nobody holds them yet: numbered in place.
+    if len(decisions) == 1:  # nearly always: without the loop's iterator
+        state.n = decisions[0].seq = state.n + 1
+        return state, decisions
     first = state.n
     state.n = first + len(decisions)
     for i, dec in enumerate(decisions):
-        # The decisions were made by this same call and nobody holds them yet: numbered in place.
         dec.seq = first + i + 1
     return state, decisions
 
@@ -91,5 +110,9 @@ def redecided(state: Numbered | None, d: Delivery) -> list[Decision] | None:
 def remember(before: Recent, after: Numbered, d: Delivery, decisions: list[Decision]) -> None:
     """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
     recent = before[1 - RECENT:]  # a copy: ``before`` may be the state's own list
-    recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
+    if len(decisions) == 1:  # nearly always: without a comprehension's frame
+        x = decisions[0]
+        recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type)]))
+    else:
+        recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
     after.recent = recent

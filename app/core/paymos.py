@@ -25,6 +25,7 @@ from app.core.model import (
     QUARANTINED,
     STALE,
     UNPARKED,
+    Common,
     Decision,
     Delivery,
     Effect,
@@ -34,8 +35,9 @@ from app.core.model import (
     numbered,
 )
 from app.core.reducer import Reducer
+from app.core.rows import PaymosRow
 from app.gateways.paymos import Resource, Webhook, is_amount, read
-from app.gateways.schema import JsonObject
+from app.gateways.schema import Document
 
 REORGS = frozenset({"invoice.awaiting_payment", "withdrawal.completion_rewound", "payment_channel.deposit.reorged"})
 RANK = {  # the state machine's order, for ties on updated_at
@@ -118,7 +120,7 @@ def _current(state: State) -> Current | None:
     return None if state.snapshot == NULL else _CURRENT.decode(state.snapshot)
 
 
-def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject, scope: str | None = None,
+def _effect(state: State, rid: str, d: Delivery, name: str, payload: Document, scope: str | None = None,
             slot: str | None = None) -> list[Effect]:
     """The effect, once per key: none if its key was emitted before."""
     key = f"paymos:{rid}:{slot or name}" + (f":{scope}" if scope else "")
@@ -128,8 +130,12 @@ def _effect(state: State, rid: str, d: Delivery, name: str, payload: JsonObject,
     return [Effect(key, name, "paymos", rid, payload, d.delivery_id)]
 
 
-def _amounts(w: Webhook) -> JsonObject:
-    return {k: v for k, v in w.data.items() if is_amount(k)}  # decimal strings, as sent
+def _amounts(w: Webhook) -> Document:
+    amounts: Document = {}  # decimal strings, as sent (a loop: a comprehension has a frame of its own)
+    for k, v in w.data.items():
+        if is_amount(k):
+            amounts[k] = v
+    return amounts
 
 
 def _effects(state: State, event_type: str, w: Webhook, d: Delivery) -> list[Effect]:
@@ -163,16 +169,20 @@ def _allowed(current: Current | None, event_type: str, resource: Resource) -> bo
 
 
 def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
-    data, resource = w.data, w.resource
-    state.snapshot = msgspec.Raw(orjson.dumps(data))
+    resource = w.resource
+    # ``data`` written once: the same bytes are the state's snapshot and the row's (a Fragment is
+    # copied into the decision's JSON as it is)
+    written = orjson.dumps(w.data)
+    state.snapshot = msgspec.Raw(written)
     state.applied += 1
-    row = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
-           "updated_at_ms": resource.updated_at, "snapshot": data, "applied_seq": state.applied}
+    row: PaymosRow = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
+           "updated_at_ms": resource.updated_at, "snapshot": orjson.Fragment(written), "applied_seq": state.applied}
     effects = _effects(state, w.event_type, w, d)
-    return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects, **_common(w))
+    return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects,
+                  event_id=w.event_id, event_type=w.event_type, payload=w.body)  # _common's, spelt out: hot
 
 
-def _common(w: Webhook) -> JsonObject:
+def _common(w: Webhook) -> Common:
     return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
 
 
@@ -209,7 +219,8 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state = State() if state is None else state
     resource, event_id, event_type = w.resource, w.event_id, w.event_type
     if event_id in state.seen:
-        return numbered(state, [decide(d, DUPLICATE, **_common(w))])  # a redelivery, not a transition
+        # a redelivery, not a transition
+        return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.body)])
     state.seen.append(event_id)
     if state.kind not in (None, resource.object):
         return numbered(state, [decide(d, QUARANTINED, error="object kind changed", **_common(w))])
@@ -218,10 +229,10 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     if event_type == "invoice.paid_late":
         # a note beside the terminal decision, never a transition: one per invoice
         if state.noted:
-            return numbered(state, [decide(d, DUPLICATE, **_common(w))])
+            return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.body)])
         state.noted = True
         rid = resource.id
-        note: JsonObject = {
+        note: dict[str, str] = {
             "note_key": f"paymos:{rid}:paid_late", "resource_id": rid, "kind": "paid_late",
             "body": f"paid in full after closing as {resource.status} (paid_late_at {resource.paid_late_at})"}
         effect = Effect(f"paymos:{rid}:add_order_note", "add_order_note", "paymos", rid,
@@ -231,7 +242,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
 
     current = _current(state)
     if current is not None and _key(resource) <= _key(current):
-        return numbered(state, [decide(d, STALE, **_common(w))])
+        return numbered(state, [decide(d, STALE, event_id=event_id, event_type=event_type, payload=w.body)])
     if not _allowed(current, event_type, resource):
         state.parked.append(Parked(msgspec.Raw(orjson.dumps(w.body)), d))
         return numbered(state, [decide(d, PARKED, error="change out of a terminal state waits for its reorg",

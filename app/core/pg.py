@@ -17,6 +17,7 @@ each delivery with these functions. The rules it enforces:
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import cast
 
 import msgspec
 import orjson
@@ -28,6 +29,7 @@ from app.core.model import (
     QUARANTINED,
     STALE,
     UNPARKED,
+    Common,
     Decision,
     Delivery,
     Effect,
@@ -37,8 +39,9 @@ from app.core.model import (
     numbered,
 )
 from app.core.reducer import Reducer
+from app.core.rows import PgBalanceTxnRow, PgDepositRow, PgWithdrawalRow
 from app.gateways.pg import BalanceTransaction, Deposit, Webhook, Withdrawal, read
-from app.gateways.schema import JsonObject
+from app.gateways.schema import Document
 from topics.records import Correlation
 
 DEPOSIT, WITHDRAWAL, BALANCE_TXN = "deposit", "withdrawal", "balance_transaction"
@@ -136,10 +139,11 @@ def _ms_to_iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
 
 
-def _deposit_row(state: State, o: Deposit, raw: JsonObject, c: Correlation) -> JsonObject:
+def _deposit_row(state: State, o: Deposit, raw: Document, c: Correlation) -> PgDepositRow:
+    # called once the guard took ``o``: the state's version is o.version
     # fee_breakdown and overpayment as the gateway sent them (jsonb), with the fields it added
     return {
-        "pg_deposit_id": o.id, "pg_version": state.version, "status": o.status,
+        "pg_deposit_id": o.id, "pg_version": o.version, "status": o.status,
         "is_terminal": o.is_terminal, "late_slip_accepted_until": o.late_slip_accepted_until,
         "ordered_amount_minor": o.ordered_amount_minor,
         "transferred_amount_minor": o.transferred_amount_minor,
@@ -152,9 +156,9 @@ def _deposit_row(state: State, o: Deposit, raw: JsonObject, c: Correlation) -> J
     }
 
 
-def _withdrawal_row(state: State, o: Withdrawal) -> JsonObject:
+def _withdrawal_row(state: State, o: Withdrawal) -> PgWithdrawalRow:
     return {
-        "pg_withdrawal_id": o.id, "pg_version": state.version, "status": o.status,
+        "pg_withdrawal_id": o.id, "pg_version": o.version, "status": o.status,
         "amount_total_minor": o.amount_total_minor, "filled_minor": o.filled_minor or 0,
         "remaining_minor": o.remaining_minor, "fee_total_minor": o.fee_total_minor,
         "fee_recognized_minor": o.fee_recognized_minor, "refunded_minor": o.refunded_minor,
@@ -163,7 +167,7 @@ def _withdrawal_row(state: State, o: Withdrawal) -> JsonObject:
     }
 
 
-def _overpayment_fact(state: State, obj: Deposit, raw: JsonObject) -> tuple[list[Fact], str | None]:
+def _overpayment_fact(state: State, obj: Deposit, raw: Document) -> tuple[list[Fact], str | None]:
     flag, typed = raw.get("overpayment"), obj.overpayment
     if typed is None or not typed.claim_id:
         return [], None
@@ -277,8 +281,8 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
 def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
     event = w.event
     obj = event.data.object
-    kind = w.object["object"]
-    common: JsonObject = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
+    kind = cast(str, w.object["object"])  # the tag the schema read the object by
+    common: Common = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
                               "payload": w.body}
     if event.id in state.seen:
         return state, [decide(d, DUPLICATE, **common)]
@@ -297,10 +301,11 @@ def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Dec
         if state.object != NULL:
             return state, [decide(d, DUPLICATE, **common)]
         state.object = msgspec.Raw(orjson.dumps(w.object))
-        row = {"btxn_id": obj.id, "type": obj.type, "direction": obj.direction,
-               "amount_minor": obj.amount_minor, "bucket_from": obj.bucket_from,
-               "bucket_to": obj.bucket_to, "source_id": obj.source.id if obj.source is not None else None,
-               "created_at": obj.created_at, "balance_after": obj.balance_after}
+        row: PgBalanceTxnRow = {
+            "btxn_id": obj.id, "type": obj.type, "direction": obj.direction, "amount_minor": obj.amount_minor,
+            "bucket_from": obj.bucket_from, "bucket_to": obj.bucket_to,
+            "source_id": obj.source.id if obj.source is not None else None,
+            "created_at": obj.created_at, "balance_after": obj.balance_after}
         return state, [decide(d, APPLIED, row=row, table="pg_balance_txns", **common)]
     if isinstance(obj, Withdrawal):
         return state, [_guard_withdrawal(state, w, obj, d)]
@@ -327,7 +332,7 @@ def apply_correlation(state: State | None, correlation: Correlation, d: Delivery
 def _apply_correlation(state: State, correlation: Correlation, d: Delivery) -> tuple[State, list[Decision]]:
     as_dict = {"pg_deposit_id": correlation.pg_deposit_id, "merchant_reference": correlation.merchant_reference,
                "our_order_id": correlation.our_order_id, "our_user_id": correlation.our_user_id}
-    common = {"event_type": "correlation.registered", "payload": as_dict}
+    common: Common = {"event_type": "correlation.registered", "payload": as_dict}
     if state.correlation is not None:
         if state.correlation == correlation:
             return state, [decide(d, DUPLICATE, **common)]

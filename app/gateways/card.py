@@ -16,7 +16,7 @@ import msgspec
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error
-from app.gateways.schema import Body, JsonObject, Refusal, require_ids, require_times, valid_id
+from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "card"
 EVENT_TYPES = frozenset({"payment.authorised", "payment.captured", "payment.refunded", "payment.voided"})
@@ -75,8 +75,9 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         raise SignatureError("no webhook-signature v1 matches")
 
 
-class Event(Body):
-    """Every field app/core/card.py and the projector read (DESIGN.md §2.4)."""
+class Fields(Body):
+    """Every field app/core/card.py and the projector read (DESIGN.md §2.4), with the checks msgspec
+    makes in C; :class:`Event` adds those made in Python."""
 
     id: IdText
     type: Text
@@ -86,10 +87,19 @@ class Event(Body):
     amount_minor: Minor = 0
     currency: Text | None = None
 
+
+def check(event: Fields) -> None:
+    """The checks made in Python (a ValueError names the field): printable ids, a time in range."""
+    if not (event.id.isprintable() and event.type.isprintable() and event.payment_ref.isprintable()):
+        require_ids(id=event.id, type=event.type, payment_ref=event.payment_ref)  # which one, by name
+    require_times(occurred_at=event.occurred_at)
+
+
+class Event(Fields):
+    """A webhook's body as the ingest checks it."""
+
     def __post_init__(self) -> None:
-        if not (self.id.isprintable() and self.type.isprintable() and self.payment_ref.isprintable()):
-            require_ids(id=self.id, type=self.type, payment_ref=self.payment_ref)  # which one, by name
-        require_times(occurred_at=self.occurred_at)
+        check(self)
 
 
 class Synced(Body):
@@ -101,8 +111,9 @@ class Synced(Body):
     refunded_minor: Minor = 0
 
 
-class Fetched(Event):
-    """What the worker reads of a card record: a webhook, or the fetcher's ``synced`` answer.
+class Fetched(Fields):
+    """What the worker reads of a card record the ingest checked (or the fetcher wrote): a webhook,
+    or the fetcher's ``synced`` answer. The ingest's Python checks are not made again.
     ``synced`` is kept as the document holds it (any JSON value), as the state has always stored it:
     only a ``synced`` event's is read, by the reducer (:func:`synced_totals`); on a webhook it is one
     more field the gateway may add, which the ingest's schema skips and so must the worker's."""
@@ -135,12 +146,20 @@ def synced_totals(value: Any) -> Synced:
         raise ValueError(f"synced: {exc}") from None
 
 
+class Unchecked(Fetched):
+    """A record no adapter took yet (an older log, a direct append): the ingest's checks, on the
+    same read."""
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
 class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A card body read once, for the worker: the typed event, and the document as orjson read it
     (``body``), which decisions carry unchanged."""
 
     event: Fetched | Stored
-    body: JsonObject
+    body: Document
     raw: bytes
 
 
@@ -169,19 +188,19 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     Route if refused."""
     if not checked and (problem := body_error(raw)) is not None:
         return refused(raw, Refusal("invalid", problem))
-    parsed: tuple[Fetched | Stored, JsonObject] | Refusal = schema.parse(raw, Fetched)
+    parsed: tuple[Fetched | Stored, Document] | Refusal = schema.parse(raw, Fetched if checked else Unchecked)
     if isinstance(parsed, Refusal) and checked:
         parsed = schema.parse(raw, Stored)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
     event, body = parsed
     # unchecked, only the strict schema was tried: the event is a Fetched
-    if not checked and isinstance(event, Fetched) and (route := accept(event)).resource_key is None:
+    if not checked and isinstance(event, Fields) and (route := accept(event)).resource_key is None:
         return route
     return Webhook(event, body, raw)
 
 
-def accept(event: Event) -> Route:
+def accept(event: Fields) -> Route:
     """Where a body the schema took goes."""
     if event.type not in EVENT_TYPES:
         return Route.quarantine("unknown_type", f"type: unknown event type {event.type!r}", event.id, event.type,

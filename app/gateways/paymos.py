@@ -16,7 +16,7 @@ import msgspec
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, hmac_sha256
 from app.gateways.limits import DECIMAL_MAX, IdText, Text, UnixMs, UnixS, body_error
-from app.gateways.schema import Body, JsonObject, Refusal, field, require_ids, valid_id
+from app.gateways.schema import Body, Document, Refusal, field, require_ids, valid_id
 
 name = "paymos"
 SIGNATURE_HEADER = "X-Paymos-Signature"
@@ -151,14 +151,9 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     event_id: str
     event_type: str
     resource: Resource
-    body: JsonObject
+    body: Document
+    data: Document  # ``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)
     raw: bytes
-
-    @property
-    def data(self) -> JsonObject:
-        """``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)."""
-        data: JsonObject = self.body["data"]
-        return data
 
 
 def route(raw: bytes) -> Route:
@@ -177,15 +172,19 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
         if isinstance(typed, Refusal):
             return refused(raw, typed)
         view, body = typed
-        return Webhook(view.event_id, view.event_type, view.data, body, raw)
-    if (problem := body_error(raw)) is not None:
-        return refused(raw, Refusal("invalid", problem))
-    parsed = schema.parse(raw, Event)
-    if isinstance(parsed, Refusal):
-        return refused(raw, parsed)
-    event, body = parsed
-    found = accept(event)
-    return found if isinstance(found, Route) else Webhook(event.event_id, event.event_type, found, body, raw)
+        event_id, event_type, found = view.event_id, view.event_type, view.data
+    else:
+        if (problem := body_error(raw)) is not None:
+            return refused(raw, Refusal("invalid", problem))
+        parsed = schema.parse(raw, Event)
+        if isinstance(parsed, Refusal):
+            return refused(raw, parsed)
+        event, body = parsed
+        if isinstance(resource := accept(event), Route):
+            return resource
+        event_id, event_type, found = event.event_id, event.event_type, resource
+    data: Any = body["data"]  # an object: the schema read it
+    return Webhook(event_id, event_type, found, body, data, raw)
 
 
 def accept(event: Event) -> Resource | Route:

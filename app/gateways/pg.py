@@ -15,7 +15,7 @@ import msgspec
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
 from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text, body_error
-from app.gateways.schema import Body, JsonObject, Refusal, field, require_ids, require_times, valid_id
+from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
 name = "pg"
 SIGNATURE_HEADER = "PG-Signature"
@@ -228,9 +228,9 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     (``body``, its ``data.object`` and ``data.fill``), which decisions and state carry unchanged."""
 
     event: Event
-    body: JsonObject
-    object: JsonObject
-    fill: JsonObject | None
+    body: Document
+    object: Document
+    fill: Document | None
     raw: bytes
 
 
@@ -257,7 +257,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     event, body = parsed
     if not checked and (route := accept(event)).resource_key is None:
         return route
-    data = body["data"]
+    data: Any = body["data"]  # objects, both: the schema read them as Data and its object
     return Webhook(event, body, data["object"], data.get("fill"), raw)
 
 

@@ -18,9 +18,12 @@ import orjson
 from app.gateways import limits
 
 T = TypeVar("T")
-# A JSON object as orjson read it from a body: carried unread into decisions and state (gateways
-# add fields; the typed schema names only those Orderly reads).
-JsonObject = dict[str, Any]
+# A JSON value as orjson read it from a body and passed on unread: decisions and state carry it as
+# the gateway sent it (gateways add fields; the typed schema names only those Orderly reads). It is
+# opaque on purpose: what Orderly reads of a body has its type in a schema struct, and a reader of
+# one of these values narrows it first.
+Json = object
+Document = dict[str, Json]  # a body's JSON object (or an object inside it), opaque in the same way
 
 
 class Body(msgspec.Struct):
@@ -64,7 +67,7 @@ def decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T | Refusal:
         return Refusal("not_json", "body is not JSON")
 
 
-def parse(raw: bytes, into: type[T]) -> tuple[T, JsonObject] | Refusal:
+def parse(raw: bytes, into: type[T]) -> tuple[T, Document] | Refusal:
     """The worker's one read of a body: the document as orjson reads it (what the decisions and
     the state carry on, unknown fields included, in the form the topics have always held) and the
     schema's typed view of it, converted from that document rather than read from the bytes again.

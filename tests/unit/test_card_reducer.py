@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from app.core.card import CardEvent, Reduced, effects_due, parse_time_ms, reduce
 from app.gateways.base import Route
-from app.gateways.card import Synced, Webhook, read
+from app.gateways.card import Synced, Webhook, read, route
 
 T0 = parse_time_ms("2026-11-29T10:02:15.123Z")
 
@@ -107,3 +107,13 @@ def test_any_order_and_duplication_ends_in_the_gateways_final_state(
     # 11500 captured, 11500 refunded in the end: level totals, so Refunded
     assert totals(r) == ("refunded", 12000, 11500, 11500) and r.parked == []
     assert r == reduce([build(e) for e in LIFECYCLE])  # replay in gateway order equals any arrival order
+
+
+def test_a_record_no_adapter_took_gets_the_ingests_python_checks_and_a_checked_one_does_not_again() -> None:
+    raw = orjson.dumps({"id": "evt_1", "type": "payment.authorised", "payment_ref": "pay_1",
+                        "occurred_at": "1999-12-31T23:59:59Z", "amount_minor": 100})
+    refused = read(raw, False)
+    assert isinstance(refused, Route) and refused.quarantine_reason == route(raw).quarantine_reason
+    assert refused.quarantine_reason is not None and "occurred_at" in refused.quarantine_reason
+    taken = read(raw, True)  # the ingest refuses such a body: marked checked, it passed its checks
+    assert isinstance(taken, Webhook) and taken.event.occurred_at == "1999-12-31T23:59:59Z"
