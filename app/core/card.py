@@ -35,7 +35,7 @@ from app.core.model import (
     numbered,
 )
 from app.core.model import decide as _decide
-from app.core.reducer import Reducer
+from app.core.reducer import Reducer, state_codec
 from app.core.rows import CardPaymentRow
 from app.gateways.card import Fetched, Stored, Webhook, read, synced_totals
 
@@ -183,17 +183,8 @@ class Snapshot(msgspec.Struct, gc=False):
     parked: int
 
 
-_STATE = msgspec.json.Decoder(State)
-_encode = msgspec.json.Encoder().encode
-parse = read  # the adapter's one read of a body
-
-
-def load(stored: bytes) -> State:
-    return _STATE.decode(stored)
-
-
-def dump(state: State) -> bytes:
-    return _encode(state)
+load, dump = state_codec(State)
+_encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
 def _iso(ms: int) -> str:

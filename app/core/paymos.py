@@ -34,7 +34,7 @@ from app.core.model import (
     decide,
     numbered,
 )
-from app.core.reducer import Reducer
+from app.core.reducer import Reducer, state_codec
 from app.core.rows import PaymosRow
 from app.gateways.paymos import Resource, Webhook, is_amount, read
 from app.gateways.schema import Document
@@ -94,18 +94,9 @@ class Snapshot(msgspec.Struct, gc=False):
     noted: bool
 
 
-_STATE = msgspec.json.Decoder(State)
+load, dump = state_codec(State)
 _CURRENT = msgspec.json.Decoder(Current)
-_encode = msgspec.json.Encoder().encode
-parse = read  # the adapter's one read of a body
-
-
-def load(stored: bytes) -> State:
-    return _STATE.decode(stored)
-
-
-def dump(state: State) -> bytes:
-    return _encode(state)
+_encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
 def new_state() -> State:

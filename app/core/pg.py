@@ -38,7 +38,7 @@ from app.core.model import (
     decide,
     numbered,
 )
-from app.core.reducer import Reducer
+from app.core.reducer import Reducer, state_codec
 from app.core.rows import PgBalanceTxnRow, PgDepositRow, PgWithdrawalRow
 from app.gateways.pg import BalanceTransaction, Deposit, Webhook, Withdrawal, read
 from app.gateways.schema import Document
@@ -94,17 +94,8 @@ class Snapshot(msgspec.Struct, gc=False):
     closed_at_ms: int | None
 
 
-_STATE = msgspec.json.Decoder(State)
-_encode = msgspec.json.Encoder().encode
-parse = read  # the adapter's one read of a body
-
-
-def load(stored: bytes) -> State:
-    return _STATE.decode(stored)
-
-
-def dump(state: State) -> bytes:
-    return _encode(state)
+load, dump = state_codec(State)
+_encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
 def new_state() -> State:

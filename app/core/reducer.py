@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
+
 from app.core.model import Decision, Delivery
 from app.gateways.base import Route
 
@@ -31,6 +33,12 @@ class Reducer(Generic[St, Ev]):
     load: Callable[[bytes], St]
     dump: Callable[[St], bytes]
     snapshot: Callable[[St], bytes]
+
+
+def state_codec(state: type[St]) -> tuple[Callable[[bytes], St], Callable[[St], bytes]]:
+    """``load`` and ``dump`` of a gateway's state struct: its JSON is what orderly.state's changelog
+    holds, so a field, once released, keeps its name (one decoder and one encoder, built once)."""
+    return msgspec.json.Decoder(state).decode, msgspec.json.Encoder().encode
 
 
 class HasReducer(Protocol):
