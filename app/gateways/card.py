@@ -131,8 +131,8 @@ class Stored(Body):
     type: str
     payment_ref: str
     occurred_at: str
-    sequence: int | None = None
-    amount_minor: int = 0
+    sequence: Seq | None = None  # the money and the order keep their limits: the read models hold them
+    amount_minor: Minor = 0
     currency: str | None = None
     synced: Any = None
 

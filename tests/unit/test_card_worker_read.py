@@ -56,3 +56,23 @@ def test_a_synced_event_whose_totals_are_not_of_their_shape_is_set_aside_with_th
                          "synced": {"state": "captured", "captured_minor": "a lot"}})
     plan = plan_batch(N, GATEWAYS, numbered([webhook("card", "pay_x", body, "f1")]), lambda p, k: None)
     assert len(plan.set_aside) == 1 and "synced" in plan.set_aside[0][1]
+
+
+@pytest.mark.parametrize("amount, reason", [(-500, "expected int >= 0"),
+                                            (2**64 - 1, "expected int <= 9223372036854775807")])
+def test_a_checked_record_whose_amount_breaks_its_limits_is_set_aside_not_added(amount: int, reason: str) -> None:
+    """The fallback for checked records loosens the ids only: an amount the read models' checks would
+    refuse never reaches the totals (a negative capture would have lowered what the merchant is told)."""
+    def event(event_id: str, kind: str, sequence: int, minor: int) -> bytes:
+        return orjson.dumps({"id": event_id, "type": f"payment.{kind}", "payment_ref": "pay_n", "sequence": sequence,
+                             "occurred_at": "2026-11-29T10:02:15Z", "amount_minor": minor, "currency": "EUR"})
+
+    batch = numbered([webhook("card", "pay_n", event("ev1", "authorised", 1, 1000), "d1"),
+                      webhook("card", "pay_n", event("ev2", "captured", 2, amount), "d2"),
+                      webhook("card", "pay_n", event("ev3", "captured", 3, 1000), "d3")])
+    plan = plan_batch(N, GATEWAYS, batch, lambda p, k: None)
+    assert len(plan.set_aside) == 1 and reason in plan.set_aside[0][1]
+    state = orjson.loads(plan.states[b"card:pay_n"])
+    assert [e["id"] for e in state["events"]] == ["ev1", "ev3"]
+    rows = [d["row"] for _, d in outputs(plan, N.decisions) if d.get("row")]
+    assert rows[-1]["captured_minor"] == 1000
