@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime prometheus valgrind dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,13 +44,20 @@ prometheus:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
 
+# Debian's valgrind, for the test that counts the decision path's instructions per record under
+# callgrind (tests/integration/test_decision_cost.py, `python -m bench.instructions measure`).
+valgrind:
+	@command -v valgrind >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup browser faketime prometheus
+test: setup browser faketime prometheus valgrind
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)
