@@ -56,6 +56,35 @@ def test_same_timestamp_uses_the_rank() -> None:
     assert totals(r) == ("captured", 100, 100, 0)
 
 
+def test_same_millisecond_capture_and_refund_the_rank_puts_the_capture_first() -> None:
+    # A refund and a capture in one millisecond: captured (rank 1) before refunded (rank 2). The
+    # other way round the refund would level the totals, the payment would close as refunded and
+    # the capture would park for ever (issue #46: a lone pair is repaired by parking, this is not).
+    r = reduce([ev("a", "authorised", 0, 100), ev("c1", "captured", 1, 50),
+                ev("b_refund", "refunded", 2, 50), ev("a_capture", "captured", 2, 50)])
+    assert totals(r) == ("captured", 100, 100, 50) and r.parked == []
+    assert r.applied == ["a", "c1", "a_capture", "b_refund"]
+
+
+def test_same_millisecond_void_and_capture_are_ordered_by_event_id() -> None:
+    # void and capture share rank 1 (each can only follow the authorisation): the event id is the
+    # tie-breaker, so every replay sorts them alike and the loser stays parked, never dropped
+    r = reduce([ev("b_void", "voided", 1), ev("a_capture", "captured", 1, 100), ev("auth", "authorised", 0, 100)])
+    assert totals(r) == ("captured", 100, 100, 0) and r.parked == ["b_void"]
+    r = reduce([ev("a_void", "voided", 1), ev("b_capture", "captured", 1, 100), ev("auth", "authorised", 0, 100)])
+    assert r.state == "voided" and r.parked == ["b_capture"]
+
+
+def test_sequences_beat_clocks_that_disagree_with_them() -> None:
+    # By the clocks the refund comes before the second capture and would level the totals (state
+    # refunded, the capture parked for ever); by the sequences the capture comes first.
+    events = [ev("a", "authorised", 0, 100, sequence=1), ev("c1", "captured", 10, 50, sequence=2),
+              ev("r", "refunded", 20, 50, sequence=4), ev("c2", "captured", 30, 50, sequence=3)]
+    r = reduce(events)
+    assert totals(r) == ("captured", 100, 100, 50) and r.parked == []
+    assert r.applied == ["a", "c1", "c2", "r"]
+
+
 def test_void_after_authorisation() -> None:
     r = reduce([ev("v", "voided", 5), ev("a", "authorised", 0, 700)])
     assert r.state == "voided" and effects_due(r, set()) == ["release_authorisation"]

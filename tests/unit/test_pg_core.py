@@ -121,6 +121,15 @@ def test_withdrawal_does_not_close_on_first_fill_or_twice() -> None:
     assert effects(out) == ["withdrawal:wdr_1:close_payout"]
 
 
+def test_withdrawal_equal_version_under_a_fresh_event_id_is_stale() -> None:
+    # the guard is "greater than": the same version redelivered under another event id is not a
+    # duplicate (the id differs) but stale, and its totals never overwrite the applied ones
+    _, out = run([withdrawal("wdr_1", 5, "filling", 400_000),
+                  withdrawal("wdr_1", 5, "filling", 100_000, event_id="evt_wdr_1_again")], key="pg:wdr_1")
+    assert [d.outcome for d in out] == ["applied", "stale"]
+    assert out[-1].row is None and out[-1].effects == []
+
+
 def test_attribute_only_update_applies_without_a_second_credit() -> None:
     _, out = run([CORR, deposit("dep_1", 9, "settled"), deposit("dep_1", 10, "settled", note="attr change")])
     assert [d.outcome for d in out] == ["applied", "applied", "applied"]
