@@ -25,12 +25,22 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker, KafkaCluster
 from app.stack.postgres import PostgresServer
-from app.stack.process import PortTakenError, free_port, port_accepts, port_is_free, stop_process, wait_until
+from app.stack.process import (
+    CHILD_GROUP,
+    PortTakenError,
+    child_argv,
+    free_port,
+    port_accepts,
+    port_is_free,
+    stop_together,
+    wait_until,
+)
 
 log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
+CHILD_STOP_S = 10.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
 SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
 
 
@@ -68,8 +78,8 @@ class Child:
                         self.metrics_port)
         self.env["ORDERLY_METRICS_PORT"] = str(self.metrics_port)
         with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(child_argv(self.argv), env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, process_group=CHILD_GROUP)
         self.started_at = time.monotonic()
 
     def last_words(self, lines: int = 3) -> str:
@@ -191,6 +201,7 @@ class Stack:
                                    else c.metrics_port or self.settings.admin_port,
                                    "metrics_port": c.metrics_port or None}
                           for c in self.children},
+            "postgres": {"pid": self.postgres.proc.pid if self.postgres.proc else None, "port": self.postgres.port},
             "brokers": [{"node_id": b.node_id, "pid": b.pid, "port": b.port} for b in self.brokers],
             # a cluster's dedicated controllers; one node alone is its own controller
             "controllers": [{"node_id": c.node_id, "pid": c.pid, "port": c.controller_port}
@@ -270,10 +281,12 @@ class Stack:
                     self.write_stack_file()
 
     def stop(self) -> None:
+        """In order: Orderly's processes (together: none waits for another), then Kafka (brokers,
+        then controllers), then PostgreSQL. The children are in process groups of their own
+        (app/stack/process.child_argv), so a Ctrl-C or a SIGTERM to the supervisor's group reaches
+        them only through here."""
         self.stack_file.unlink(missing_ok=True)
-        for child in self.children:
-            if child.proc is not None:
-                stop_process(child.proc, 15)
+        stop_together([child.proc for child in self.children if child.proc is not None], CHILD_STOP_S)
         self.kafka.stop()
         self.postgres.stop()
 

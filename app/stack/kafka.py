@@ -19,13 +19,16 @@ from typing import Any
 from app.stack.java import find_java
 from app.stack.kafka_jars import DEFAULT_CACHE, KAFKA_VERSION, ensure_jars, main
 from app.stack.process import (
+    CHILD_GROUP,
     PortTakenError,
+    child_argv,
     keep_or_move,
     port_accepts,
     port_is_free,
     spare_port,
     sticky_ports,
     stop_process,
+    stop_together,
     wait_until,
 )
 
@@ -220,8 +223,8 @@ class KafkaBroker:
             log.write(f"[orderly] starting kafka {KAFKA_VERSION} on {find_java().describe()}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                self._java("kafka.Kafka", str(props), heap=True),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                child_argv(self._java("kafka.Kafka", str(props), heap=True)),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=CHILD_GROUP,
             )
 
     def wait_started(self, timeout: float = 90.0) -> None:
@@ -332,9 +335,14 @@ class KafkaCluster:
             raise
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Brokers first: a broker's controlled shutdown asks the controllers to move its leaders."""
-        for node in [*self.nodes, *self.controllers]:
+        """Brokers first, one at a time: a broker's controlled shutdown asks the controllers to move
+        its leaders to the brokers still up. Then the controllers, together."""
+        for node in self.nodes:
             node.stop(timeout)
+        controllers = [c.proc for c in self.controllers if c.proc is not None]
+        stop_together(controllers, timeout)
+        for c in self.controllers:
+            c.proc = None
 
     def kill(self) -> None:
         for node in [*self.nodes, *self.controllers]:

@@ -13,7 +13,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from app.stack.process import port_accepts, port_is_free, sticky_ports, stop_process, wait_until
+from app.stack.process import (
+    CHILD_GROUP,
+    child_argv,
+    port_accepts,
+    port_is_free,
+    sticky_ports,
+    stop_process,
+    wait_until,
+)
 
 # PostgreSQL refuses to run as root; as root we run it as this unprivileged system user.
 SYSTEM_USER = "orderly_pg"
@@ -90,10 +98,11 @@ class PostgresServer:
         socket_dir = self.pgdata  # keeps the socket private to this server
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [str(bins / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1",
-                 "-p", str(self.port), "-k", str(socket_dir),
-                 "-c", "max_connections=200", "-c", "shared_buffers=128MB"],
+                child_argv([str(bins / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1",
+                            "-p", str(self.port), "-k", str(socket_dir),
+                            "-c", "max_connections=200", "-c", "shared_buffers=128MB"]),
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, user=self.user,
+                process_group=CHILD_GROUP,
             )
         proc = self.proc
         ready = bins / "pg_isready"

@@ -6,11 +6,13 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger("orderly.stack")
@@ -116,6 +118,43 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, alive: Call
             raise RuntimeError(f"{what}: the process exited while starting")
         time.sleep(0.1)
     raise TimeoutError(f"{what}: not ready after {timeout:.0f}s")
+
+
+def child_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` of a child of the embedded stack, so that it dies with the thread that starts it.
+
+    Each child runs in a process group of its own (:data:`CHILD_GROUP`): a terminal's Ctrl-C, or a
+    SIGTERM to the supervisor's group, reaches the supervisor alone, which stops the children in
+    order (processes, brokers, controllers) — sent to everyone at once, the controllers left first
+    and a broker's controlled shutdown waited for them for ever. Out of the group, a supervisor
+    killed by SIGKILL would leave them running: ``setpriv --pdeathsig KILL`` (util-linux) has the
+    kernel kill the child when its parent goes, which every part survives (it is a kill -9). The
+    kernel ties that signal to the *thread* that forked, so only a child started from the main
+    thread gets it (a test restarting one from a worker thread keeps it past that thread's end).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return list(argv)
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv]
+
+
+CHILD_GROUP = 0  # Popen(process_group=CHILD_GROUP): a group of the child's own, named by its PID
+
+
+def stop_together(procs: Sequence[subprocess.Popen[bytes]], timeout: float, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to all of ``procs`` (our own children) at once, wait for each within one shared
+    ``timeout`` and SIGKILL whoever is still there: processes that depend on nobody among them stop
+    in the time of the slowest, not the sum."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, sig)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float, sig: int = signal.SIGTERM) -> int:

@@ -90,6 +90,9 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         processes: dict[str, dict[str, int]] = stack.pop("processes")
         brokers, workers = stack.pop("brokers"), stack.pop("workers")
         assert stack.pop("controllers") == []  # one node is its own controller
+        postgres = stack.pop("postgres")
+        assert postgres["port"] == pg_port
+        os.kill(postgres["pid"], 0)
         assert stack == {"namespace": "orderly",
                          "ingest_url": f"http://127.0.0.1:{ingest_port}",
                          "admin_url": f"http://127.0.0.1:{admin_port}",
