@@ -90,3 +90,35 @@ def test_a_signal_to_the_group_stops_the_three_broker_stack_in_order(tmp_path: P
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.timeout(300)
+def test_a_supervisor_killed_outright_takes_its_children_along(tmp_path: Path) -> None:
+    """Out of the supervisor's process group, a child would outlive a supervisor killed by SIGKILL
+    (an OOM kill, a CI timeout): the kernel's parent-death signal ends it instead."""
+    data_dir = tmp_path / ".orderly"
+    env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{spare_port()}",
+           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
+           "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_ADMIN_PORT": str(free_port()),
+           "ORDERLY_PARTITIONS": "2"}
+    log = tmp_path / "dev.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "dev"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    pids: dict[str, int] = {}
+    try:
+        stack = wait_for_stack(data_dir, proc, log)
+        pids = {name: p["pid"] for name, p in stack["processes"].items()}
+        pids |= {"broker": stack["brokers"][0]["pid"], "postgres": stack["postgres"]["pid"]}
+        assert not any(gone(pid) for pid in pids.values()), pids
+        os.kill(proc.pid, signal.SIGKILL)  # the supervisor alone, by its PID
+        proc.wait()
+        seen = watch(pids, within_s=30)
+        assert sorted(set(pids) - set(seen)) == [], "outlived their supervisor"
+    finally:
+        for pid in pids.values():  # only if the test failed: our own stack's processes, by PID
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
