@@ -7,8 +7,9 @@ import asyncio
 import gc
 import inspect
 import logging
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app.seams import UnsupportedVersion, check_versions
@@ -79,8 +80,26 @@ def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | 
     tune_gc(settings.gc_threshold)
     result = run(settings)
     if inspect.iscoroutine(result):
-        asyncio.run(result)
+        asyncio.run(until_terminated(result))
     return 0
+
+
+async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
+    """Run ``main`` until it ends or SIGTERM arrives, which cancels it as Ctrl-C does: its
+    ``finally`` clauses run — a consumer leaves its group, so a restarted one is given its
+    partitions at once instead of after the dead member's session timeout (10 s), and a producer
+    flushes. Without a handler SIGTERM ended the process on the spot, cleaning up nothing."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise  # cancelled from outside (Ctrl-C through asyncio.run): asyncio.run makes it KeyboardInterrupt
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _embedded_stack(run: Callable[[], int]) -> int:

@@ -12,6 +12,7 @@ backoff and marked dead after the last attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -232,12 +233,16 @@ async def run(settings: Settings) -> None:
     worker = EffectsWorker(settings)
     if not worker.deliver:
         log.warning("ORDERLY_EFFECTS_URL is not set: effects are recorded in PostgreSQL but not delivered")
-    await worker.start()
-    runner = (await serve_metrics(worker.metrics.registry, settings.metrics_port, settings.metrics_host)
-              if settings.metrics_port else None)
-    lag = asyncio.create_task(every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
-    pending_at = 0.0
-    try:
+    # stopped in reverse order however the run ends, a SIGTERM during the start included
+    async with contextlib.AsyncExitStack() as started:
+        started.push_async_callback(worker.stop)
+        await worker.start()
+        if settings.metrics_port:
+            runner = await serve_metrics(worker.metrics.registry, settings.metrics_port, settings.metrics_host)
+            started.push_async_callback(runner.cleanup)
+        lag = asyncio.create_task(every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
+        started.callback(lag.cancel)
+        pending_at = 0.0
         while True:
             recorded = await worker.sink.run_once(timeout_ms=100)
             attempted = await worker.deliver_due() if worker.deliver else 0
@@ -246,8 +251,3 @@ async def run(settings: Settings) -> None:
                 pending_at = time.monotonic() + PENDING_EVERY_S
             if not recorded and not attempted:
                 await asyncio.sleep(0.05)
-    finally:
-        lag.cancel()
-        if runner is not None:
-            await runner.cleanup()
-        await worker.stop()

@@ -10,6 +10,7 @@ retried; a 404 or a 5xx appends nothing, so it can never corrupt state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -278,30 +279,36 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_CARD_API_URL is not set: parked card payments are not fetched")
     if not settings.pg_api_url:
         log.warning("ORDERLY_PG_API_URL is not set: pg sequence gaps are not backfilled")
-    await fetcher.start()
-    runner = (await serve_metrics(fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
-              if settings.metrics_port else None)
-    # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
-    requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings)
-                                   if settings.pg_api_url or settings.card_api_url else asyncio.Event().wait())
-    assert fetcher.pool is not None
-    sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
-                      lambda topic: fetcher.metrics.reappended.labels(topic).inc())
-    await sweeper.start()
-    lag = asyncio.create_task(every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
-    tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
-    next_card_sync = 0.0
-    try:
+    # stopped in reverse order however the run ends, a SIGTERM during the start included: the
+    # requests' consumer leaves its group before the process ends
+    async with contextlib.AsyncExitStack() as started:
+        started.push_async_callback(fetcher.stop)
+        await fetcher.start()
+        if settings.metrics_port:
+            runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
+            started.push_async_callback(runner.cleanup)
+        # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
+        requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings)
+                                       if settings.pg_api_url or settings.card_api_url else asyncio.Event().wait())
+        started.push_async_callback(_cancelled, requests)
+        assert fetcher.pool is not None
+        sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
+                          lambda topic: fetcher.metrics.reappended.labels(topic).inc())
+        started.push_async_callback(sweeper.stop)
+        await sweeper.start()
+        lag = asyncio.create_task(every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
+        started.callback(lag.cancel)
+        tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
+        next_card_sync = 0.0
         while True:
             if time.monotonic() >= next_card_sync:
                 await fetcher.sync_parked_card_payments()
                 next_card_sync = time.monotonic() + settings.fetch_interval_s
             await sweeper.sweep()
             await asyncio.sleep(tick)
-    finally:
-        lag.cancel()
-        await sweeper.stop()
-        requests.cancel()
-        if runner is not None:
-            await runner.cleanup()
-        await fetcher.stop()
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has cleaned up."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

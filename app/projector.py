@@ -8,6 +8,7 @@ facts), so a record delivered again after a crash or a rebalance changes nothing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -231,21 +232,21 @@ class Projector:
 
 async def run(settings: Settings) -> None:
     projector = Projector(settings)
-    await projector.start()
-    runner = (await serve_metrics(projector.metrics.registry, settings.metrics_port, settings.metrics_host)
-              if settings.metrics_port else None)
-    gauges = asyncio.create_task(every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
-    last_check = 0.0
-    try:
+    # Everything started is stopped in reverse order however the run ends, a SIGTERM during the
+    # start included: a consumer that joined its group leaves it (app/cli.until_terminated).
+    async with contextlib.AsyncExitStack() as started:
+        started.push_async_callback(projector.stop)
+        await projector.start()
+        if settings.metrics_port:
+            runner = await serve_metrics(projector.metrics.registry, settings.metrics_port, settings.metrics_host)
+            started.push_async_callback(runner.cleanup)
+        gauges = asyncio.create_task(every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
+        started.callback(gauges.cancel)
+        last_check = 0.0
         while True:
             await projector.run_once()
             if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
                 last_check = time.monotonic()
                 await projector.request_backfills()
-    finally:
-        gauges.cancel()
-        if runner is not None:
-            await runner.cleanup()
-        await projector.stop()
 
 
