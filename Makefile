@@ -52,7 +52,7 @@ valgrind:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
 # helm v4.3.2 built from the Go module proxy into ~/.cache/orderly, checksum-pinned (deploy/helm/tools.sh),
-# for the chart's tests (tests/integration/test_helm_chart.py): about 2 minutes once, then reused.
+# for the chart's tests (tests/integration/test_helm_chart.py): 2 to 3.5 minutes once, then reused.
 helm-tools:
 	bash deploy/helm/tools.sh
 
