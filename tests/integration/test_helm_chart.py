@@ -298,3 +298,15 @@ def test_a_secret_reference_only_for_the_enabled_gateways(helm: str) -> None:
         env = env_of(container)
         assert ("ORDERLY_SECRET_STRIPE" in env) is (process == "ingest")
         assert env["ORDERLY_GATEWAYS"]["value"] == "stripe"
+
+
+@pytest.mark.parametrize(("value", "refusal"), [
+    ("kafka.bootstrapp=x", "additional properties 'bootstrapp' not allowed"),
+    ("kafka.securityProtocol=tls", "value must be one of"),
+    ("worker.env.WORKER_BATCH=5", "does not match pattern"),
+    ("gateways={pg,Card}", "does not match pattern"),
+])
+def test_the_values_schema_refuses_a_typo(helm: str, value: str, refusal: str) -> None:
+    result = subprocess.run([helm, "template", "o", str(CHART), "--set", value], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode != 0 and refusal in result.stderr
