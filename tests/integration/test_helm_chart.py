@@ -142,6 +142,18 @@ def test_the_workers_have_a_stable_id_and_a_volume_each(rendered: dict[str, list
     assert mounts[claim["metadata"]["name"]] == env["ORDERLY_DATA_DIR"]
 
 
+def test_what_is_required_only_with_another_setting_comes_with_it(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The admin refuses to start without its token; effects delivered are signed; each pod of a
+    disruption budget's process is one of two or more."""
+    for render, objects in rendered.items():
+        env = {name: env_of(c) for name, c in containers(objects)}
+        assert "ORDERLY_ADMIN_TOKEN" in env["admin"], render
+        assert ("ORDERLY_EFFECTS_URL" in env["effects"]) is ("ORDERLY_EFFECTS_SECRET" in env["effects"]), render
+    budgets = {o["metadata"]["name"]: o["spec"]["maxUnavailable"] for o in of_kind(rendered["production"],
+                                                                                   "PodDisruptionBudget")}
+    assert budgets == {"orderly-ingest": 1, "orderly-worker": 1}
+
+
 def test_more_workers_than_partitions_is_refused(helm: str) -> None:
     result = subprocess.run([helm, "template", "o", str(CHART), "--set", "worker.replicas=13"],
                             capture_output=True, text=True, check=False)
