@@ -51,10 +51,10 @@ valgrind:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
-# helm v4.3.2 built from the Go module proxy into ~/.cache/orderly, checksum-pinned (deploy/helm/tools.sh),
-# for the chart's tests (tests/integration/test_helm_chart.py): 2 to 3.5 minutes once, then reused.
-helm-tools:
-	bash deploy/helm/tools.sh
+# helm v4.3.2 built from the Go module proxy into ~/.cache/orderly, checksum-pinned, and the Prometheus
+# Operator's CRD models, hash-checked (deploy/helm/tools.sh), for the chart's tests (tests/integration/test_helm_chart.py): 2 to 3.5 minutes once, then reused.
+helm-tools: $(STAMP)
+	PYTHON=$(PY) bash deploy/helm/tools.sh
 
 dev: setup
 	$(VENV)/bin/orderly dev

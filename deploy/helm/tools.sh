@@ -2,7 +2,8 @@
 # The chart's tools (`make helm-tools`, docs/deploy-kubernetes.md): helm v4.3.2 built from the Go module
 # proxy into ~/.cache/orderly, checksum-pinned. tests/integration/test_helm_chart.py runs it and fails
 # (never skips) without it. The Kubernetes 1.31 schemas come from the kubernetes-validate wheel
-# (pyproject.toml's dev extra), offline.
+# (pyproject.toml's dev extra), offline; the Prometheus Operator's CRD models from operator-models.txt
+# (hash-checked wheels) into ~/.cache/orderly, with $PYTHON's pip (make passes the virtualenv's).
 #
 # The pins: the module's content hash (go.sum's h1:, checked by the Go toolchain against the checksum
 # database, and here against HELM_SUM), and the built binary's SHA-256, recorded at build time next to
@@ -21,15 +22,29 @@ GO_VERSION=$(go env GOVERSION)
 CACHE="$HOME/.cache/orderly/helm-$HELM_VERSION-$GO_VERSION"
 HELM="$CACHE/bin/helm"
 STAMP="$CACHE/helm.sha256"
+# the operator's CRD models (operator-models.txt), under the hash of the file that pins them
+MODELS_PIN="$(dirname "$0")/operator-models.txt"
+MODELS="$HOME/.cache/orderly/operator-models-$(sha256sum "$MODELS_PIN" | cut -c1-12)"
+
+models_usable() {
+  [ -f "$MODELS/.installed" ] && [ -d "$MODELS/cloudcoil/models/prometheus_operator" ]
+}
 
 usable() {
   [ -x "$HELM" ] && [ -s "$STAMP" ] && (cd "$CACHE/bin" && sha256sum --check --status "$STAMP") \
     && go version -m "$HELM" | grep -qxF "$(printf '\tmod\t%s\t%s\t%s' "$HELM_MODULE" "$HELM_VERSION" "$HELM_SUM")"
 }
 
-if [ "${1:-}" = --check ]; then  # the tests: the path of a usable helm, or fail (never build in a test)
+if [ "${1:-}" = --check ]; then  # the tests: helm's path and the models' folder, or fail (never build in a test)
   usable || { echo "helm-tools: no helm $HELM_VERSION at $HELM: run make helm-tools" >&2; exit 1; }
-  echo "$HELM"; exit 0
+  models_usable || { echo "helm-tools: no operator CRD models in $MODELS: run make helm-tools" >&2; exit 1; }
+  echo "$HELM"; echo "$MODELS"; exit 0
+fi
+if ! models_usable; then
+  rm -rf "$MODELS"
+  "${PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --require-hashes --target "$MODELS" \
+    -r "$MODELS_PIN"
+  touch "$MODELS/.installed"
 fi
 if ! usable; then
   # No way around the checksum database: nothing may exempt helm's modules from it.

@@ -4,17 +4,22 @@ kubernetes-validate wheel, offline), and each process's environment held to what
 (tests/integration/process_settings.py) and to what app/settings.py refuses to start without.
 
 helm comes from `make helm-tools` (deploy/helm/tools.sh); without it these tests fail, never skip.
-The Prometheus Operator's ServiceMonitor and PrometheusRule have no schema here (their CRDs are not
-to be had offline): their shape is checked field by field, and the rules by promtool.
+The Prometheus Operator's ServiceMonitor and PrometheusRule: against the models generated from its
+CRDs' schemas (the cloudcoil-models-prometheus-operator wheel, operator v0.80.1, which make helm-tools
+installs off the virtualenv's path: deploy/helm/operator-models.txt says why; no field the schema
+lacks), how the rules expect them (job labels), and the rules by promtool.
 """
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]  # the wheel ships no types
@@ -51,12 +56,26 @@ RENDERS: dict[str, list[str]] = {
 
 
 @pytest.fixture(scope="module")
-def helm() -> str:
+def tools() -> list[str]:
+    """helm's path and the operator models' folder, from make helm-tools."""
     found = subprocess.run(["bash", str(ROOT / "deploy" / "helm" / "tools.sh"), "--check"],
                            capture_output=True, text=True, check=False)
     if found.returncode != 0:
-        pytest.fail(f"helm is missing: {found.stderr.strip()}")
-    return found.stdout.strip()
+        pytest.fail(f"the chart's tools are missing: {found.stderr.strip()}")
+    return found.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def helm(tools: list[str]) -> str:
+    return tools[0]
+
+
+@pytest.fixture(scope="module")
+def operator(tools: list[str]) -> ModuleType:
+    """The Prometheus Operator's v1 models, imported from their own folder."""
+    if tools[1] not in sys.path:
+        sys.path.append(tools[1])
+    return importlib.import_module("cloudcoil.models.prometheus_operator.v1")
 
 
 def template(helm: str, *args: str) -> list[dict[str, Any]]:
@@ -100,7 +119,7 @@ def test_every_object_is_valid_kubernetes_1_31(rendered: dict[str, list[dict[str
     checked = 0
     for obj in rendered[name]:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # no CRD schema offline: test_monitoring_objects_have_the_operators_shape
+            continue  # a CRD's: test_monitoring_objects_match_the_operators_crds
         kubernetes_validate.validate(obj, KUBERNETES, strict=True)  # raises on any schema error
         checked += 1
     print(f"{name}: {checked} objects validated in {time.perf_counter() - started:.2f} s")
@@ -175,36 +194,52 @@ def test_probes_and_metrics_ports(rendered: dict[str, list[dict[str, Any]]]) -> 
             assert name in ("admin", "migrate")
 
 
-def test_monitoring_objects_have_the_operators_shape(rendered: dict[str, list[dict[str, Any]]],
-                                                     tmp_path: Path) -> None:
-    """No CRD schema offline: ServiceMonitor's and PrometheusRule's fields checked one by one, and the
-    rules, which must be docker/alerts.yml's, by promtool."""
+def operator_problem(operator: ModuleType, obj: dict[str, Any]) -> str | None:
+    """Why a Prometheus Operator object does not fit its CRD's schema (None when it does): a value of
+    the wrong type or form, or a field the schema does not have (dropped by the model's round trip)."""
+    try:
+        model = getattr(operator, obj["kind"]).model_validate(obj)
+    except ValueError as exc:
+        return str(exc)
+    kept = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return None if kept == obj else f"fields the {obj['kind']} CRD does not have: {obj} became {kept}"
+
+
+def test_monitoring_objects_match_the_operators_crds(rendered: dict[str, list[dict[str, Any]]],
+                                                    operator: ModuleType, tmp_path: Path) -> None:
     objects = rendered["production"]
     assert not [o for o in rendered["default"] if o["apiVersion"].startswith("monitoring.coreos.com/")]
     (monitor,) = of_kind(objects, "ServiceMonitor")
-    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["labels"]["release"]
+    (rule,) = of_kind(objects, "PrometheusRule")
+    for obj in (monitor, rule):
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["metadata"]["labels"]["release"]
+        assert operator_problem(operator, obj) is None
     spec = monitor["spec"]
-    services = of_kind(objects, "Service")
-    for service in services:  # each selected, its job label orderly-<process> as the rules expect
+    for service in of_kind(objects, "Service"):  # each selected, its job orderly-<process> as the rules expect
         labels = service["metadata"]["labels"]
         assert spec["selector"]["matchLabels"].items() <= labels.items()
         assert labels[spec["jobLabel"]] == "orderly-" + labels["app.kubernetes.io/component"]
         assert {p["name"] for p in service["spec"]["ports"]} & {e["port"] for e in spec["endpoints"]}
-    assert set(spec) <= {"jobLabel", "namespaceSelector", "selector", "endpoints"}
-    for endpoint in spec["endpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "relabelings"} and endpoint["path"] == "/metrics"
-        for relabel in endpoint["relabelings"]:
-            assert set(relabel) <= {"sourceLabels", "regex", "targetLabel", "replacement"}
-    (rule,) = of_kind(objects, "PrometheusRule")
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and set(rule["spec"]) == {"groups"}
     docker = yaml.safe_load((ROOT / "docker" / "alerts.yml").read_text(encoding="utf-8"))
-    assert rule["spec"]["groups"] == docker["groups"]
+    assert rule["spec"] == {"groups": docker["groups"]}
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: make prometheus"
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8")
     checked = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_an_operator_object_off_its_crd_is_caught(rendered: dict[str, list[dict[str, Any]]],
+                                                  operator: ModuleType) -> None:
+    (monitor,) = of_kind(rendered["production"], "ServiceMonitor")
+    (rule,) = of_kind(rendered["production"], "PrometheusRule")
+    typo = yaml.safe_load(yaml.safe_dump(monitor))
+    typo["spec"]["endpoints"][0]["intervall"] = "15s"
+    assert "fields the ServiceMonitor CRD does not have" in (operator_problem(operator, typo) or "")
+    duration = yaml.safe_load(yaml.safe_dump(rule))
+    duration["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    assert "String should match pattern" in (operator_problem(operator, duration) or "")
 
 
 def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
