@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus valgrind dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools dev demo test test-unit lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,13 +51,18 @@ valgrind:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
 
+# helm v4.3.2 built from the Go module proxy into ~/.cache/orderly, checksum-pinned, and the Prometheus
+# Operator's CRD models, hash-checked (deploy/helm/tools.sh), for the chart's tests (tests/integration/test_helm_chart.py): 2 to 3.5 minutes once, then reused.
+helm-tools: $(STAMP)
+	PYTHON=$(PY) bash deploy/helm/tools.sh
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup browser faketime prometheus valgrind
+test: setup browser faketime prometheus valgrind helm-tools
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)
