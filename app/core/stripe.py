@@ -8,7 +8,8 @@ PaymentIntent, each charge, refund and dispute, by id) the latest is the one wit
 :func:`snapshot_key`:
 
 1. terminal first: a ``succeeded`` or ``canceled`` PaymentIntent, a ``failed`` or ``canceled``
-   refund, a closed dispute never changes status again, whatever the ``created`` of the others;
+   refund never changes status again, whatever the ``created`` of the others (a dispute has no such
+   status: a lost one can be appealed, so its snapshots go by ``created``);
 2. ``created`` (seconds);
 3. the lifecycle rank of the event type within one second (:data:`RANK`: what each type can follow);
    Orderly's fetched answer ranks -1, below an event of its own second;
@@ -58,9 +59,10 @@ RANK = {
     "charge.dispute.funds_reinstated": 3, "charge.dispute.closed": 4,
     "synced": -1,
 }
-TERMINAL = {"payment_intent": frozenset({"succeeded", "canceled"}), "refund": frozenset({"failed", "canceled"}),
-            "dispute": frozenset({"won", "lost", "warning_closed", "prevented"})}
-DISPUTE_CLOSED = TERMINAL["dispute"]
+TERMINAL = {"payment_intent": frozenset({"succeeded", "canceled"}), "refund": frozenset({"failed", "canceled"})}
+# Closed, though an appeal (appeal_needs_response, appeal_under_review) can reopen a lost one: each
+# dispute is closed once for the merchant, at the first closed status heard of.
+DISPUTE_CLOSED = frozenset({"won", "lost", "warning_closed", "prevented"})
 REFUND_COUNTED = frozenset({"pending", "requires_action", "succeeded"})  # what a charge's amount_refunded holds
 # A retry can follow a failure within one second as well as precede it: such a tie is a guess.
 ATTEMPT_STEPS = frozenset({"payment_intent.requires_action", "payment_intent.processing",
@@ -130,7 +132,8 @@ class View(msgspec.Struct, gc=False):
     currency: str | None = None
     paid: bool = False
     failed: bool = False
-    disputes: list[tuple[str, str | None]] = msgspec.field(default_factory=list)  # (id, status), oldest first
+    # (id, latest status, ever closed), oldest first
+    disputes: list[tuple[str, str | None, bool]] = msgspec.field(default_factory=list)
     updated: int | None = None
     uncertain: str | None = None  # why the PaymentIntent's latest snapshot is a guess
 
@@ -157,7 +160,8 @@ def view(resource_id: str, events: list[StoredEvent]) -> View:
     out.refunded = refunded(charges, refunds)
     out.refunds_succeeded = sum(s.obj.amount or 0 for s in refunds if s.obj.status == "succeeded")
     out.currency = next((s.obj.currency for s in [*intents, *charges, *refunds] if s.obj.currency), None)
-    out.disputes = [(s.obj.id, s.obj.status) for s in by_kind.get("dispute", [])]
+    closed = {o.id for e in events for o in e.objects if o.object == "dispute" and o.status in DISPUTE_CLOSED}
+    out.disputes = [(s.obj.id, s.obj.status, s.obj.id in closed) for s in by_kind.get("dispute", [])]
     return out
 
 
@@ -195,9 +199,9 @@ def effects_due(v: View) -> list[tuple[str, str | None]]:
         due.append(("mark_order_failed", None))
     if v.received > 0 and v.refunds_succeeded >= v.received:
         due.append(("mark_order_refunded", None))
-    for dispute_id, status in v.disputes:
+    for dispute_id, _, was_closed in v.disputes:
         due.append(("open_dispute", dispute_id))
-        if status in DISPUTE_CLOSED:
+        if was_closed:
             due.append(("close_dispute", dispute_id))
     return due
 

@@ -51,6 +51,7 @@ class _Run:
         self.charge: dict[str, Any] = {}
         self.refunds: dict[str, dict[str, Any]] = {}
         self.dispute: dict[str, Any] = {}
+        self.dispute_closed = False
 
     def tick(self, at_least: int = 0) -> None:
         # Stripe makes several changes within one second (a charge and its PaymentIntent's success)
@@ -154,12 +155,16 @@ def dispute(run: _Run, rng: random.Random) -> None:
     run.emit("charge.dispute.created", d)
     if not warning:
         run.emit("charge.dispute.funds_withdrawn", d)  # with the dispute, in its second
-    for status in path[1:rng.choice([1, 2, 3])]:
+    steps = path[1:rng.choice([1, 2, 3])]
+    if steps and steps[-1] == "lost" and rng.random() < 0.4:  # an appeal reopens a lost dispute
+        steps += ["appeal_needs_response", "appeal_under_review", rng.choice(["won", "lost"])][:rng.choice([1, 2, 3])]
+    for status in steps:
         run.tick(1)  # evidence is submitted, then decided: never within the second before
         d["status"] = status
         run.emit("charge.dispute.closed" if status in CLOSED_DISPUTE else "charge.dispute.updated", d)
         if status == "won":
             run.emit("charge.dispute.funds_reinstated", d)
+    run.dispute_closed = any(status in CLOSED_DISPUTE for status in steps)
 
 
 def truth(run: _Run) -> Truth:
@@ -180,6 +185,6 @@ def truth(run: _Run) -> Truth:
         effects.add(f"stripe:{rid}:mark_order_failed")
     if run.dispute:
         effects.add(f"stripe:{rid}:open_dispute:{run.dispute['id']}")
-        if run.dispute["status"] in CLOSED_DISPUTE:
+        if run.dispute_closed:  # closed once, even if an appeal reopened it
             effects.add(f"stripe:{rid}:close_dispute:{run.dispute['id']}")
     return Truth(row, effects)

@@ -198,3 +198,14 @@ def test_creation_order_ends_at_stripes_truth_and_the_documents_effects(seed: in
     state, made = run(life.events)
     assert row(state) == life.truth.row
     assert set(effects(made)) == life.truth.effects
+
+
+def test_an_appeal_reopens_a_lost_dispute_which_was_closed_once_in_either_order() -> None:
+    dp = {"id": "dp_2", "object": "dispute", "status": "needs_response", "amount": 2000, "charge": "ch_2",
+          "payment_intent": PI, "currency": "eur"}
+    bodies = [event("charge.dispute.created", T, dp), event("charge.dispute.closed", T + 5, {**dp, "status": "lost"}),
+              event("charge.dispute.updated", T + 9, {**dp, "status": "appeal_under_review"})]
+    for order in (bodies, bodies[::-1]):
+        state, made = run(order)
+        assert row(state)["dispute_status"] == "appeal_under_review"
+        assert effects(made) == [f"stripe:{PI}:open_dispute:dp_2", f"stripe:{PI}:close_dispute:dp_2"]
