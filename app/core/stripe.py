@@ -167,7 +167,8 @@ def view(resource_id: str, events: list[StoredEvent]) -> View:
 
 def refunded(charges: list[Latest], refunds: list[Latest]) -> int:
     """The refunded amount from the newer evidence: the charges' ``amount_refunded`` or the refunds'
-    own statuses (the refunds' on a tie of seconds)."""
+    own statuses. On a tie of seconds the charges': a charge's total holds every refund of that
+    moment, while a refund whose own event is missing would be left out of the refunds' sum."""
     by_charges = sum(s.obj.amount_refunded or 0 for s in charges)
     by_refunds = sum(s.obj.amount or 0 for s in refunds if s.obj.status in REFUND_COUNTED)
     if not refunds:
@@ -175,7 +176,7 @@ def refunded(charges: list[Latest], refunds: list[Latest]) -> int:
     if not charges:
         return by_refunds
     newest_charge = max(s.key[1] for s in charges)
-    return by_refunds if max(s.key[1] for s in refunds) >= newest_charge else by_charges
+    return by_refunds if max(s.key[1] for s in refunds) > newest_charge else by_charges
 
 
 def tie(pi: Latest, events: list[StoredEvent]) -> str | None:
@@ -224,7 +225,7 @@ class Summary(msgspec.Struct, gc=False):
     status: str | None
     events: int
     emitted: list[str]
-    waiting: int
+    parked: int  # thin events waiting for a fetched answer
 
 
 load, dump = state_codec(State)

@@ -36,6 +36,9 @@ class Lifecycle:
     events: list[bytes]  # in creation order
     created: list[int]  # each event's created second
     truth: Truth
+    # what GET /v1/payment_intents/{id} (latest_charge expanded) and GET /v1/refunds?payment_intent=
+    # answer after each event: (PaymentIntent, charge or None, refunds)
+    answers: list[tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]] = field(default_factory=list)
 
 
 class _Run:
@@ -45,6 +48,7 @@ class _Run:
         self.rng, self.pi, self.clock = rng, pi, t0
         self.events: list[bytes] = []
         self.created: list[int] = []
+        self.answers: list[tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]] = []
         self.intent: dict[str, Any] = {"id": pi, "object": "payment_intent", "status": "requires_payment_method",
                                        "amount": amount, "amount_received": 0, "currency": currency,
                                        "latest_charge": None}
@@ -63,6 +67,8 @@ class _Run:
                                          "api_version": "2025-06-30.basil", "livemode": False,
                                          "data": {"object": dict(obj)}}))
         self.created.append(self.clock)
+        self.answers.append((dict(self.intent), dict(self.charge) if self.charge else None,
+                             [dict(r) for r in self.refunds.values()]))
 
     def intent_event(self, event_type: str, status: str, at_least: int = 0) -> None:
         self.tick(at_least)
@@ -96,7 +102,7 @@ def lifecycle(rng: random.Random, pi: str, t0: int = T0_S) -> Lifecycle:
         succeed(run, rng)
     elif end < 0.85:
         run.intent_event("payment_intent.canceled", "canceled", at_least=1)
-    return Lifecycle(pi, run.events, run.created, truth(run))
+    return Lifecycle(pi, run.events, run.created, truth(run), run.answers)
 
 
 def succeed(run: _Run, rng: random.Random) -> None:
@@ -128,8 +134,8 @@ def refund(run: _Run, rng: random.Random, n: int) -> None:
          "charge": run.charge["id"], "payment_intent": run.pi, "currency": run.charge["currency"]}
     run.refunds[r["id"]] = r
     run.tick(1)
-    run.emit("refund.created", r)
     run.charge.update(amount_refunded=alive + amount, refunded=alive + amount == run.charge["amount"])
+    run.emit("refund.created", r)  # Stripe changes the charge with its refund: a fetch sees both or neither
     run.emit("charge.refunded", run.charge)
     outcome = rng.random()
     if outcome < 0.15:
@@ -137,8 +143,8 @@ def refund(run: _Run, rng: random.Random, n: int) -> None:
     run.tick(1)
     if outcome < 0.35:  # a failed refund gives the money back: the charge's amount_refunded drops
         r["status"] = "failed"
-        run.emit("refund.failed", r)
         run.charge.update(amount_refunded=alive, refunded=False)
+        run.emit("refund.failed", r)
     else:
         r["status"] = "succeeded"
         run.emit("refund.updated", r)
@@ -188,3 +194,13 @@ def truth(run: _Run) -> Truth:
         if run.dispute_closed:  # closed once, even if an appeal reopened it
             effects.add(f"stripe:{rid}:close_dispute:{run.dispute['id']}")
     return Truth(row, effects)
+
+
+def emitted(rng: random.Random, count: int) -> list[tuple[str, bytes, int]]:
+    """(resource, body, created ms) of ``count`` PaymentIntents' events in creation order, for
+    `orderly simulate` (app/simulator/lifecycles.py's LIFECYCLES)."""
+    out = []
+    for i in range(count):
+        life = lifecycle(rng, f"pi_sim{i}", T0_S + rng.randrange(0, 60))
+        out += [(life.resource, raw, second * 1000) for raw, second in zip(life.events, life.created, strict=True)]
+    return out
