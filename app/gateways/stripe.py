@@ -10,6 +10,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import msgspec
 import orjson
@@ -295,6 +296,25 @@ def synced_id(payment_intent: Obj, charge: Obj | None, refunds: list[Obj]) -> st
     said = [(o.id, o.status, o.amount, o.amount_received, o.amount_refunded)
             for o in (payment_intent, charge, *refunds) if o is not None]
     return f"sync_{payment_intent.id[:100]}_" + hashlib.sha256(orjson.dumps(said)).hexdigest()[:24]
+
+
+def fetch_paths(payment_intent_id: str) -> tuple[str, str]:
+    """What the fetcher asks Stripe's API for a PaymentIntent: the PaymentIntent with its latest
+    charge expanded (it has no ``charges`` list since API version 2022-11-15), and its refunds."""
+    pi = quote(payment_intent_id, safe="")
+    return f"/v1/payment_intents/{pi}?expand[]=latest_charge", f"/v1/refunds?payment_intent={pi}&limit=100"
+
+
+def synced_from(intent_answer: object, refunds_answer: object, now_s: int) -> bytes:
+    """The record for the two answers of :func:`fetch_paths` (raises ValueError naming the field)."""
+    if not isinstance(intent_answer, dict):
+        raise ValueError("answer: the PaymentIntent is not a JSON object")
+    charge = intent_answer.get("latest_charge")
+    refunds = refunds_answer.get("data") if isinstance(refunds_answer, dict) else None
+    if not isinstance(refunds_answer, dict) or refunds_answer.get("object") != "list" or not isinstance(refunds, list):
+        raise ValueError("answer: the refunds are not a list object")
+    return synced_body(intent_answer, charge if isinstance(charge, dict) else None,
+                       [r for r in refunds if isinstance(r, dict)], now_s)
 
 
 def synced_body(payment_intent: Document, charge: Document | None, refunds: list[Document], now_s: int) -> bytes:
