@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 import uuid
@@ -14,6 +15,11 @@ import orjson
 import pytest
 
 from app.gateways import stripe as adapter
+from app.kafka_client import client_options
+from app.producer import KeyedProducer
+from app.simulator import check, stack, stripe_history, truths
+from app.simulator.histories import History
+from app.simulator.oracle import Outcome
 from app.simulator.stripe import lifecycle
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -149,3 +155,49 @@ def row_of(pi: str) -> Callable[[asyncpg.Connection], Awaitable[Any]]:
 
 def effects_counted(pi: str, count: int) -> Callable[[asyncpg.Connection], Awaitable[Any]]:
     return lambda c: c.fetchval("SELECT count(*) = $2 FROM effects WHERE resource_id = $1", pi, count)
+
+
+HISTORIES = 150
+
+
+async def test_simulated_histories_with_fetches_and_thin_events_match_the_oracle_through_the_stack(
+        pipe: Running) -> None:
+    """Stripe's histories as `simulate --check` runs them (retries, lost events, duplicates, thin
+    events, fetched answers appended as the fetcher does), through HTTP, Kafka, the worker and the
+    projector; the read model, the effects and the parked thin events compared with the oracle."""
+    batch = [truths.make("stripe", seed, "e2e") for seed in range(HISTORIES)]
+    producer = KeyedProducer(pipe.settings.kafka_bootstrap, **client_options(pipe.settings))
+    await producer.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for history in batch:
+                await stack.post_history(http, producer, pipe.settings, pipe.ingest.url, history)
+    finally:
+        await producer.stop()
+    conn = await pipe.connect()
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            wrong = {h.seed: why for h in batch if (why := check.expected(h).differences(await observed(conn, h)))}
+            if not wrong or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+    assert wrong == {}
+    assert sum(len(h.deliveries) for h in batch) > 5 * HISTORIES
+
+
+async def observed(conn: asyncpg.Connection, history: History) -> Outcome:
+    got = Outcome()
+    rid = history.events[0].resource
+    row = await row_of(rid)(conn)
+    if row is not None:
+        got.rows[rid] = {k: row[k] for k in stripe_history.ROW}
+    for r in await conn.fetch("SELECT dedupe_key, type FROM effects WHERE resource_id = $1", rid):
+        got.effects.add((r["dedupe_key"], r["type"], None))
+    parked = await conn.fetchval("SELECT count(*) FROM webhook_events WHERE resource_id = $1 AND outcome = 'parked'",
+                                 rid)
+    if parked:
+        got.parked[rid] = parked
+    return got
