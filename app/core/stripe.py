@@ -245,7 +245,8 @@ def stored(w: Webhook, d: Delivery) -> StoredEvent:
         data = event.data
         objects = [data.object, *([data.charge] if data.charge is not None else []), *data.refunds]
         return StoredEvent(event.id, "synced", "synced", event.created, objects, *where)
-    created = int(datetime.fromisoformat(event.created.replace("Z", "+00:00")).timestamp())
+    moment = datetime.fromisoformat(event.created.replace("Z", "+00:00"))
+    created = int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())  # no zone reads as UTC
     return StoredEvent(event.id, event.type, "thin", created, [], *where)
 
 

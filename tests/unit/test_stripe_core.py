@@ -209,3 +209,8 @@ def test_an_appeal_reopens_a_lost_dispute_which_was_closed_once_in_either_order(
         state, made = run(order)
         assert row(state)["dispute_status"] == "appeal_under_review"
         assert effects(made) == [f"stripe:{PI}:open_dispute:dp_2", f"stripe:{PI}:close_dispute:dp_2"]
+
+
+def test_a_thin_events_time_without_a_zone_reads_as_utc() -> None:
+    state, _ = run([thin("2026-12-01T10:00:00")])
+    assert state.events[0].created == 1_796_119_200  # 2026-12-01T10:00:00Z, whatever the machine's zone
