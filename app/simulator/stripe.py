@@ -39,6 +39,7 @@ class Lifecycle:
     # what GET /v1/payment_intents/{id} (latest_charge expanded) and GET /v1/refunds?payment_intent=
     # answer after each event: (PaymentIntent, charge or None, refunds)
     answers: list[tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]] = field(default_factory=list)
+    ties: list[int] = field(default_factory=list)  # indices of events a same-second tie leaves uncertain
 
 
 class _Run:
@@ -56,6 +57,7 @@ class _Run:
         self.refunds: dict[str, dict[str, Any]] = {}
         self.dispute: dict[str, Any] = {}
         self.dispute_closed = False
+        self.ties: list[int] = []  # events tied with the previous failure in its second
 
     def tick(self, at_least: int = 0) -> None:
         # Stripe makes several changes within one second (a charge and its PaymentIntent's success)
@@ -88,10 +90,9 @@ class _Run:
 def lifecycle(rng: random.Random, pi: str, t0: int = T0_S) -> Lifecycle:
     run = _Run(rng, pi, t0, rng.randrange(50, 500_000), rng.choice(["eur", "usd", "jpy"]))
     run.emit("payment_intent.created", run.intent)
-    for n in range(rng.choice([0, 0, 1, 2])):  # failed attempts: back to requires_payment_method
-        run.tick(1)  # a retry's attempt starts after the failure's second: docs/gateways/stripe.md, uncertain ties
-        if rng.random() < 0.3:
-            run.intent_event("payment_intent.requires_action", "requires_action")
+    failures = rng.choice([0, 0, 1, 2])
+    for n in range(failures):  # failed attempts: back to requires_payment_method
+        retry(run, rng, tied=n > 0 and rng.random() < 0.2)
         if rng.random() < 0.4:
             run.intent_event("payment_intent.processing", "processing")  # a decline can come within its second
         run.tick()
@@ -102,7 +103,23 @@ def lifecycle(rng: random.Random, pi: str, t0: int = T0_S) -> Lifecycle:
         succeed(run, rng)
     elif end < 0.85:
         run.intent_event("payment_intent.canceled", "canceled", at_least=1)
-    return Lifecycle(pi, run.events, run.created, truth(run), run.answers)
+    elif failures and rng.random() < 0.5:  # a new attempt still processing at the end (a bank debit takes days)
+        retry(run, rng, tied=rng.random() < 0.5, step=("payment_intent.processing", "processing"))
+    return Lifecycle(pi, run.events, run.created, truth(run), run.answers, run.ties)
+
+
+def retry(run: _Run, rng: random.Random, tied: bool,
+          step: tuple[str, str] = ("payment_intent.requires_action", "requires_action")) -> None:
+    """An attempt's first step: after the previous failure's second, or (``tied``) within it —
+    the same-second tie the rank cannot place, which asks for a fetch (docs/gateways/stripe.md)."""
+    if tied:
+        run.intent["status"] = step[1]
+        run.ties.append(len(run.events))
+        run.emit(step[0], run.intent)
+        return
+    run.tick(1)
+    if step[1] != "requires_action" or rng.random() < 0.3:
+        run.intent_event(*step)
 
 
 def succeed(run: _Run, rng: random.Random) -> None:

@@ -90,6 +90,8 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
         deliveries += [Delivery("webhook", e.resource, e.body, at, i) for at in arrived]
         if not arrived and rng.random() < 0.8:  # the operator's fetch-now after a lost event (most histories)
             deliveries.append(fetch(life, last + FETCH_AFTER_MS + rng.randrange(0, 30_000)))
+    for i in life.ties:  # the fetcher answers the stripe_fetch fact an uncertain tie raised
+        deliveries.append(fetch(life, events[i].created_ms + rng.randrange(2_000, 120_000)))
     if rng.random() < 0.25:  # an event destination with thin events too
         api = rng.random() < 0.8
         for i, e in enumerate(events):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from app.core import stripe as core
 from app.core.model import Decision, Delivery
 from app.gateways import stripe as adapter
+from app.simulator import stripe_history
 from app.simulator.stripe import T0_S, lifecycle
 
 PI = "pi_3Mtw"
@@ -20,9 +21,10 @@ PI = "pi_3Mtw"
 
 def deliver(state: core.State | None, raw: bytes, n: int, key: str = f"stripe:{PI}",
             source: str = "webhook") -> tuple[core.State, list[Decision]]:
-    w = adapter.read(raw, False)
+    fetched = raw.startswith(b'{"id":"sync_')  # the fetcher's answer: appended checked, source "fetch"
+    w = adapter.read(raw, fetched)
     assert isinstance(w, adapter.Webhook), w
-    d = Delivery(f"d{n}", "stripe", key, 1_000 * n, n, source)
+    d = Delivery(f"d{n}", "stripe", key, 1_000 * n, n, "fetch" if fetched else source)
     state, decisions = core.apply_event(state, w, d)
     return core.load(core.dump(state)), decisions  # through the changelog's codec, as the worker keeps it
 
@@ -194,9 +196,19 @@ def test_any_arrival_order_with_duplicates_ends_where_creation_order_ends(seed: 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_creation_order_ends_at_stripes_truth_and_the_documents_effects(seed: int) -> None:
+    """In creation order, with the fetched answer an uncertain same-second tie asks for placed where
+    the fetcher's answer lands (the first quiet second after the tie)."""
     life = lifecycle(random.Random(seed), PI)
-    state, made = run(life.events)
-    assert row(state) == life.truth.row
+    arrivals, fetched = list(life.events), T
+    for i in reversed(life.ties):
+        answer = stripe_history.fetch(life, life.created[i] * 1000 + 1000)
+        fetched = max(fetched, answer.fact["second"])
+        arrivals.insert(sum(c < answer.fact["second"] for c in life.created), answer.body)
+    state, made = run(arrivals)
+    asked = {f.data["reason"] for d in made for f in d.facts if f.kind == "stripe_fetch"}
+    assert len(asked) >= bool(life.ties)  # a tie asks for the fetch that settles it
+    updated = max(life.created[-1], fetched)
+    assert row(state) == {**life.truth.row, "updated_at": core.iso(updated)}
     assert set(effects(made)) == life.truth.effects
 
 
