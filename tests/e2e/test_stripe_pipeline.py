@@ -138,8 +138,10 @@ async def test_a_bad_or_stale_signature_is_refused_and_nothing_stored(pipe: Runn
 
 async def test_a_simulated_lifecycle_shuffled_with_duplicates_ends_at_stripes_truth(pipe: Running) -> None:
     rng = random.Random(44)
-    for n in range(6):
-        life = lifecycle(rng, f"pi_e2e_sim{n}")
+    # without an uncertain same-second tie: those need the fetched answer (the stack test below)
+    lives = [life for n in range(12) if not (life := lifecycle(rng, f"pi_e2e_sim{n}")).ties][:6]
+    assert len(lives) == 6
+    for life in lives:
         arrivals = life.events + rng.sample(life.events, k=min(2, len(life.events)))
         rng.shuffle(arrivals)
         await pipe.post("stripe", *arrivals)
