@@ -69,6 +69,17 @@ ON CONFLICT (payment_ref) DO UPDATE
   WHERE card_payments.version < EXCLUDED.version""", key="payment_ref")
 
 
+_STRIPE_PAYMENT_INTENT = unnest_insert("stripe_payment_intents", """
+    id text, status text, amount_minor bigint, amount_received_minor bigint, amount_refunded_minor bigint,
+    currency text, dispute_status text, updated_at text::timestamptz, version bigint""", """
+ON CONFLICT (id) DO UPDATE
+  SET status = EXCLUDED.status, amount_minor = EXCLUDED.amount_minor,
+      amount_received_minor = EXCLUDED.amount_received_minor,  -- written whole from the reducer, never +=
+      amount_refunded_minor = EXCLUDED.amount_refunded_minor, currency = EXCLUDED.currency,
+      dispute_status = EXCLUDED.dispute_status, updated_at = EXCLUDED.updated_at, version = EXCLUDED.version
+  WHERE stripe_payment_intents.version < EXCLUDED.version""", key="id")
+
+
 def _paymos(table: str) -> Bulk:
     return unnest_insert(table, """
     id text, status text, is_final boolean, updated_at_ms bigint, snapshot text::jsonb, applied_seq bigint""", f"""
@@ -80,7 +91,8 @@ ON CONFLICT (id) DO UPDATE
 
 PAYMOS_TABLES = ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")
 UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balance_txns": _BALANCE_TXN,
-              "card_payments": _CARD_PAYMENT, **{t: _paymos(t) for t in PAYMOS_TABLES}}
+              "card_payments": _CARD_PAYMENT, **{t: _paymos(t) for t in PAYMOS_TABLES},
+              "stripe_payment_intents": _STRIPE_PAYMENT_INTENT}
 _JSON = {"fee_breakdown", "overpayment", "snapshot"}
 
 

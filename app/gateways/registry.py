@@ -17,8 +17,9 @@ from typing import Any, Protocol
 from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
+from app.core import stripe as stripe_core
 from app.core.reducer import Reducer
-from app.gateways import card, paymos, pg
+from app.gateways import card, paymos, pg, stripe
 from app.gateways.base import Route
 
 
@@ -103,4 +104,10 @@ register(Gateway("paymos", paymos, paymos_core.REDUCER, timestamped=False, secre
     Table("paymos_channel_deposits", "id, status, is_final, updated_at_ms, snapshot", key="id",
           kind="payment_channel_deposit"),
     Table("order_notes", "note_key, resource_id, kind, body"),
+)))
+register(Gateway("stripe", stripe, stripe_core.REDUCER,
+                 secret_help="stripe endpoint secret(s) `whsec_…`, comma-separated (both while a rolled one lasts)",
+                 dev_secret="whsec_dev0stripe0endpoint0secret0key0123", tables=(
+    Table("stripe_payment_intents", "id, status, amount_minor, amount_received_minor, amount_refunded_minor, "
+          "currency, dispute_status, updated_at", key="id", kind="payment_intent"),
 )))

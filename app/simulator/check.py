@@ -27,7 +27,7 @@ import orjson
 from app.core import gaps as gap_rules
 from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
-from app.simulator import oracle, truths
+from app.simulator import oracle, stripe_history, truths
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
 from topics.catalog import names
@@ -42,8 +42,9 @@ ROW_FIELDS = {
     "paymos_invoices": ("status", "is_final", "updated_at_ms"),
     "paymos_withdrawals": ("status", "is_final", "updated_at_ms"),
     "paymos_channel_deposits": ("status", "is_final", "updated_at_ms"),
+    "stripe_payment_intents": stripe_history.ROW,
 }
-GATEWAYS_CHECKED = ("card", "paymos", "pg")
+GATEWAYS_CHECKED = ("card", "paymos", "pg", "stripe")
 FACT_KINDS = {"withdrawal_fill", "overpayment_flag", "order_note", "card_event_applied"}
 MONEY_EFFECTS = {"credit_user", "debit_user"}
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from app.simulator import stripe
+
 T0_MS = 1_796_000_000_000  # a fixed epoch for the gateway's own clocks: runs are reproducible
 
 
@@ -187,4 +189,5 @@ LIFECYCLES: dict[str, Lifecycles] = {
     "pg": lambda rng, count, truth: pg(rng, count, max(1, count // 3), truth),
     "card": card,
     "paymos": paymos,
+    "stripe": lambda rng, count, truth: [Emitted("stripe", *e) for e in stripe.emitted(rng, count)],
 }

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.simulator import stripe_history
 from app.simulator.histories import History
 
 REORG_STEPS = {"awaiting_payment", "completion_rewound", "reorged"}
@@ -255,7 +256,7 @@ def paymos(history: History) -> Outcome:
     return want
 
 
-ORACLES = {"pg": pg, "card": card, "paymos": paymos}
+ORACLES = {"pg": pg, "card": card, "paymos": paymos, "stripe": stripe_history.oracle_with(Outcome)}
 
 
 def expected(history: History) -> Outcome:

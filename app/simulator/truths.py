@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from app.simulator import stripe_history
 from app.simulator.histories import (
     BACKFILL_AFTER_MS,
     DAY,
@@ -277,7 +278,7 @@ def paymos(rng: random.Random, seed: int, stem: str) -> History:
     return History("paymos", seed, events, in_arrival_order(rng, deliveries))
 
 
-GENERATORS = {"pg": pg, "card": card, "paymos": paymos}
+GENERATORS = {"pg": pg, "card": card, "paymos": paymos, "stripe": stripe_history.history}
 
 
 def make(gateway: str, seed: int, tag: str = "") -> History:

@@ -27,9 +27,9 @@ from topics.records import raw_headers
 
 NOW = 1_796_000_000.0
 SECRETS = {"pg": "pg-contract-secret", "card": "whsec_Y29udHJhY3QtY2FyZC1rZXktMDEyMzQ1Njc4OQ==",
-           "paymos": "paymos-contract-secret", "toy": "toy-contract-secret"}
+           "paymos": "paymos-contract-secret", "toy": "toy-contract-secret", "stripe": "whsec_stripe-contract"}
 OTHER = {"pg": "pg-other", "card": "whsec_b3RoZXItY2FyZC1rZXktMDEyMzQ1Njc4OQ==", "paymos": "paymos-other",
-         "toy": "toy-other"}
+         "toy": "toy-other", "stripe": "whsec_stripe-other"}
 
 
 def card_body(ref: str) -> bytes:
@@ -37,11 +37,19 @@ def card_body(ref: str) -> bytes:
                          "occurred_at": "2026-11-29T10:02:15.123Z", "amount_minor": 8000, "currency": "EUR"})
 
 
+def stripe_event(pi: str) -> bytes:
+    return orjson.dumps({"id": f"evt_{pi}", "object": "event", "type": "payment_intent.succeeded",
+                         "created": 1_796_000_000, "data": {"object": {
+                             "id": pi, "object": "payment_intent", "status": "succeeded", "amount": 2000,
+                             "amount_received": 2000, "currency": "eur"}}})
+
+
 EXAMPLES = {  # a valid body about resource "r_1" of each gateway
     "pg": lambda: deposit("r_1", 1, "pending"),
     "card": lambda: card_body("r_1"),
     "paymos": lambda: paymos_event("invoice.confirming", "r_1", "confirming", 1_764_412_395_000),
     "toy": lambda: toy_gateway.example("r_1"),
+    "stripe": lambda: stripe_event("r_1"),
 }
 
 
@@ -52,7 +60,7 @@ def toy_registered() -> Iterator[None]:
     registry.unregister(toy_gateway.NAME)
 
 
-GATEWAYS = ["pg", "card", "paymos", "toy"]
+GATEWAYS = ["pg", "card", "paymos", "stripe", "toy"]
 
 
 def gateway(name: str) -> registry.Gateway:
@@ -113,7 +121,7 @@ def test_secret_rotation_accepts_either_secret(name: str) -> None:
         g.adapter.verify(body, old, (SECRETS[name],), NOW)
 
 
-@pytest.mark.parametrize("name", ["pg", "card", "paymos"])
+@pytest.mark.parametrize("name", ["pg", "card", "paymos", "stripe"])
 def test_an_empty_secret_is_refused_at_start(name: str) -> None:
     with pytest.raises(SettingsError, match=f"ORDERLY_SECRET_{name.upper()}"):
         Settings.from_env({**DEV_DEFAULTS, f"ORDERLY_SECRET_{name.upper()}": ""})

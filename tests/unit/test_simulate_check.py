@@ -73,7 +73,7 @@ def test_every_webhook_body_passes_the_ingest_typed_check(gateway: str) -> None:
 
 
 def test_the_same_seed_gives_the_same_history() -> None:
-    for gateway in ("pg", "card", "paymos"):
+    for gateway in ("pg", "card", "paymos", "stripe"):
         assert truths.make(gateway, 42) == truths.make(gateway, 42)
         assert truths.make(gateway, 42) != truths.make(gateway, 43)
 
@@ -85,7 +85,7 @@ def _command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def test_the_command_prints_the_count_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _command(capsys, "--histories", "200", "--seed", "5")
-    assert (code, out.splitlines()[-1]) == (0, "check: histories=600 mismatches=0")
+    assert (code, out.splitlines()[-1]) == (0, "check: histories=800 mismatches=0")  # four gateways
 
 
 def _broken_card(monkeypatch: pytest.MonkeyPatch) -> None:
