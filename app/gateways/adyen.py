@@ -219,8 +219,9 @@ class Item(Body):
 
     @property
     def event_id(self) -> str:
-        """The dedupe key: a resend carries the same three."""
-        return f"{self.pspReference}:{self.eventCode}:{self.success}"
+        """The dedupe key: a resend is the same item, so it carries the same four (eventDate keeps a
+        re-capture, a new CAPTURE of the same pspReference, apart from the first; docs/gateways/adyen.md)."""
+        return f"{self.pspReference}:{self.eventCode}:{self.success}:{self.eventDate}"
 
 
 class _Wrapper(Body):
