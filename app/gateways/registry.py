@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.core import adyen as adyen_core
 from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
 from app.core.reducer import Reducer
-from app.gateways import card, paymos, pg
+from app.gateways import adyen, card, paymos, pg
 from app.gateways.base import Route
 
 
@@ -103,4 +104,10 @@ register(Gateway("paymos", paymos, paymos_core.REDUCER, timestamped=False, secre
     Table("paymos_channel_deposits", "id, status, is_final, updated_at_ms, snapshot", key="id",
           kind="payment_channel_deposit"),
     Table("order_notes", "note_key, resource_id, kind, body"),
+)))
+register(Gateway("adyen", adyen, adyen_core.REDUCER, timestamped=False,
+                 secret_help="adyen HMAC key(s) in hex, comma-separated for rotation",
+                 dev_secret="00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF", tables=(
+    Table("adyen_payments", "psp_reference, merchant_reference, state, authorised_minor, captured_minor, "
+          "refunded_minor, currency, updated_at", key="psp_reference", kind="payment"),
 )))

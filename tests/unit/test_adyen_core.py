@@ -115,7 +115,8 @@ def lifecycles(draw: st.DrawFn) -> list[dict[str, Any]]:
     clock = [0.0]
 
     def add(code: str, value: int, psp: str, success: bool = True) -> None:
-        tie = made and draw(st.booleans()) and core.RANK[code] > core.RANK[made[-1]["eventCode"]]
+        may_tie = bool(made) and core.RANK[code] > core.RANK[made[-1]["eventCode"]]
+        tie: bool = may_tie and draw(st.booleans())
         clock[0] += 0 if tie else draw(st.integers(1, 5))
         made.append(item(code, clock[0], value, psp, success))
 
