@@ -42,8 +42,9 @@ ROW_FIELDS = {
     "paymos_invoices": ("status", "is_final", "updated_at_ms"),
     "paymos_withdrawals": ("status", "is_final", "updated_at_ms"),
     "paymos_channel_deposits": ("status", "is_final", "updated_at_ms"),
+    "adyen_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor"),
 }
-GATEWAYS_CHECKED = ("card", "paymos", "pg")
+GATEWAYS_CHECKED = ("card", "paymos", "pg", "adyen")
 FACT_KINDS = {"withdrawal_fill", "overpayment_flag", "order_note", "card_event_applied"}
 MONEY_EFFECTS = {"credit_user", "debit_user"}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.simulator import adyen as adyen_sim
 from app.simulator.histories import History
 
 REORG_STEPS = {"awaiting_payment", "completion_rewound", "reorged"}
@@ -256,6 +257,7 @@ def paymos(history: History) -> Outcome:
 
 
 ORACLES = {"pg": pg, "card": card, "paymos": paymos}
+ORACLES["adyen"] = lambda history: Outcome(**adyen_sim.expected(history))
 
 
 def expected(history: History) -> Outcome:
