@@ -176,6 +176,13 @@ def sign_body(items: list[dict[str, Any]], secret: str, live: str = "false") -> 
     return orjson.dumps({"live": live, "notificationItems": wrapped})
 
 
+def sign_request(raw: bytes, secret: str) -> bytes:
+    """``raw`` (a notification body) with every item signed by ``secret`` (the simulator's deliverer)."""
+    body = orjson.loads(raw)
+    items = [w["NotificationRequestItem"] for w in body["notificationItems"]]
+    return sign_body(items, secret, body.get("live", "false"))
+
+
 def signed_headers(raw: bytes, secret: str, now: float) -> dict[str, str]:
     """Adyen signs inside the body (:func:`sign_body`): no header to add."""
     return {}

@@ -52,6 +52,12 @@ class Truth:
         self.refunds: dict[str, int] = {}
         self.earned: set[str] = set()
 
+    def copy(self) -> Truth:
+        twin = Truth()
+        twin.state, twin.authorised, twin.before = self.state, self.authorised, self.before
+        twin.captures, twin.refunds, twin.earned = dict(self.captures), dict(self.refunds), set(self.earned)
+        return twin
+
     @property
     def captured(self) -> int:
         return sum(self.captures.values())
@@ -140,14 +146,14 @@ def event_date(ms: int, zone: timezone, millis: bool) -> str:
         timespec="milliseconds" if millis else "seconds")
 
 
-def history(rng: random.Random, seed: int, stem: str) -> History:
-    """One payment's lifecycle and its deliveries (``stem`` names its references)."""
+def payment(rng: random.Random, stem: str) -> tuple[str, list[tuple[dict[str, Any], int, Truth]]]:
+    """One payment's items in Adyen's order: (item, eventDate in ms, the truth after it)."""
     psp, amount = f"PSP{stem}", rng.randrange(100, 100_000)
     zone = timezone(timedelta(hours=rng.choice([0, 1, 2, -5])))
     millis = rng.random() < 0.3
-    clock, truth, events = T0_MS + rng.randrange(0, 60) * 1000, Truth(), []
+    clock, truth, made = T0_MS + rng.randrange(0, 60) * 1000, Truth(), []
     previous = ""
-    for n, (code, suffix, value, success) in enumerate(steps(rng, amount)):
+    for code, suffix, value, success in steps(rng, amount):
         tie = previous and TIE_RANK[code] > TIE_RANK[previous] and rng.random() < 0.3
         clock += 0 if tie else rng.choice([1, 2, 60, 3600, 86_400]) * 1000 + (rng.randrange(1000) if millis else 0)
         previous, own = code, psp if code == "AUTHORISATION" else f"{psp}{suffix}"
@@ -158,6 +164,15 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
             "merchantAccountCode": "SimShop", "merchantReference": f"order-{stem}"}
         if code != "AUTHORISATION":
             item["originalReference"] = psp
+        made.append((item, clock, truth.copy()))
+    return psp, made
+
+
+def history(rng: random.Random, seed: int, stem: str) -> History:
+    """One payment's lifecycle and its deliveries (``stem`` names its references)."""
+    psp, made = payment(rng, stem)
+    events = []
+    for n, (item, clock, truth) in enumerate(made):
         item["additionalData"] = {"hmacSignature": adapter.sign_item(item, KEY)}
         events.append(Event(psp, orjson.dumps(item), clock, {
             "n": n, "state": truth.state, "authorised_minor": truth.authorised, "captured_minor": truth.captured,
@@ -167,6 +182,28 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
     for index, event in enumerate(events):
         deliveries += [Delivery("webhook", psp, event.body, at, index) for at in _arrivals(rng, event, schedule)]
     return History("adyen", seed, events, in_arrival_order(rng, deliveries))
+
+
+def requests(rng: random.Random, count: int, truths: dict[str, dict[str, Any]]) -> list[tuple[str, bytes, int]]:
+    """`orderly simulate`'s Adyen: ``count`` payments as (payment, unsigned request body, created ms);
+    a request holds one item, or now and then two of a payment made in the same second (Adyen's
+    older batched deliveries). The deliverer signs each item (app/simulator/deliver.py). ``truths``
+    gets each payment's final row and effects."""
+    out = []
+    for i in range(count):
+        psp, made = payment(rng, f"SIM{i}")
+        pending: list[dict[str, Any]] = []
+        for n, (item, clock, _) in enumerate(made):
+            pending.append(item)
+            if n + 1 < len(made) and made[n + 1][1] == clock and rng.random() < 0.5:
+                continue  # the next item goes in the same request
+            out.append((psp, orjson.dumps({"live": "false", "notificationItems": [
+                {"NotificationRequestItem": p} for p in pending]}), clock))
+            pending = []
+        last = made[-1][2]
+        truths[psp] = {"state": last.state, "authorised_minor": last.authorised, "captured_minor": last.captured,
+                       "refunded_minor": last.refunded, "effects": sorted(last.earned)}
+    return out
 
 
 def _arrivals(rng: random.Random, event: Event, schedule: Schedule) -> list[int]:

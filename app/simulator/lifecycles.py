@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from app.simulator import adyen
+
 T0_MS = 1_796_000_000_000  # a fixed epoch for the gateway's own clocks: runs are reproducible
 
 
@@ -33,6 +35,7 @@ class Truth:
     correlations: dict[str, dict[str, str]] = field(default_factory=dict)
     card: dict[str, dict[str, Any]] = field(default_factory=dict)  # ref -> GET /payments answer
     paymos: dict[str, str] = field(default_factory=dict)  # id -> final status
+    adyen: dict[str, dict[str, Any]] = field(default_factory=dict)  # psp -> final row and effects
 
 
 DEPOSIT_PATHS = [
@@ -187,4 +190,5 @@ LIFECYCLES: dict[str, Lifecycles] = {
     "pg": lambda rng, count, truth: pg(rng, count, max(1, count // 3), truth),
     "card": card,
     "paymos": paymos,
+    "adyen": lambda rng, count, truth: [Emitted("adyen", *r) for r in adyen.requests(rng, count, truth.adyen)],
 }

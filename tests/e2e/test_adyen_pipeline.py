@@ -4,6 +4,7 @@ real Kafka and PostgreSQL (docs/gateways/adyen.md)."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,8 @@ import aiohttp
 import pytest
 
 from app.gateways import adyen
+from app.simulator import lifecycles
+from app.simulator.deliver import Chaos, deliver
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
@@ -80,3 +83,30 @@ async def test_a_refusal_fails_the_order_and_a_forged_item_stores_nothing(pipe: 
         assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE resource_id = $1", forged) == 0
     finally:
         await conn.close()
+
+
+async def test_simulated_lifecycles_delivered_with_retries_and_duplicates_end_at_adyens_truth(pipe: Running) -> None:
+    """`orderly simulate`'s Adyen: requests of one or two items, each item signed by the deliverer,
+    first attempts failing and 200s lost, decided into adyen_payments and effects as Adyen's truth."""
+    rng, truth = random.Random(44), lifecycles.Truth()
+    events = lifecycles.LIFECYCLES["adyen"](rng, 40, truth)
+    stats = await deliver(pipe.ingest.url, events, {"adyen": pipe.settings.secrets["adyen"].reveal()[0]}, rng,
+                          Chaos(first_attempt_fails=0.3, duplicate=0.2, time_scale=1 / 400_000))
+    assert stats.given_up["adyen"] == 0 and stats.accepted["adyen"] >= len(events)
+    want = {psp: (t["state"], t["authorised_minor"], t["captured_minor"], t["refunded_minor"])
+            for psp, t in truth.adyen.items()}
+    rows = await pipe.wait_for(lambda c: _rows_if(c, want), timeout=90)
+    assert rows == want
+    effects = await pipe.wait_for(lambda c: c.fetch(
+        "SELECT resource_id, type FROM effects WHERE gateway = 'adyen' AND resource_id = ANY($1)", list(want)))
+    assert sorted((r["resource_id"], r["type"]) for r in effects) == sorted(
+        (psp, kind) for psp, t in truth.adyen.items() for kind in t["effects"])
+
+
+Rows = dict[str, tuple[str, int, int, int]]  # psp -> state and totals
+
+
+async def _rows_if(conn: Any, want: Rows) -> Rows | None:
+    rows = {r["psp_reference"]: (r["state"], r["authorised_minor"], r["captured_minor"], r["refunded_minor"])
+            for r in await conn.fetch("SELECT * FROM adyen_payments WHERE psp_reference = ANY($1)", list(want))}
+    return rows if rows == want else None

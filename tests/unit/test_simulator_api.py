@@ -159,7 +159,7 @@ def test_the_demo_holds_back_every_tenth_card_payments_authorisation() -> None:
 def test_every_registered_gateway_has_lifecycles_keyed_by_its_name() -> None:
     """`orderly simulate` finds a gateway's lifecycles by its registered name (the registry itself
     does not import the simulator); pg's ``count`` deposits come with a third as many withdrawals."""
-    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos"} <= set(GATEWAYS)  # (tests may add a toy one)
+    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos", "adyen"} <= set(GATEWAYS)  # (tests may add a toy one)
     for name, simulate in lifecycles.LIFECYCLES.items():
         events = simulate(random.Random(7), 9, lifecycles.Truth())
         assert events and {e.gateway for e in events} == {name}
