@@ -99,7 +99,7 @@ class Receiver:
             delivery_id = next_delivery_id()
             headers_out = raw_headers(gateway, delivery_id, received_at)
             if route.resource_key is None:
-                appends.append(self._quarantine(gateway, value, route, delivery_id, headers_out))
+                appends.append(self._quarantine(gateway, value, route, delivery_id, headers_out, request=False))
             else:
                 appends.append(self.appender.append(self.topics.raw, route.resource_key.encode(), value,
                                                     [*headers_out, CHECKED]))
@@ -116,11 +116,14 @@ class Receiver:
         return 200, adapter.ACCEPTED
 
     async def _quarantine(self, gateway: str, raw: bytes, route: Route, delivery_id: str,
-                          headers: list[tuple[str, bytes]]) -> tuple[int, bytes]:
+                          headers: list[tuple[str, bytes]], request: bool = True) -> tuple[int, bytes]:
+        """Set ``raw`` aside (``request``: it is the whole request, counted as its outcome; else one
+        part of a request the caller counts)."""
         reason = route.quarantine_reason or "unroutable"
         await self.appender.append(self.topics.quarantine, delivery_id.encode(), raw,
                                    quarantine_headers(headers, "ingest", reason, route.resource_hint))
-        self.metrics.requests.labels(gateway, "quarantined").inc()
+        if request:
+            self.metrics.requests.labels(gateway, "quarantined").inc()
         code = route.quarantine_code or "unroutable"
         self.metrics.quarantined.labels(gateway, code).inc()
         resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None

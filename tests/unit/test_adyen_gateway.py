@@ -20,6 +20,7 @@ from app.core.dispatch import Incoming, plan_batch
 from app.gateways import adyen, registry
 from app.gateways.base import SignatureError
 from app.ingest.answers import Unavailable
+from app.ingest.app import validate_secrets
 from app.ingest.receiver import CHECKED, Receiver
 from app.logs import SampledLog
 from app.metrics import IngestMetrics
@@ -207,3 +208,18 @@ def test_the_workers_dispatch_decides_stored_items_capture_before_authorisation(
         "captured", 1130, "TestPayment-1407325143704")
     effects = [orjson.loads(r[2])["dedupe_key"] for r in plan.records[0] if r[0] == n.effects]
     assert effects == ["adyen:7914073381342284:mark_order_paid"]
+
+
+def test_a_key_that_is_not_hex_is_refused_at_start() -> None:
+    validate_secrets(dev_settings({"ORDERLY_SECRET_ADYEN": f"{KEY},{OLD_KEY}"}))
+    with pytest.raises(ValueError, match="adyen secret is not a hex key"):
+        validate_secrets(dev_settings({"ORDERLY_SECRET_ADYEN": f"{KEY},not-hex"}))
+
+
+async def test_a_request_counts_once_and_each_quarantined_item_in_its_own_metric() -> None:
+    r, _ = receiver(Appender())
+    await r.webhook("adyen", adyen.sign_body([documented_item(), {**documented_item(), "eventCode": "X"}], KEY), {})
+    requests = r.metrics.requests
+    assert requests.labels("adyen", "stored")._value.get() == 1
+    assert requests.labels("adyen", "quarantined")._value.get() == 0
+    assert r.metrics.quarantined.labels("adyen", "unknown_type")._value.get() == 1
