@@ -177,8 +177,11 @@ def sign_body(items: list[dict[str, Any]], secret: str, live: str = "false") -> 
 
 
 def sign_request(raw: bytes, secret: str) -> bytes:
-    """``raw`` (a notification body) with every item signed by ``secret`` (the simulator's deliverer)."""
+    """``raw`` with every item signed by ``secret`` (the simulator's deliverer): a notification body,
+    or one item as the ingest stores it, sent in a request of its own."""
     body = orjson.loads(raw)
+    if "notificationItems" not in body:
+        return sign_body([body], secret)
     items = [w["NotificationRequestItem"] for w in body["notificationItems"]]
     return sign_body(items, secret, body.get("live", "false"))
 

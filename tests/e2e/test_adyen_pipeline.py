@@ -4,8 +4,10 @@ real Kafka and PostgreSQL (docs/gateways/adyen.md)."""
 
 from __future__ import annotations
 
+import io
 import random
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +15,7 @@ import aiohttp
 import pytest
 
 from app.gateways import adyen
-from app.simulator import lifecycles
+from app.simulator import check, lifecycles, stack, truths
 from app.simulator.deliver import Chaos, deliver
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -110,3 +112,14 @@ async def _rows_if(conn: Any, want: Rows) -> Rows | None:
     rows = {r["psp_reference"]: (r["state"], r["authorised_minor"], r["captured_minor"], r["refunded_minor"])
             for r in await conn.fetch("SELECT * FROM adyen_payments WHERE psp_reference = ANY($1)", list(want))}
     return rows if rows == want else None
+
+
+def test_simulate_check_through_the_stack_matches_the_oracle(pipe: Running) -> None:
+    """`orderly simulate --check --gateway adyen --target`: each item in a request of its own, signed,
+    in the history's arrival order; the read model, the effects recorded and delivered, nothing parked."""
+    out = io.StringIO()
+    total, bad = stack.run(pipe.settings, pipe.ingest.url, ["adyen"], 300, 1, "e2e", out,
+                           delivered=lambda: Counter(pipe.stub.deliveries), timeout_s=90.0)
+    assert (total, bad) == (300, 0), out.getvalue()[-4000:]
+    keys = {e[0] for i in range(300) for e in check.expected(truths.make("adyen", 1 + i, "e2e")).effects}
+    assert keys and {k: n for k, n in pipe.stub.deliveries.items() if k in keys} == dict.fromkeys(keys, 1)
