@@ -82,6 +82,8 @@ class Settings:
     # A gateway's secrets, one per gateway of the registry (app/gateways/registry.py).
     secrets = Keyed({g.name: Setting(f"ORDERLY_SECRET_{g.name.upper()}", Hidden(Secrets()), REQUIRED, g.secret_help,
                                      dev=g.dev_secret) for g in registry.GATEWAYS.values()})
+    adyen_basic_auth = Setting("ORDERLY_ADYEN_BASIC_AUTH", Maybe(Hidden(Text(r"[^:\s]+:\S.*", "`user:password`"))),
+            None, "HTTP Basic credentials Adyen sends on `/webhooks/adyen` (unset: not asked; HMAC always checked)")
     api_token = Setting("ORDERLY_API_TOKEN", Hidden(Text()), REQUIRED,
             "bearer token of the correlation API", dev="dev-api-token")
     admin_token = Setting("ORDERLY_ADMIN_TOKEN", Maybe(Hidden(Text())), None,
@@ -311,10 +313,8 @@ def _combination_errors(settings: Settings) -> list[str]:
 def _table() -> tuple[Setting[Any], ...]:
     rows: list[Setting[Any]] = []
     for attribute in vars(Settings).values():
-        if isinstance(attribute, Setting):
-            rows.append(attribute)
-        elif isinstance(attribute, Keyed):
-            rows.extend(attribute.rows)
+        if isinstance(attribute, (Setting, Keyed)):
+            rows.extend(attribute.rows if isinstance(attribute, Keyed) else [attribute])
     return tuple(rows)
 
 

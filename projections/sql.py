@@ -93,6 +93,16 @@ PAYMOS_TABLES = ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposi
 UPSERT_ROW = {"pg_deposits": _DEPOSIT, "pg_withdrawals": _WITHDRAWAL, "pg_balance_txns": _BALANCE_TXN,
               "card_payments": _CARD_PAYMENT, **{t: _paymos(t) for t in PAYMOS_TABLES},
               "stripe_payment_intents": _STRIPE_PAYMENT_INTENT}
+# adyen (docs/gateways/adyen.md): guarded by the count of the payment's stored items, as card_payments
+UPSERT_ROW["adyen_payments"] = unnest_insert("adyen_payments", """
+    psp_reference text, merchant_reference text, state text, authorised_minor bigint, captured_minor bigint,
+    refunded_minor bigint, currency text, updated_at text::timestamptz, version bigint""", """
+ON CONFLICT (psp_reference) DO UPDATE
+  SET merchant_reference = EXCLUDED.merchant_reference, state = EXCLUDED.state,
+      authorised_minor = EXCLUDED.authorised_minor, captured_minor = EXCLUDED.captured_minor,
+      refunded_minor = EXCLUDED.refunded_minor, currency = EXCLUDED.currency, updated_at = EXCLUDED.updated_at,
+      version = EXCLUDED.version
+  WHERE adyen_payments.version < EXCLUDED.version""", key="psp_reference")
 _JSON = {"fee_breakdown", "overpayment", "snapshot"}
 
 

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.core import adyen as adyen_core
 from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
 from app.core import stripe as stripe_core
 from app.core.reducer import Reducer
-from app.gateways import card, paymos, pg, stripe
+from app.gateways import adyen, card, paymos, pg, stripe
 from app.gateways.base import Route
 
 
@@ -110,4 +111,10 @@ register(Gateway("stripe", stripe, stripe_core.REDUCER,
                  dev_secret="whsec_dev0stripe0endpoint0secret0key0123", tables=(
     Table("stripe_payment_intents", "id, status, amount_minor, amount_received_minor, amount_refunded_minor, "
           "currency, dispute_status, updated_at", key="id", kind="payment_intent"),
+)))
+register(Gateway("adyen", adyen, adyen_core.REDUCER, timestamped=False,
+                 secret_help="adyen HMAC key(s) in hex, comma-separated for rotation",
+                 dev_secret="00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF", tables=(
+    Table("adyen_payments", "psp_reference, merchant_reference, state, authorised_minor, captured_minor, "
+          "refunded_minor, currency, updated_at", key="psp_reference", kind="payment"),
 )))

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.gateways import card, registry
+from app.gateways import registry
 from app.ingest.appender import Appender
 from app.ingest.body import MAX_BODY
 from app.ingest.correlations import CorrelationRoute, CorrelationStore
@@ -34,9 +34,13 @@ REFUSALS_LOGGED_PER_MINUTE = 5
 
 
 def validate_secrets(settings: Settings) -> None:
-    """Refuse to start with a card secret that is not a Standard Webhooks key."""
-    for secret in settings.secrets["card"].reveal():
-        card.secret_key(secret)
+    """Refuse to start with a secret its adapter cannot read as a key (``secret_key``: card's
+    Standard Webhooks `whsec_<base64>`, adyen's hex HMAC keys); raises ValueError naming the gateway."""
+    for name, gateway in registry.GATEWAYS.items():
+        key_of = getattr(gateway.adapter, "secret_key", None)
+        if key_of is not None and name in settings.secrets:
+            for secret in settings.secrets[name].reveal():
+                key_of(secret)
 
 
 def create_app(settings: Settings) -> web.Application:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -22,6 +24,15 @@ from topics.catalog import TopicNames
 from topics.records import H_CHECKED, quarantine_headers, raw_headers
 
 CHECKED = (H_CHECKED, b"1")  # the body passed its adapter's typed schema here
+
+
+class Batched(Protocol):
+    """An adapter's optional capability: one verified body is several records (Adyen's notification
+    items), each stored under its own key, and the gateway expects its own success answer."""
+
+    ACCEPTED: bytes
+
+    def split(self, raw: bytes) -> list[tuple[bytes, Route]]: ...
 
 
 class Receiver:
@@ -45,8 +56,12 @@ class Receiver:
         metrics = self.metrics
         found = registry.find(gateway)
         assert found is not None
+        adapter: Any = found.adapter  # its optional capabilities are looked up by name (Batched)
         try:
-            found.adapter.verify(raw, headers, self.settings.secrets[gateway].reveal(), time.time())
+            setting = getattr(adapter, "BASIC_AUTH_SETTING", None)  # optional HTTP Basic auth on the route
+            if setting is not None and (credential := getattr(self.settings, setting)) is not None:
+                adapter.check_basic_auth(headers, credential.reveal())
+            adapter.verify(raw, headers, self.settings.secrets[gateway].reveal(), time.time())
         except SignatureError as exc:
             metrics.requests.labels(gateway, "unauthorized").inc()
             metrics.signature_failures.labels(gateway).inc()
@@ -56,7 +71,9 @@ class Receiver:
                                                  "reason": exc.reason})
             return 401, orjson.dumps({"error": exc.reason})
 
-        route: Route = found.adapter.route(raw)
+        if hasattr(adapter, "split"):  # Batched
+            return await self._parts(gateway, adapter, raw)
+        route: Route = adapter.route(raw)
         delivery_id = next_delivery_id()
         headers_out = raw_headers(gateway, delivery_id, int(time.time() * 1000))
         try:
@@ -71,12 +88,42 @@ class Receiver:
         metrics.child(metrics.requests, gateway, "stored").inc()
         return 200, orjson.dumps({"status": "stored", "delivery_id": delivery_id})
 
+    async def _parts(self, gateway: str, adapter: Batched, raw: bytes) -> tuple[int, bytes]:
+        """A body of several records (Adyen's notification items): every one appended under its own
+        key, at once; the answer waits for all of them, and any one not stored makes it 503 (the
+        gateway resends the request; the reducer's dedupe absorbs what was stored)."""
+        metrics = self.metrics
+        received_at = int(time.time() * 1000)
+        appends: list[Coroutine[Any, Any, object]] = []
+        for value, route in adapter.split(raw):
+            delivery_id = next_delivery_id()
+            headers_out = raw_headers(gateway, delivery_id, received_at)
+            if route.resource_key is None:
+                appends.append(self._quarantine(gateway, value, route, delivery_id, headers_out, request=False))
+            else:
+                appends.append(self.appender.append(self.topics.raw, route.resource_key.encode(), value,
+                                                    [*headers_out, CHECKED]))
+        failed = [r for r in await asyncio.gather(*appends, return_exceptions=True) if isinstance(r, BaseException)]
+        if failed:
+            unavailable = next((r for r in failed if isinstance(r, Unavailable)), None)
+            if unavailable is None:
+                raise failed[0]
+            metrics.requests.labels(gateway, "unavailable").inc()
+            self.refusals.log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, unavailable,
+                              extra={"gateway": gateway, "outcome": "unavailable", "records": len(appends)})
+            return 503, orjson.dumps({"error": str(unavailable)})
+        metrics.child(metrics.requests, gateway, "stored").inc()
+        return 200, adapter.ACCEPTED
+
     async def _quarantine(self, gateway: str, raw: bytes, route: Route, delivery_id: str,
-                          headers: list[tuple[str, bytes]]) -> tuple[int, bytes]:
+                          headers: list[tuple[str, bytes]], request: bool = True) -> tuple[int, bytes]:
+        """Set ``raw`` aside (``request``: it is the whole request, counted as its outcome; else one
+        part of a request the caller counts)."""
         reason = route.quarantine_reason or "unroutable"
         await self.appender.append(self.topics.quarantine, delivery_id.encode(), raw,
                                    quarantine_headers(headers, "ingest", reason, route.resource_hint))
-        self.metrics.requests.labels(gateway, "quarantined").inc()
+        if request:
+            self.metrics.requests.labels(gateway, "quarantined").inc()
         code = route.quarantine_code or "unroutable"
         self.metrics.quarantined.labels(gateway, code).inc()
         resource_id = route.resource_hint.split(":", 1)[-1] if route.resource_hint else None

@@ -43,8 +43,9 @@ ROW_FIELDS = {
     "paymos_withdrawals": ("status", "is_final", "updated_at_ms"),
     "paymos_channel_deposits": ("status", "is_final", "updated_at_ms"),
     "stripe_payment_intents": stripe_history.ROW,
+    "adyen_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor"),
 }
-GATEWAYS_CHECKED = ("card", "paymos", "pg", "stripe")
+GATEWAYS_CHECKED = ("card", "paymos", "pg", "stripe", "adyen")
 FACT_KINDS = {"withdrawal_fill", "overpayment_flag", "order_note", "card_event_applied"}
 MONEY_EFFECTS = {"credit_user", "debit_user"}
 

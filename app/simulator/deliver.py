@@ -18,6 +18,9 @@ from app.simulator.lifecycles import T0_MS, Emitted
 
 # pg retries for ~92 hours (1 min 10 s, 6 min 10 s, …); compressed so a demo run takes seconds
 RETRY_S = (0.3, 0.8, 1.5, 3.0, 5.0, 8.0)
+# A gateway's own schedule in its seconds (compressed by Chaos.time_scale): Adyen retries three
+# times 9 s apart, then from its queue at 2, 5, 10, 15, 30 min, ... (docs/gateways/adyen.md)
+GATEWAY_RETRY_S = {"adyen": (9.0, 9.0, 9.0, 120.0, 300.0, 600.0, 900.0, 1800.0)}
 
 
 def signed_headers(gateway: str, body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
@@ -26,6 +29,20 @@ def signed_headers(gateway: str, body: bytes, secret: str, now: float | None = N
     if found is None:
         raise ValueError(f"no gateway {gateway!r}")
     return found.adapter.signed_headers(body, secret, time.time() if now is None else now)
+
+
+def signed_body(gateway: str, body: bytes, secret: str) -> bytes:
+    """The body as sent: a gateway that signs inside its body (adyen: each item) signs it here."""
+    found = registry.find(gateway)
+    sign = getattr(found.adapter, "sign_request", None) if found is not None else None
+    return body if sign is None else bytes(sign(body, secret))
+
+
+def retry_after_s(gateway: str, attempt: int, chaos: Chaos) -> float | None:
+    """Seconds before attempt ``attempt + 1`` of a failed attempt ``attempt``; None: given up."""
+    own = GATEWAY_RETRY_S.get(gateway)
+    schedule = RETRY_S if own is None else tuple(s * chaos.time_scale for s in own)
+    return schedule[attempt - 1] if attempt <= len(schedule) else None
 
 
 @dataclass
@@ -84,7 +101,8 @@ async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng:
             ok = False
             if not fail:
                 try:
-                    async with http.post(f"{url}/webhooks/{e.gateway}", data=e.body,
+                    async with http.post(f"{url}/webhooks/{e.gateway}",
+                                         data=signed_body(e.gateway, e.body, secrets[e.gateway]),
                                          headers=signed_headers(e.gateway, e.body, secrets[e.gateway])) as resp:
                         ok = resp.status == 200
                 except (aiohttp.ClientError, TimeoutError):
@@ -92,11 +110,10 @@ async def deliver(url: str, events: list[Emitted], secrets: dict[str, str], rng:
             if ok:
                 stats.accepted[e.gateway] += 1
                 stats.delivered.add(e.body)
-            elif attempt <= len(RETRY_S):
+            elif (after := retry_after_s(e.gateway, attempt, chaos)) is not None:
                 stats.retries[e.gateway] += 1
                 async with lock:
-                    heapq.heappush(queue, (time.monotonic() + RETRY_S[attempt - 1], next(order), e, attempt + 1,
-                                           False))
+                    heapq.heappush(queue, (time.monotonic() + after, next(order), e, attempt + 1, False))
             else:
                 stats.given_up[e.gateway] += 1
                 stats.given_up_on.append(e)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from app.simulator import stripe
+from app.simulator import adyen, stripe
 
 T0_MS = 1_796_000_000_000  # a fixed epoch for the gateway's own clocks: runs are reproducible
 
@@ -35,6 +35,7 @@ class Truth:
     correlations: dict[str, dict[str, str]] = field(default_factory=dict)
     card: dict[str, dict[str, Any]] = field(default_factory=dict)  # ref -> GET /payments answer
     paymos: dict[str, str] = field(default_factory=dict)  # id -> final status
+    adyen: dict[str, dict[str, Any]] = field(default_factory=dict)  # psp -> final row and effects
 
 
 DEPOSIT_PATHS = [
@@ -190,4 +191,5 @@ LIFECYCLES: dict[str, Lifecycles] = {
     "card": card,
     "paymos": paymos,
     "stripe": lambda rng, count, truth: [Emitted("stripe", *e) for e in stripe.emitted(rng, count)],
+    "adyen": lambda rng, count, truth: [Emitted("adyen", *r) for r in adyen.requests(rng, count, truth.adyen)],
 }

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.simulator import adyen as adyen_sim
 from app.simulator import stripe_history
 from app.simulator.histories import History
 
@@ -257,6 +258,7 @@ def paymos(history: History) -> Outcome:
 
 
 ORACLES = {"pg": pg, "card": card, "paymos": paymos, "stripe": stripe_history.oracle_with(Outcome)}
+ORACLES["adyen"] = lambda history: Outcome(**adyen_sim.expected(history))
 
 
 def expected(history: History) -> Outcome:

@@ -28,7 +28,7 @@ from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.simulator import check, truths
-from app.simulator.deliver import signed_headers
+from app.simulator.deliver import signed_body, signed_headers
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
 from projections.migrate import quote_ident
@@ -38,7 +38,7 @@ from topics.records import raw_headers
 ROWS = {  # table -> its id column (the columns compared: check.ROW_FIELDS)
     "pg_deposits": "pg_deposit_id", "pg_withdrawals": "pg_withdrawal_id", "pg_balance_txns": "btxn_id",
     "card_payments": "payment_ref", "paymos_invoices": "id", "paymos_withdrawals": "id",
-    "paymos_channel_deposits": "id",
+    "paymos_channel_deposits": "id", "adyen_payments": "psp_reference",
 }
 FACTS = {  # kind -> query of (key, owner) for the resources in $1
     "withdrawal_fill": "SELECT leg_ref AS key, pg_withdrawal_id AS owner FROM pg_withdrawal_fills",
@@ -55,7 +55,8 @@ async def post_history(http: aiohttp.ClientSession, producer: KeyedProducer, set
     secret = settings.secrets[history.gateway].reveal()[0]
     for n, d in enumerate(history.deliveries):
         if d.source == "webhook":
-            async with http.post(f"{target}/webhooks/{history.gateway}", data=d.body,
+            async with http.post(f"{target}/webhooks/{history.gateway}",
+                                 data=signed_body(history.gateway, d.body, secret),
                                  headers=signed_headers(history.gateway, d.body, secret)) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"webhook of {d.resource}: HTTP {resp.status} {await resp.text()}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from app.simulator import adyen as adyen_sim
 from app.simulator import stripe_history
 from app.simulator.histories import (
     BACKFILL_AFTER_MS,
@@ -279,6 +280,7 @@ def paymos(rng: random.Random, seed: int, stem: str) -> History:
 
 
 GENERATORS = {"pg": pg, "card": card, "paymos": paymos, "stripe": stripe_history.history}
+GENERATORS["adyen"] = adyen_sim.history
 
 
 def make(gateway: str, seed: int, tag: str = "") -> History:

@@ -27,9 +27,10 @@ from topics.records import raw_headers
 
 NOW = 1_796_000_000.0
 SECRETS = {"pg": "pg-contract-secret", "card": "whsec_Y29udHJhY3QtY2FyZC1rZXktMDEyMzQ1Njc4OQ==",
-           "paymos": "paymos-contract-secret", "toy": "toy-contract-secret", "stripe": "whsec_stripe-contract"}
+           "paymos": "paymos-contract-secret", "toy": "toy-contract-secret", "stripe": "whsec_stripe-contract",
+           "adyen": "00ff" * 16}
 OTHER = {"pg": "pg-other", "card": "whsec_b3RoZXItY2FyZC1rZXktMDEyMzQ1Njc4OQ==", "paymos": "paymos-other",
-         "toy": "toy-other", "stripe": "whsec_stripe-other"}
+         "toy": "toy-other", "stripe": "whsec_stripe-other", "adyen": "a1" * 32}
 
 
 def card_body(ref: str) -> bytes:
@@ -50,7 +51,17 @@ EXAMPLES = {  # a valid body about resource "r_1" of each gateway
     "paymos": lambda: paymos_event("invoice.confirming", "r_1", "confirming", 1_764_412_395_000),
     "toy": lambda: toy_gateway.example("r_1"),
     "stripe": lambda: stripe_event("r_1"),
+    # adyen: one notification item, as each is stored (its request's signatures are checked in
+    # tests/unit/test_adyen_gateway.py: they are inside the body, not in a header)
+    "adyen": lambda: adyen_item("r_1"),
 }
+
+
+def adyen_item(ref: str) -> bytes:
+    return orjson.dumps({"pspReference": ref, "eventCode": "AUTHORISATION", "success": "true",
+                         "eventDate": "2026-11-29T10:02:15+01:00", "amount": {"value": 8000, "currency": "EUR"},
+                         "merchantAccountCode": "Shop", "merchantReference": "order-1",
+                         "additionalData": {"hmacSignature": "AAAA"}})
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +71,8 @@ def toy_registered() -> Iterator[None]:
     registry.unregister(toy_gateway.NAME)
 
 
-GATEWAYS = ["pg", "card", "paymos", "stripe", "toy"]
+GATEWAYS = ["pg", "card", "paymos", "stripe", "toy", "adyen"]
+HEADER_SIGNED = [name for name in GATEWAYS if name != "adyen"]  # adyen signs each item inside the body
 
 
 def gateway(name: str) -> registry.Gateway:
@@ -73,7 +85,7 @@ def test_every_real_gateway_is_covered_here() -> None:
     assert set(registry.GATEWAYS) == set(GATEWAYS)  # a gateway added to the registry needs an example above
 
 
-@pytest.mark.parametrize("name", GATEWAYS)
+@pytest.mark.parametrize("name", HEADER_SIGNED)
 def test_its_own_signature_verifies_and_a_valid_body_routes_to_its_resource(name: str) -> None:
     g, body = gateway(name), EXAMPLES[name]()
     g.adapter.verify(body, g.adapter.signed_headers(body, SECRETS[name], NOW), (SECRETS[name],), NOW)
@@ -81,7 +93,7 @@ def test_its_own_signature_verifies_and_a_valid_body_routes_to_its_resource(name
     assert (route.resource_key, route.quarantine_reason) == (f"{name}:r_1", None)
 
 
-@pytest.mark.parametrize("name", GATEWAYS)
+@pytest.mark.parametrize("name", HEADER_SIGNED)
 def test_a_tampered_body_or_signature_is_refused(name: str) -> None:
     g, body = gateway(name), EXAMPLES[name]()
     headers = g.adapter.signed_headers(body, SECRETS[name], NOW)
@@ -99,10 +111,10 @@ def test_a_tampered_body_or_signature_is_refused(name: str) -> None:
 
 def test_only_paymos_signs_without_a_timestamp() -> None:
     """Its document: replayed deliveries are harmless because of dedupe and the ordering guard."""
-    assert [name for name in GATEWAYS if not gateway(name).timestamped] == ["paymos"]
+    assert [name for name in GATEWAYS if not gateway(name).timestamped] == ["paymos", "adyen"]  # adyen: no time
 
 
-@pytest.mark.parametrize("name", [name for name in GATEWAYS if name != "paymos"])
+@pytest.mark.parametrize("name", [name for name in HEADER_SIGNED if name != "paymos"])
 def test_clock_skew_beyond_300_s_is_refused_both_ways(name: str) -> None:
     g, body = gateway(name), EXAMPLES[name]()
     for skew in (-301, 301):
@@ -112,7 +124,7 @@ def test_clock_skew_beyond_300_s_is_refused_both_ways(name: str) -> None:
         g.adapter.verify(body, g.adapter.signed_headers(body, SECRETS[name], NOW + skew), (SECRETS[name],), NOW)
 
 
-@pytest.mark.parametrize("name", GATEWAYS)
+@pytest.mark.parametrize("name", HEADER_SIGNED)
 def test_secret_rotation_accepts_either_secret(name: str) -> None:
     g, body = gateway(name), EXAMPLES[name]()
     old = g.adapter.signed_headers(body, OTHER[name], NOW)
@@ -121,7 +133,7 @@ def test_secret_rotation_accepts_either_secret(name: str) -> None:
         g.adapter.verify(body, old, (SECRETS[name],), NOW)
 
 
-@pytest.mark.parametrize("name", ["pg", "card", "paymos", "stripe"])
+@pytest.mark.parametrize("name", ["pg", "card", "paymos", "stripe", "adyen"])
 def test_an_empty_secret_is_refused_at_start(name: str) -> None:
     with pytest.raises(SettingsError, match=f"ORDERLY_SECRET_{name.upper()}"):
         Settings.from_env({**DEV_DEFAULTS, f"ORDERLY_SECRET_{name.upper()}": ""})

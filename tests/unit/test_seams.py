@@ -90,4 +90,4 @@ def test_the_cli_exits_2_with_one_line_before_any_command(monkeypatch: pytest.Mo
 
 def test_the_cli_runs_the_command_on_the_pinned_versions(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["simulate", "--check", "--histories", "1"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "check: histories=4 mismatches=0"
+    assert capsys.readouterr().out.splitlines()[-1] == "check: histories=5 mismatches=0"

@@ -85,7 +85,7 @@ def _command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 def test_the_command_prints_the_count_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _command(capsys, "--histories", "200", "--seed", "5")
-    assert (code, out.splitlines()[-1]) == (0, "check: histories=800 mismatches=0")  # four gateways
+    assert (code, out.splitlines()[-1]) == (0, "check: histories=1000 mismatches=0")  # five gateways
 
 
 def _broken_card(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -160,7 +160,7 @@ def test_every_registered_gateway_has_lifecycles_keyed_by_its_name() -> None:
     """`orderly simulate` finds a gateway's lifecycles by its registered name (the registry itself
     does not import the simulator); pg's ``count`` deposits come with a third as many withdrawals."""
     # (tests may add a toy one)
-    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos", "stripe"} <= set(GATEWAYS)
+    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos", "stripe", "adyen"} <= set(GATEWAYS)
     for name, simulate in lifecycles.LIFECYCLES.items():
         events = simulate(random.Random(7), 9, lifecycles.Truth())
         assert events and {e.gateway for e in events} == {name}
