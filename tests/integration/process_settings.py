@@ -75,6 +75,10 @@ def _settings_names(node: ast.AST) -> set[str]:
             label = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
             if label.endswith("settings") or label == "s":
                 names.add(child.attr)
+        # a setting an adapter names for the ingest to read by name (adyen's BASIC_AUTH_SETTING)
+        elif isinstance(child, ast.Assign) and isinstance(child.value, ast.Constant) and any(
+                isinstance(t, ast.Name) and t.id.endswith("_SETTING") for t in child.targets):
+            names.add(str(child.value.value))
     return names
 
 

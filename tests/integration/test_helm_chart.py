@@ -46,7 +46,8 @@ MUTUAL_TLS = ["--set", "kafka.securityProtocol=ssl", "--set", "kafka.sasl.mechan
               "--set", "kafka.sasl.username=null", "--set", "kafka.sasl.passwordSecret=null",
               "--set", "kafka.tls.certKey=tls.crt", "--set", "kafka.tls.keyKey=tls.key",
               "--set", "kafka.tls.keyPasswordSecret.name=orderly-kafka-tls",
-              "--set", "kafka.tls.keyPasswordSecret.key=key-password"]
+              "--set", "kafka.tls.keyPasswordSecret.key=key-password",
+              "--set", "secrets.adyenBasicAuth.name=orderly-adyen", "--set", "secrets.adyenBasicAuth.key=basic-auth"]
 RENDERS: dict[str, list[str]] = {
     "default": [],
     "production": ["-f", str(PRODUCTION)],
@@ -260,12 +261,15 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+SAMPLE_SECRETS = {"ORDERLY_ADYEN_BASIC_AUTH": "adyen-user:a-secret-value"}  # secrets with a form of their own
+
+
 def resolved(env: dict[str, dict[str, Any]], tls: Path) -> dict[str, str]:
     """What the process would see: a Secret's value a valid sample, the TLS mount our files."""
     values = {}
     for name, entry in env.items():
         if "valueFrom" in entry:
-            values[name] = DEV_DEFAULTS.get(name, "a-secret-value")
+            values[name] = DEV_DEFAULTS.get(name, SAMPLE_SECRETS.get(name, "a-secret-value"))
         else:
             values[name] = entry["value"].replace(TLS_MOUNT, f"{tls}/")
     return values

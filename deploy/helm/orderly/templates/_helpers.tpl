@@ -94,6 +94,9 @@ tests/integration/test_helm_chart.py holds each process's list to what its code 
 {{- if eq $p "ingest" }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_INGEST_HOST" "value" "0.0.0.0") }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_INGEST_PORT" "value" $v.ingest.port) }}
+{{- if and $v.secrets.adyenBasicAuth (has "adyen" $v.gateways) }}
+{{ include "orderly.secretEnv" (dict "name" "ORDERLY_ADYEN_BASIC_AUTH" "ref" $v.secrets.adyenBasicAuth) }}
+{{- end }}
 {{- end }}
 {{- if eq $p "worker" }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_DATA_DIR" "value" "/var/lib/orderly") }}
