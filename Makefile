@@ -77,7 +77,7 @@ typecheck: $(STAMP)
 # docs/configuration.md's table, between its settings markers, from app/settings.py's table
 # (tests/unit/test_settings.py fails when the two differ).
 docs: $(STAMP)
-	$(PY) -m app.settings --readme docs/configuration.md
+	$(PY) -m app.settings_doc --readme docs/configuration.md
 
 bench: setup
 	$(PY) -m bench

@@ -232,6 +232,7 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
     producer = fetcher.producer
     consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
+                                group_instance_id=settings.instance_member,  # static membership
                                 auto_offset_reset="earliest", isolation_level="read_committed",
                                 **client_options(settings))
     await consumer.start()

@@ -4,7 +4,7 @@ environment (configuration layer).
 Nothing else in Orderly reads ``os.environ``: processes call :meth:`Settings.from_env` at start-up
 and pass the object down. Each setting is one :class:`~app.setting_kinds.Setting` on the class:
 parsing, the error messages, :meth:`Settings.to_env` (a child's environment), :data:`DEV_DEFAULTS`
-and docs/configuration.md's table (``python -m app.settings --readme docs/configuration.md``) come
+and docs/configuration.md's table (``python -m app.settings_doc --readme docs/configuration.md``) come
 from it. Choices are Literals; tokens, passwords, the DSN and signing secrets are
 :class:`~app.setting_kinds.Secret`, which never prints. (pydantic-settings, measured against this,
 costs every process and command about 80 ms more to import and 1.2 ms instead of 12 µs to build.)
@@ -12,11 +12,9 @@ costs every process and command about 80 ms more to import and 1.2 ms instead of
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import FrozenInstanceError
 from pathlib import Path
@@ -47,7 +45,7 @@ from app.setting_kinds import (
 TRANSACTION_TIMEOUT_S = 10.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
-           "Store", "dev_settings", "markdown_table", "operator_settings", "with_markdown_table"]
+           "Store", "dev_settings", "operator_settings"]
 GATEWAYS = tuple(registry.GATEWAYS)  # each reads its secrets from ORDERLY_SECRET_<NAME>
 
 Guarantee = Literal["at_least_once", "exactly_once"]
@@ -159,6 +157,11 @@ class Settings:
             "stopped for good holds them those 10 s. With exactly-once it also names the worker's "
             "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
             "one transaction per commit instead of one per partition (docs/architecture.md)")
+    instance_id = Setting("ORDERLY_INSTANCE_ID",
+            Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
+            "static member id of a projector, effects worker or fetcher in its groups, unique per process of "
+            "a kind (`orderly dev`: `<process>-1`; `{hostname}`: the host's name): restarted, even after kill "
+            "-9, it has its partitions at once, not after the 10 s session; unset: it leaves them on a clean stop")
     worker_batch_max = Setting("ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most")
     worker_busy_interval_s = Setting("ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -214,11 +217,15 @@ class Settings:
             f"with exactly-once at most {TRANSACTION_TIMEOUT_S / 2:g}")
 
     @property
+    def instance_member(self) -> str | None:
+        """A sink process's group.instance.id: ORDERLY_INSTANCE_ID with {hostname} filled in."""
+        return None if self.instance_id is None else self.instance_id.replace("{hostname}", socket.gethostname())
+
+    @property
     def worker_member(self) -> str | None:
         """The worker's group.instance.id: ORDERLY_WORKER_INSTANCE_ID with {hostname} filled in."""
-        if self.worker_instance_id is None:
-            return None
-        return self.worker_instance_id.replace("{hostname}", socket.gethostname())
+        return (None if self.worker_instance_id is None
+                else self.worker_instance_id.replace("{hostname}", socket.gethostname()))
 
     @property
     def min_insync(self) -> int:
@@ -353,48 +360,3 @@ def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{exc}\n(and no running `orderly dev` was found: {stack_file} is missing or "
                                 "unreadable)") from None
     return dev_settings({**env, **found})
-
-
-def markdown_table() -> str:
-    """docs/configuration.md's table, rendered from TABLE."""
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    def code(text: str) -> str:
-        return f"`{text}`" if text not in ("required", "unset") else text
-
-    lines = ["| variable | accepts | default | `orderly dev` default (if other) | meaning |", "|---|---|---|---|---|"]
-    for row in TABLE:
-        dev = code(row.dev) if row.dev is not None else ""
-        lines.append(f"| `{row.env}` | {cell(row.kind.accepts)} | {code(row.text_default())} | {dev} "
-                     f"| {cell(row.description)} |")
-    return "\n".join(lines) + "\n"
-
-
-BEGIN, END = "<!-- settings:begin -->\n", "<!-- settings:end -->"
-
-
-def with_markdown_table(readme: str) -> str:
-    """``readme`` with the text between its settings markers replaced by :func:`markdown_table`."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the page has no {BEGIN.strip()} … {END} section")
-    return readme[: start + len(BEGIN)] + markdown_table() + readme[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.settings", description=__doc__)
-    parser.add_argument("--markdown", action="store_true", help="print the configuration table")
-    parser.add_argument("--readme", type=Path, help="rewrite this file's section between the settings markers "
-                                                    "(docs/configuration.md)")
-    args = parser.parse_args(argv)
-    if args.readme:
-        text = args.readme.read_text(encoding="utf-8")
-        args.readme.write_text(with_markdown_table(text), encoding="utf-8")
-    if args.markdown or not args.readme:
-        sys.stdout.write(markdown_table())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -72,6 +72,7 @@ class PgSink:
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
             max_poll_records=self.max_records, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
+            group_instance_id=self.settings.instance_member,  # static membership (ORDERLY_INSTANCE_ID)
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU
             fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,

@@ -42,6 +42,7 @@ log = logging.getLogger("orderly.dev")
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
 CHILD_STOP_S = 10.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
 SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
+STATIC_MEMBERS = ("projector", "effects", "fetcher")  # consumer groups' static members (ORDERLY_INSTANCE_ID)
 
 
 class ShapeChangedError(RuntimeError):
@@ -145,7 +146,7 @@ class Stack:
             settings = settings.with_overrides(kafka_bootstrap=self.kafka.bootstrap, replication_factor=replicas)
         self.settings = settings
         # a static member id is each worker's own (below): no other child passes one on (replay's workers)
-        env = {**os.environ, **settings.to_env(), "ORDERLY_WORKER_INSTANCE_ID": ""}
+        env = {**os.environ, **settings.to_env(), "ORDERLY_WORKER_INSTANCE_ID": "", "ORDERLY_INSTANCE_ID": ""}
         # One child per process; with more than one worker they are worker-1, worker-2, … in one
         # consumer group, each with a state folder of its own (RocksDB holds a lock per partition).
         # Every process but the admin serves /metrics on a port of its own from the ingest port + 1.
@@ -158,6 +159,8 @@ class Stack:
                           for i in range(1, workers + 1)]
             elif name == "worker":
                 named.append((name, name, {"ORDERLY_WORKER_INSTANCE_ID": "worker-1"}))
+            elif name in STATIC_MEMBERS:  # back in its groups at once after a restart, a kill -9 included
+                named.append((name, name, {"ORDERLY_INSTANCE_ID": f"{name}-1"}))
             else:
                 named.append((name, name, {}))
         self.children = [

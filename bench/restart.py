@@ -57,11 +57,11 @@ from app.simulator.deliver import signed_headers
 from app.stack.process import free_port, stop_process
 from app.supervisor import Child, Stack
 from bench.stack import save_results
-from tests.pg_events import deposit
+from tests.pg_events import deposit, withdrawal
 from topics.catalog import names
 
 GUARANTEES = ("at_least_once", "exactly_once")
-SCENARIOS = ("clean", "stack", "kill9", "takeover", "gone")
+SCENARIOS = ("clean", "stack", "kill9", "kill9row", "takeover", "gone")
 PROBE_EVERY_S = 0.05  # probes during a kill: 20 webhooks/s, each a new deposit (all partitions)
 STEADY_S = 0.5  # a probe decided within this is on time again
 DECIDED_LIMIT_S = 60.0  # a probe not decided in this is reported as lost (the round stays bounded)
@@ -149,11 +149,16 @@ class Probes:
     posted: list[tuple[float, str]] = field(default_factory=list)
     http: aiohttp.ClientSession | None = None
 
-    async def post(self, limit_s: float = 60.0) -> tuple[float, str]:
-        """Post one probe, retrying while the ingest is not up; (time of the accepted attempt, delivery id)."""
+    async def post(self, limit_s: float = 60.0, kind: str = "deposit") -> tuple[float, str]:
+        """Post one probe, retrying while the ingest is not up; (time of the accepted attempt, delivery id).
+        ``kind`` "withdrawal": a new withdrawal's first event, which lands in pg_withdrawals at once
+        (a deposit's first event waits for its correlation, so it makes no row)."""
         if self.http is None:
             self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        body = deposit(f"dep_probe_{self.tag}_{len(self.posted)}", 1, "pending", sequence=0)
+        if kind == "withdrawal":
+            body = withdrawal(self.withdrawal_id(len(self.posted)), 1, "filling", 0, sequence=0)
+        else:
+            body = deposit(f"dep_probe_{self.tag}_{len(self.posted)}", 1, "pending", sequence=0)
         headers = signed_headers("pg", body, self.settings.secrets["pg"].reveal()[0])
         deadline = time.monotonic() + limit_s
         while True:
@@ -171,9 +176,44 @@ class Probes:
                 raise TimeoutError("the ingest accepted no probe")
             await asyncio.sleep(0.02)
 
+    def withdrawal_id(self, n: int) -> str:
+        return f"wdr_probe_{self.tag}_{n}"
+
     async def close(self) -> None:
         if self.http is not None:
             await self.http.close()
+
+
+@dataclass
+class Rows:
+    """When each probe withdrawal's row first shows in pg_withdrawals (wall clock): what an operator
+    or the merchant sees, after the worker and the projector (polled every 10 ms)."""
+
+    settings: Settings
+    seen: dict[str, float] = field(default_factory=dict)
+
+    async def wait_for(self, ids: list[str], limit_s: float = DECIDED_LIMIT_S, any_of: bool = False) -> None:
+        deadline = time.monotonic() + limit_s
+        conn: asyncpg.Connection | None = None
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if conn is None:
+                        conn = await asyncpg.connect(self.settings.postgres_dsn.reveal())
+                    found = await conn.fetch(f"SELECT pg_withdrawal_id FROM {self.settings.namespace}.pg_withdrawals "
+                                             "WHERE pg_withdrawal_id = ANY($1)", ids)
+                except (OSError, asyncpg.PostgresError):
+                    conn = None  # PostgreSQL restarting with the stack: try again
+                    found = []
+                now = time.time()
+                for row in found:
+                    self.seen.setdefault(row["pg_withdrawal_id"], now)
+                if (any if any_of else all)(i in self.seen for i in ids):
+                    return
+                await asyncio.sleep(0.01)
+        finally:
+            if conn is not None:
+                await conn.close()
 
 
 def log_size(child: Child) -> int:
@@ -271,17 +311,20 @@ async def restart_stack(stack: Stack, tag: str) -> dict[str, Any]:
     ready = time.time()
     started_s = time.monotonic() - starting
     worker_started = wall_start(worker)
-    decisions, probes = Decisions(stack.settings), Probes(stack.settings, tag)
+    decisions, probes, rows = Decisions(stack.settings), Probes(stack.settings, tag), Rows(stack.settings)
     await decisions.start()
     try:
-        posted, probe = await probes.post()
+        posted, probe = await probes.post(kind="withdrawal")
         await decisions.wait_for([probe])
+        await rows.wait_for([probes.withdrawal_id(0)])
     finally:
         await probes.close()
         await decisions.stop()
     decided = decisions.seen.get(probe)
     first = round(decided - ready, 3) if decided is not None else None
-    return {"first_decision_s": first, "probe_accepted_s": round(posted - ready, 3),
+    row = rows.seen.get(probes.withdrawal_id(0))
+    return {"first_row_s": round(row - ready, 3) if row is not None else None,
+            "first_decision_s": first, "probe_accepted_s": round(posted - ready, 3),
             "stop_s": round(stopped_s, 3), "start_s": round(started_s, 3),
             "worker_start_to_ingest_ready_s": round(ready - worker_started, 3),
             "phases": {**phases(worker, offset, worker_started),
@@ -320,6 +363,38 @@ async def kill9(stack: Stack, tag: str) -> dict[str, Any]:
             "phases": {**phases(worker, offset, restarted),
                        "decided": round(first - restarted, 3) if first is not None else None},
             "log": timeline(worker, offset, restarted, (first or killed + DECIDED_LIMIT_S) - restarted + 0.5)}
+
+
+KILLED = ("ingest", "worker", "projector")  # kill9row: each in turn
+
+
+async def kill9_row(stack: Stack, tag: str) -> dict[str, Any]:
+    """``kill -9`` of each process in turn, its supervisor restarting it, probes (new withdrawals)
+    posted from the kill on: seconds from the kill to the first probe's row in pg_withdrawals."""
+    found: dict[str, Any] = {}
+    for name in KILLED:
+        child = stack.child(name) if name != "worker" else stack.workers[0]
+        assert child.proc is not None
+        await asyncio.to_thread(settle, child)
+        probes, rows = Probes(stack.settings, f"{tag}{name[0]}"), Rows(stack.settings)
+        supervisor = asyncio.create_task(supervise(stack))
+        try:
+            killed = time.time()
+            os.kill(child.proc.pid, signal.SIGKILL)
+            watch = asyncio.create_task(rows.wait_for([probes.withdrawal_id(n) for n in range(1200)], any_of=True))
+            deadline = time.monotonic() + DECIDED_LIMIT_S
+            while not watch.done() and time.monotonic() < deadline:
+                await probes.post(kind="withdrawal")
+                await asyncio.sleep(PROBE_EVERY_S)
+            await watch
+        finally:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
+            await probes.close()
+        first = min(rows.seen.values(), default=None)
+        found[f"{name}_s"] = round(first - killed, 3) if first is not None else None
+    found["worst_s"] = max((v for v in found.values() if v is not None), default=None)
+    return found
 
 
 async def steady(stack: Stack, tag: str, limit_s: float = 60.0) -> None:
@@ -485,6 +560,8 @@ def run(rounds: int, guarantees: tuple[str, ...], scenarios: tuple[str, ...], dy
                             result = asyncio.run(restart_stack(stack, tag))
                         elif scenario == "kill9":
                             result = asyncio.run(kill9(stack, tag))
+                        elif scenario == "kill9row":
+                            result = asyncio.run(kill9_row(stack, tag))
                         elif scenario == "takeover":
                             result = asyncio.run(takeover(stack, second, tag))
                         else:
@@ -504,7 +581,8 @@ def run(rounds: int, guarantees: tuple[str, ...], scenarios: tuple[str, ...], dy
 def report(results: dict[str, Any]) -> None:
     print(f"\nrestart benchmark: embedded stack, {os.cpu_count()} cores; seconds")
     measures = {"clean": ("first_decision_s", "worker start -> first decision (SIGTERM, start)"),
-                "stack": ("first_decision_s", "ingest ready -> first decision (whole stack restarted)"),
+                "stack": ("first_row_s", "ingest ready -> first row in pg_withdrawals (stack restarted)"),
+                "kill9row": ("worst_s", "kill -9 of ingest/worker/projector -> first row (worst of 3)"),
                 "kill9": ("first_decision_s", "kill -9 -> first decision (supervisor restarts it)"),
                 "takeover": ("pause_s", "two workers, kill -9 of one: longest probe wait"),
                 "gone": ("pause_s", "the same, the killed one not restarted: longest wait")}
@@ -513,6 +591,10 @@ def report(results: dict[str, Any]) -> None:
         for scenario, (key, label) in measures.items():
             if scenario in found:
                 print(f"  {label:<58} {summary([r[key] for r in found[scenario]])}")
+        for r in found.get("kill9row", []):
+            print(f"    kill9row per process (s from the kill to the first row): {r}")
+        for r in found.get("stack", []):
+            print(f"    stack: first decision {r['first_decision_s']} s, first row {r['first_row_s']} s after ready")
         for scenario in ("clean", "stack", "kill9"):
             for r in found.get(scenario, []):
                 print(f"    {scenario} phases (s from the worker's start): {r['phases']}")

@@ -35,9 +35,8 @@ from app.settings import (
     Settings,
     SettingsError,
     dev_settings,
-    markdown_table,
-    with_markdown_table,
 )
+from app.settings_doc import markdown_table, with_markdown_table
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROWS = {row.env: row for row in TABLE}

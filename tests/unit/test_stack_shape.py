@@ -30,6 +30,9 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
     # static members of the group, each under its own id (a restarted worker takes its partitions back at once)
     assert [c.env["ORDERLY_WORKER_INSTANCE_ID"] for c in stack.workers] == ["worker-1", "worker-2", "worker-3"]
     assert {c.env["ORDERLY_WORKER_INSTANCE_ID"] for c in stack.children if c not in stack.workers} == {""}
+    # the sinks are static members of their groups too, one id each; the rest join none
+    assert {c.name: c.env["ORDERLY_INSTANCE_ID"] for c in stack.children if c.env["ORDERLY_INSTANCE_ID"]} == {
+        "projector": "projector-1", "effects": "effects-1", "fetcher": "fetcher-1"}
     assert {c.env["ORDERLY_KAFKA"] for c in stack.children} == {stack.settings.kafka_bootstrap}
     assert {c.env["ORDERLY_REPLICATION_FACTOR"] for c in stack.children} == {"3"}
 
@@ -145,3 +148,7 @@ def test_a_static_member_id_may_name_the_host(monkeypatch: pytest.MonkeyPatch) -
     assert dev_settings({}).worker_member is None  # unset: a dynamic member, as before
     with pytest.raises(SettingsError, match="ORDERLY_WORKER_INSTANCE_ID"):
         dev_settings({"ORDERLY_WORKER_INSTANCE_ID": "worker 1"})
+    assert dev_settings({"ORDERLY_INSTANCE_ID": "projector-{hostname}"}).instance_member == "projector-c0ffee12"
+    assert dev_settings({}).instance_member is None
+    with pytest.raises(SettingsError, match="ORDERLY_INSTANCE_ID"):
+        dev_settings({"ORDERLY_INSTANCE_ID": "projector/1"})
