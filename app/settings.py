@@ -34,6 +34,7 @@ from app.setting_kinds import (
     Keyed,
     Maybe,
     Millis,
+    Names,
     Number,
     Secret,
     Secrets,
@@ -79,7 +80,12 @@ class Settings:
             "Kafka bootstrap servers", dev="127.0.0.1:19092")
     postgres_dsn = Setting("ORDERLY_POSTGRES_DSN", Hidden(Text(what="a postgresql:// DSN")), REQUIRED,
             "PostgreSQL DSN", dev="postgresql://postgres@127.0.0.1:15432/postgres")
-    # A gateway's secrets, one per gateway of the registry (app/gateways/registry.py).
+    # The enabled gateways (DESIGN.md §2.7): their webhook routes and other routes are served, their
+    # secrets read; a disabled gateway's routes answer 404 and its secret is not asked for.
+    gateways = Setting("ORDERLY_GATEWAYS", Names(lambda: registry.GATEWAYS, "gateway"), tuple(registry.GATEWAYS),
+            "the gateways served; only theirs of the `ORDERLY_SECRET_<NAME>` rows below are read (unset: all)")
+    # A gateway's secrets, one per gateway of the registry (app/gateways/registry.py), read for the
+    # enabled ones only: ``secrets`` holds exactly those.
     secrets = Keyed({g.name: Setting(f"ORDERLY_SECRET_{g.name.upper()}", Hidden(Secrets()), REQUIRED, g.secret_help,
                                      dev=g.dev_secret) for g in registry.GATEWAYS.values()})
     api_token = Setting("ORDERLY_API_TOKEN", Hidden(Text()), REQUIRED,
@@ -241,7 +247,9 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         errors: list[str] = []
-        for row in TABLE:
+        for row in TABLE:  # (ORDERLY_GATEWAYS, read first, refused: no secret is asked for)
+            if row.field == "secrets" and row.key not in values.get("gateways", ()):
+                continue
             try:
                 value = row.read(env)
             except SettingsError as exc:
@@ -253,6 +261,7 @@ class Settings:
                 values.setdefault(row.field, {})[row.key] = value
         if errors:
             raise SettingsError("\n".join(errors))
+        values.setdefault("secrets", {})
         settings = cls._of(values)
         if problems := security_errors(settings) + _combination_errors(settings):
             raise SettingsError("\n".join(problems))
@@ -284,7 +293,7 @@ class Settings:
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process build these same settings. Every variable is
         set, an unset one as empty, so that it also overrides what the parent's environment holds."""
-        return {row.env: row.kind.render(row.value(self)) for row in TABLE}
+        return {row.env: "" if (value := row.value(self)) is None else row.kind.render(value) for row in TABLE}
 
 
 def _combination_errors(settings: Settings) -> list[str]:
@@ -308,18 +317,9 @@ def _combination_errors(settings: Settings) -> list[str]:
     return problems
 
 
-def _table() -> tuple[Setting[Any], ...]:
-    rows: list[Setting[Any]] = []
-    for attribute in vars(Settings).values():
-        if isinstance(attribute, Setting):
-            rows.append(attribute)
-        elif isinstance(attribute, Keyed):
-            rows.extend(attribute.rows)
-    return tuple(rows)
-
-
 # Every setting, in the order of the class (and of docs/configuration.md); the gateways' secrets one row each.
-TABLE: tuple[Setting[Any], ...] = _table()
+TABLE: tuple[Setting[Any], ...] = tuple(row for attribute in vars(Settings).values() for row in (
+    attribute.rows if isinstance(attribute, Keyed) else [attribute] if isinstance(attribute, Setting) else []))
 FIELDS = frozenset(row.field for row in TABLE)
 SECRET_FIELDS = frozenset(row.field for row in TABLE if row.is_secret)
 # Development defaults (docs/configuration.md's `orderly dev` column). `orderly dev` and `orderly demo` use

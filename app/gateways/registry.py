@@ -10,7 +10,7 @@ gateway is those modules and one ``register`` line at the end of this file (docs
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,6 +51,11 @@ class Gateway:
     timestamped: bool = True  # its signature carries a timestamp checked against the clock (±300 s)
     secret_help: str = "signing secret(s), comma-separated for rotation"  # ORDERLY_SECRET_<NAME>'s description
     dev_secret: str = ""  # `orderly dev`'s secret (the gateway simulator signs with it)
+    # Optional capabilities (each unset for a gateway without it):
+    check_secret: Callable[[str], object] | None = None  # raises ValueError on a secret its scheme cannot use
+    # The module of the gateway's other ingest routes, as a path the ingest imports (``add_routes(app,
+    # wiring)``), so that this registry, which the worker loads too, never imports the ingest's I/O.
+    routes: str | None = None
 
     def state_queries(self) -> list[tuple[str, str]]:
         """(kind, query) for each table holding a resource's state, in declaration order."""
@@ -75,7 +80,7 @@ def find(name: str) -> Gateway | None:
 
 
 register(Gateway("pg", pg, pg_core.REDUCER, secret_help="pg signing secret(s), comma-separated for rotation",
-                 dev_secret="dev-pg-secret", tables=(
+                 dev_secret="dev-pg-secret", routes="app.ingest.correlations", tables=(
     Table("pg_deposits", "pg_deposit_id, pg_version, status, is_terminal, late_slip_accepted_until, "
           "ordered_amount_minor, transferred_amount_minor, amount_received_minor, fee_total_minor, "
           "credited_amount_minor, fee_breakdown, overpayment, our_order_id, our_user_id, credited_user_at, "
@@ -90,7 +95,7 @@ register(Gateway("pg", pg, pg_core.REDUCER, secret_help="pg signing secret(s), c
     Table("pg_withdrawal_fills", "leg_ref, pg_withdrawal_id, sequence, amount_minor"),
 )))
 register(Gateway("card", card, card_core.REDUCER, secret_help="card Standard Webhooks secret(s), `whsec_<base64>`",
-                 dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", tables=(
+                 dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", check_secret=card.secret_key, tables=(
     Table("card_payments", "payment_ref, state, authorised_minor, captured_minor, refunded_minor, currency",
           key="payment_ref", kind="payment"),
     Table("card_events", "gateway_event_id, payment_ref, event_type, sequence, payload, applied_at IS NOT NULL, "

@@ -1,10 +1,14 @@
-"""pg's correlations: the PUT that maps a deposit to our order and the PostgreSQL store deciding it (I/O shell)."""
+"""pg's correlations: the PUT that maps a deposit to our order and the PostgreSQL store deciding it (I/O shell).
+
+pg's registry line names this module as its ``routes``: the ingest calls :func:`add_routes` when pg is enabled.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -99,6 +103,22 @@ def correlation_error(deposit_id: str, body: Any) -> str | None:
         return f"missing fields: {', '.join(missing)}"
     errors = [id_error("pg_deposit_id", deposit_id), *(id_error(f, body[f]) for f in CORRELATION_FIELDS)]
     return "; ".join(e for e in errors if e) or None
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a gateway's extra ingest routes are given: the ingest's settings, metrics, store and appender."""
+
+    settings: Settings
+    metrics: IngestMetrics
+    store: CorrelationStore
+    appender: Appender
+    topics: TopicNames
+
+
+def add_routes(app: web.Application, wiring: Wiring) -> None:
+    route = CorrelationRoute(wiring.settings, wiring.metrics, wiring.store, wiring.appender, wiring.topics)
+    app.router.add_put("/correlations/pg/deposits/{deposit_id}", route.put)
 
 
 class CorrelationRoute:
