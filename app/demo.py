@@ -30,6 +30,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from app.gateways import registry
 from app.settings import Settings
 from app.simulator import api, lifecycles
 from app.simulator.deliver import Chaos, Stats, deliver
@@ -133,7 +134,10 @@ def _print(report: dict[str, dict[str, int]], stats: Stats, elapsed: float, done
     print(f"{'gateway':<8}{'deliveries':>11}{'accepted':>10}{'retries':>9}{'dup sent':>9}"
           f"{'applied':>9}{'stale':>7}{'dup':>6}{'parked→':>9}{'synced':>8}{'effects':>9}")
     outcomes, effects = report["_outcomes"], report["_effects"]
-    for gw in ("pg", "card", "paymos"):
+    for gw in registry.GATEWAYS:
+        if gw not in lifecycles.LIFECYCLES:
+            continue  # a gateway the simulator has no lifecycles for
+
         def n(outcome: str, gw: str = gw) -> int:
             return outcomes.get(f"{gw} {outcome}", 0)
         print(f"{gw:<8}{stats.attempts[gw]:>11}{stats.accepted[gw]:>10}{stats.retries[gw]:>9}"
@@ -247,8 +251,8 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     with the same seeded lifecycles and deliveries; exit 0 only if every pass matched."""
     size = size or Size()
     api_port = free_port()
-    base = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}",
-                                   pg_api_url=f"http://127.0.0.1:{api_port}",
+    base = settings.with_overrides(api_urls={g.name: f"http://127.0.0.1:{api_port}" for g in registry.GATEWAYS.values()
+                                             if g.fetch is not None},
                                    effects_url=f"http://127.0.0.1:{api_port}{MERCHANT_PATH}",
                                    fetch_parked_after_s=FETCH_PARKED_AFTER_S, fetch_interval_s=1.0)
     stamp = int(time.time())

@@ -197,10 +197,9 @@ class Settings:
             "delivery attempts before an effect is marked dead")
     effects_lease_s = Setting("ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
             "seconds before a claimed, undelivered effect may be claimed again")
-    card_api_url = Setting("ORDERLY_CARD_API_URL", Maybe(Text(what="a URL")), None,
-            "the card gateway's API base (`GET /payments/{ref}`); unset: no fetching")
-    pg_api_url = Setting("ORDERLY_PG_API_URL", Maybe(Text(what="a URL")), None,
-            "the pg gateway's API base (`GET /v1/pay/events?since_sequence=N`); unset: no backfill")
+    # The API base of each gateway the fetcher can ask (its registry line's ``fetch``).
+    api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Text(what="a URL")), None,
+                                      g.fetch.api_help) for g in registry.GATEWAYS.values() if g.fetch})
     fetch_parked_after_s = Setting("ORDERLY_FETCH_PARKED_AFTER_S", Number(), 60.0,
             "a card payment whose events stay parked longer than this many seconds is fetched from the card "
             "API")

@@ -196,8 +196,9 @@ def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
     webhook_port = ports.pop("webhooks")
     settings = make_settings(kafka.bootstrap, postgres.dsn, f"prom{uuid.uuid4().hex[:8]}", effects_max_attempts=2,
                              fetch_parked_after_s=1.0, fetch_interval_s=0.5)
-    with serve_card_api() as card_api, running_pipeline(settings.with_overrides(card_api_url=card_api.url), tmp_path,
-                                                        metrics_ports={n: ports[n] for n in PROCESSES}) as pipe:
+    with serve_card_api() as card_api, running_pipeline(
+            settings.with_overrides(api_urls={"card": card_api.url}), tmp_path,
+            metrics_ports={n: ports[n] for n in PROCESSES}) as pipe:
         # the ingest and the admin as processes of their own, as deployed (the pipeline's in-thread
         # ones share the test's process, whose CPU and memory are not theirs)
         pipe.pipeline.start("ingest", ORDERLY_INGEST_PORT=str(webhook_port), ORDERLY_METRICS_PORT=str(ports["ingest"]))
