@@ -58,7 +58,8 @@ def build(resources: int = RESOURCES, seed: int = 7) -> list[Raw]:
     appended: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
     for i, (dep, mapping) in enumerate(truth.correlations.items()):
         correlation = Correlation(dep, mapping["merchant_reference"], mapping["our_order_id"], mapping["our_user_id"])
-        appended.append((f"pg:{dep}".encode(), correlation.to_bytes(), correlation_headers(f"c{i}", RECEIVED_AT_MS)))
+        appended.append((f"pg:{dep}".encode(), correlation.to_bytes(),
+                         correlation_headers("pg", f"c{i}", RECEIVED_AT_MS)))
     for i, e in enumerate(emitted):
         route = GATEWAYS[e.gateway].adapter.route(e.body)
         assert route.resource_key is not None, route.quarantine_reason

@@ -165,7 +165,7 @@ class CorrelationRoute:
             # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
             await self.appender.append(
                 self.topics.raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
-                correlation_headers(next_delivery_id(), int(time.time() * 1000)))
+                correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
             return json_response(503, error=str(exc))

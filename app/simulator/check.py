@@ -53,7 +53,7 @@ def records(history: History) -> list[Incoming]:
     out = []
     for offset, d in enumerate(history.deliveries):
         if d.source == "correlation":
-            headers = correlation_headers(f"corr-{offset}", d.at_ms)
+            headers = correlation_headers(history.gateway, f"corr-{offset}", d.at_ms)
         else:
             headers = raw_headers(history.gateway, f"dlv-{offset}", d.at_ms, source=d.source)
             if d.source == "webhook":

@@ -180,7 +180,7 @@ async def workload(pipe: Running, ingest: str) -> None:
     await producer.start()
     try:
         await producer.send_and_wait(names(pipe.settings.namespace).raw, b"pg:dep_poison", b"\xff not a correlation",
-                                     correlation_headers("poison-c", int(time.time() * 1000)))
+                                     correlation_headers("pg", "poison-c", int(time.time() * 1000)))
     finally:
         await producer.stop()
 
