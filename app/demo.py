@@ -32,7 +32,7 @@ from aiohttp import web
 
 from app.gateways import registry
 from app.settings import Settings
-from app.simulator import api, lifecycles
+from app.simulator import api, lifecycles, plugins
 from app.simulator.deliver import Chaos, Stats, deliver
 from app.simulator.expected import Expected, expected
 from app.stack.process import free_port
@@ -135,7 +135,7 @@ def _print(report: dict[str, dict[str, int]], stats: Stats, elapsed: float, done
           f"{'applied':>9}{'stale':>7}{'dup':>6}{'parked→':>9}{'synced':>8}{'effects':>9}")
     outcomes, effects = report["_outcomes"], report["_effects"]
     for gw in registry.GATEWAYS:
-        if gw not in lifecycles.LIFECYCLES:
+        if plugins.simulator(gw) is None:
             continue  # a gateway the simulator has no lifecycles for
 
         def n(outcome: str, gw: str = gw) -> int:
@@ -222,10 +222,12 @@ DEFAULT_FETCH_APIS = ("404", "truth")  # the reducers alone first, then with the
 
 
 def late_authorisations(events: list[lifecycles.Emitted]) -> frozenset[bytes]:
-    """The first event (the authorisation) of every LATE_EVERY-th card payment."""
+    """The first event (card's authorisation) of every LATE_EVERY-th resource of a gateway whose
+    simulator says its first event may come late (``late_first``)."""
     first: dict[str, bytes] = {}
+    late = {g for g in registry.GATEWAYS if (found := plugins.simulator(g)) is not None and found.late_first}
     for e in events:
-        if e.gateway == "card":
+        if e.gateway in late:
             first.setdefault(e.resource, e.body)
     return frozenset(body for n, body in enumerate(first.values()) if n % LATE_EVERY == 0)
 

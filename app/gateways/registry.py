@@ -97,6 +97,9 @@ class Gateway:
     # FACTS[kind] says, in this order.
     facts: tuple[str, ...] = ()
     parked_because: str = ""  # what a parked delivery waits for, when its decision gives no reason (console)
+    # The module of its simulator (``SIMULATOR``, app/simulator/plugins.py), as a path only the
+    # simulator imports: `simulate --check`, `orderly dev` and `demo` take the gateways that have one.
+    simulator: str | None = None
 
     def state_queries(self) -> list[tuple[str, str]]:
         """(kind, query) for each table holding a resource's state, in declaration order."""
@@ -121,7 +124,7 @@ def find(name: str) -> Gateway | None:
 
 
 register(Gateway("pg", pg, pg_core.REDUCER, secret_help="pg signing secret(s), comma-separated for rotation",
-                 dev_secret="dev-pg-secret", routes="app.ingest.correlations",
+                 dev_secret="dev-pg-secret", routes="app.ingest.correlations", simulator="app.simulator.pg",
                  fetch=Fetch("the pg gateway's API base (`GET /v1/pay/events?since_sequence=N`); unset: no backfill",
                              backfill="/v1/pay/events"),
                  facts=("correlation", "withdrawal_fill", "overpayment_flag"),
@@ -141,6 +144,7 @@ register(Gateway("pg", pg, pg_core.REDUCER, secret_help="pg signing secret(s), c
 )))
 register(Gateway("card", card, card_core.REDUCER, secret_help="card Standard Webhooks secret(s), `whsec_<base64>`",
                  dev_secret="whsec_ZGV2LWNhcmQtc2VjcmV0LWtleS0wMTIzNDU2Nzg5", check_secret=card.secret_key,
+                 simulator="app.simulator.card",
                  fetch=Fetch("the card gateway's API base (`GET /payments/{ref}`); unset: no fetching",
                              resource="/payments/{id}", kind="payment", id_field="payment_ref",
                              synced=card.synced_event, parked=PARKED_CARD_PAYMENTS),
@@ -153,7 +157,7 @@ register(Gateway("card", card, card_core.REDUCER, secret_help="card Standard Web
           "source"),
 )))
 register(Gateway("paymos", paymos, paymos_core.REDUCER, timestamped=False, secret_help="paymos signing secret(s)",
-                 dev_secret="dev-paymos-secret", facts=("order_note",),
+                 dev_secret="dev-paymos-secret", facts=("order_note",), simulator="app.simulator.paymos",
                  parked_because="a change out of a terminal state waits for its reorg", tables=(
     Table("paymos_invoices", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="invoice"),
     Table("paymos_withdrawals", "id, status, is_final, updated_at_ms, snapshot", key="id", kind="withdrawal"),

@@ -2,13 +2,13 @@
 
 Each generator returns the events in creation order (``Emitted``: gateway, resource key, body,
 created_at) and the truth the read models must end at. Nothing here touches the network.
-``LIFECYCLES`` gives `orderly simulate` each gateway's generator by the gateway's registered name.
+Each gateway's simulator declaration (app/simulator/<name>.py's ``SIMULATOR.lifecycles``) names its
+generator here; `orderly simulate`, `dev` and `demo` find it through app/simulator/plugins.py.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,14 +177,3 @@ def paymos(rng: random.Random, per_kind: int, truth: Truth) -> list[Emitted]:
                 out.append(Emitted("paymos", rid, orjson.dumps(body), clock))
             truth.paymos[rid] = status
     return out
-
-
-Lifecycles = Callable[[random.Random, int, Truth], list[Emitted]]
-# Seeded lifecycles of about ``count`` resources with the truth they end at, by the gateway's name in
-# app/gateways/registry.py. The table lives here rather than in the gateway's declaration so that
-# the registry, which the ingest and the worker load, never imports the simulator.
-LIFECYCLES: dict[str, Lifecycles] = {
-    "pg": lambda rng, count, truth: pg(rng, count, max(1, count // 3), truth),
-    "card": card,
-    "paymos": paymos,
-}

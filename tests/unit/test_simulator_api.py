@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from app.gateways.registry import GATEWAYS
-from app.simulator import api, lifecycles
+from app.simulator import api, lifecycles, plugins
 from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
 from tests.support import serve_in_thread
 
@@ -156,12 +156,16 @@ def test_the_demo_holds_back_every_tenth_card_payments_authorisation() -> None:
     assert all(any(e.body == body and e.gateway == "card" for e in events) for body in late)
 
 
-def test_every_registered_gateway_has_lifecycles_keyed_by_its_name() -> None:
-    """`orderly simulate` finds a gateway's lifecycles by its registered name (the registry itself
-    does not import the simulator); pg's ``count`` deposits come with a third as many withdrawals."""
-    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos"} <= set(GATEWAYS)  # (tests may add a toy one)
-    for name, simulate in lifecycles.LIFECYCLES.items():
+def test_every_registered_gateway_has_lifecycles_found_by_its_registry_line() -> None:
+    """`orderly simulate` finds a gateway's lifecycles through its registry line's simulator module
+    (the registry itself does not import the simulator); pg's ``count`` deposits come with a third
+    as many withdrawals."""
+    assert {"pg", "card", "paymos"} <= set(plugins.simulated()) <= set(GATEWAYS)  # (tests may add a toy one)
+    for name in plugins.simulated():
+        simulate = plugins.simulator_of(name).lifecycles
+        assert simulate is not None
         events = simulate(random.Random(7), 9, lifecycles.Truth())
         assert events and {e.gateway for e in events} == {name}
     direct = lifecycles.pg(random.Random(7), 9, 3, lifecycles.Truth())
-    assert lifecycles.LIFECYCLES["pg"](random.Random(7), 9, lifecycles.Truth()) == direct
+    pg_lifecycles = plugins.simulator_of("pg").lifecycles
+    assert pg_lifecycles is not None and pg_lifecycles(random.Random(7), 9, lifecycles.Truth()) == direct

@@ -1,0 +1,136 @@
+"""paymos's simulator (simulator layer): invoices, withdrawals and channel deposits for
+``orderly simulate --check`` (paymos-events.ru.txt, DESIGN.md §2.3), the oracle of what they must
+end at, and the lifecycles `orderly dev`/`demo` deliver. Found by paymos's registry line
+(``simulator="app.simulator.paymos"``) through app/simulator/plugins.py.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from app.simulator import lifecycles
+from app.simulator.histories import (
+    Delivery,
+    Event,
+    History,
+    Schedule,
+    in_arrival_order,
+    webhooks,
+)
+from app.simulator.oracle import Outcome, unique
+from app.simulator.plugins import GatewaySimulator
+from app.simulator.truths import T0_MS
+
+# --- paymos: invoices, withdrawals, channel deposits (paymos-events.ru.txt, DESIGN.md §2.3) -----
+PAYMOS_PATHS = {
+    "invoice": (["confirming", "paid"], ["confirming", "paid_over"], ["underpaid_waiting", "confirming", "paid"],
+                ["confirming", "paid", "awaiting_payment", "confirming", "paid_over"],
+                ["confirming", "paid", "awaiting_payment", "expired"], ["underpaid_waiting", "underpaid", "paid_late"],
+                ["expired", "paid_late", "paid_late"], ["cancelled"]),
+    "withdrawal": (["created", "processing", "completed"], ["created", "cancelled"], ["created", "failed"],
+                   ["created", "processing", "completed", "completion_rewound", "completed"],
+                   ["created", "processing", "completed", "completion_rewound", "failed"]),
+    "payment_channel_deposit": (["confirming", "confirmed"], ["confirming", "reorged"],
+                                ["confirming", "confirmed", "reorged", "confirming", "confirmed"]),
+}
+TERMINAL = {"paid", "paid_over", "underpaid", "expired", "cancelled", "completed", "failed", "confirmed"}
+# order inside the state machine: a later state at the same updated_at is the newer one
+MACHINE = {"awaiting_payment": 0, "confirming": 1, "underpaid_waiting": 2, "created": 0, "signed": 1,
+           "processing": 2, "reorged": 0, **{s: 3 for s in TERMINAL}}
+MACHINE["confirmed"] = 2
+PREFIX = {"invoice": ("inv", "invoice.{}"), "withdrawal": ("wdr", "withdrawal.{}"),
+          "payment_channel_deposit": ("pcd", "payment_channel.deposit.{}")}
+
+
+def generate(rng: random.Random, seed: int, stem: str) -> History:
+    kind = rng.choice(list(PAYMOS_PATHS))
+    short, type_format = PREFIX[kind]
+    rid, clock, status = f"{short}_{stem}", T0_MS + rng.randrange(0, 60_000), ""
+    events = []
+    for n, step in enumerate(rng.choice(PAYMOS_PATHS[kind])):
+        note = step == "paid_late"
+        before = status
+        status = status if note else "signed" if step == "completion_rewound" else step
+        tie = n and not note and before and MACHINE[status] > MACHINE[before] and rng.random() < 0.2
+        clock += 0 if tie else rng.choice([1, 900, 30_000, 600_000])
+        data: dict[str, Any] = {"id": rid, "object": kind, "status": status, "is_final": status in TERMINAL,
+                                "updated_at": clock, "amount": f"{rng.randrange(1, 10**8) / 10**8:.8f}"}
+        if note:
+            data["paid_late_at"] = clock // 1000
+        body = {"event_id": f"evt_{rid}_{n}", "event_type": type_format.format(step), "created_at": clock,
+                "data": data}
+        events.append(Event(rid, orjson.dumps(body), clock, {"id": body["event_id"], "kind": kind, "step": step,
+                                                              "status": status, "note": note, "position": n}))
+    deliveries, lost = webhooks(rng, "paymos", events, Schedule.draw(rng, T0_MS, "paymos"))
+    for index, last in lost:  # inside the window by construction; a late attempt still lands
+        deliveries.append(Delivery("webhook", rid, events[index].body, last + 1, index))
+    return History("paymos", seed, events, in_arrival_order(rng, deliveries))
+
+
+REORG_STEPS = {"awaiting_payment", "completion_rewound", "reorged"}
+
+
+def oracle(history: History) -> Outcome:
+    want, rid = Outcome(), history.events[0].resource
+    current: Any = None
+    waiting: list[Any] = []
+    cycle = 0
+
+    def allowed(event: Any) -> bool:
+        f = event.fact
+        return (current is None or current.fact["status"] not in TERMINAL or f["step"] in REORG_STEPS
+                or f["status"] == current.fact["status"])
+
+    def take(event: Any) -> None:
+        nonlocal current, cycle
+        current, f = event, event.fact
+        status, kind = f["status"], f["kind"]
+        want.rows[rid] = {"status": status, "is_final": status in TERMINAL,
+                          "updated_at_ms": event.created_ms}
+        if kind == "invoice" and status in TERMINAL:
+            name = f"invoice_{status}"
+            key = f"paymos:{rid}:credit" if status in ("paid", "paid_over") else f"paymos:{rid}:{name}"
+            if not any(e[0] == key for e in want.effects):
+                want.effects.add((key, name, None))
+        elif kind == "withdrawal" and (f["step"] == "completion_rewound" or status in TERMINAL):
+            name = "payout_reopened" if f["step"] == "completion_rewound" else f"payout_{status}"
+            key = f"paymos:{rid}:{name}:{cycle}"
+            if not any(e[0] == key for e in want.effects):
+                want.effects.add((key, name, None))
+            cycle += f["step"] == "completion_rewound"
+        elif kind == "payment_channel_deposit" and status == "confirmed":
+            want.effects.add((f"paymos:{rid}:credit_channel_deposit", "credit_channel_deposit", None))
+
+    for event in unique(history):
+        f = event.fact
+        if f["note"]:
+            want.facts.add(("order_note", f"paymos:{rid}:paid_late"))
+            want.effects.add((f"paymos:{rid}:add_order_note", "add_order_note", None))
+            continue
+        if current is not None and f["position"] <= current.fact["position"]:
+            continue  # stale
+        if not allowed(event):
+            waiting.append(event)
+            continue
+        take(event)
+        progressed = True
+        while progressed:
+            progressed = False
+            for w in sorted(waiting, key=lambda e: e.fact["position"]):
+                if w.fact["position"] <= current.fact["position"] or allowed(w):
+                    waiting.remove(w)
+                    if w.fact["position"] > current.fact["position"]:
+                        take(w)
+                    progressed = True
+                    break
+    want.parked[rid] = len(waiting)
+    return want
+
+
+SIMULATOR = GatewaySimulator(
+    generate, oracle, rows={table: ("status", "is_final", "updated_at_ms")
+                            for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")},
+    facts=frozenset({"order_note"}), lifecycles=lifecycles.paymos)

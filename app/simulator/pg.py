@@ -1,0 +1,212 @@
+"""pg's simulator (simulator layer): the histories ``orderly simulate --check`` decides
+(deposits, withdrawals, balance transactions; pg-event-order-version-guard.txt), the oracle of what
+they must end at, and the lifecycles `orderly dev`/`demo` deliver. Found by pg's registry line
+(``simulator="app.simulator.pg"``) through app/simulator/plugins.py.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from app.simulator import lifecycles
+from app.simulator.histories import (
+    BACKFILL_AFTER_MS,
+    DAY,
+    Delivery,
+    Event,
+    History,
+    Schedule,
+    in_arrival_order,
+    webhooks,
+)
+from app.simulator.oracle import Outcome, unique
+from app.simulator.plugins import GatewaySimulator
+from app.simulator.truths import T0_MS, iso
+
+# --- pg: deposits, withdrawals, balance transactions (pg-event-order-version-guard.txt) ---------
+DEPOSIT_PATHS = (
+    ["pending", "slip_received", "settled"],
+    ["pending", "expired", "slip_received", "settled"],  # Case A: a late slip within the window
+    ["pending", "slip_received", "settled", "reversed"],  # Case B
+    ["pending", "expired"],
+    ["pending", "canceled"],
+    ["pending", "under_review", "rejected"],
+    ["pending", "under_review", "settled"],
+)
+
+
+def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, dict[str, Any]]]:
+    path = list(rng.choice(DEPOSIT_PATHS))
+    if rng.random() < 0.3:  # an attribute-only change: a new version, the same status
+        at = rng.randrange(1, len(path) + 1)
+        path.insert(at, path[at - 1])
+    ordered = rng.randrange(10_000, 2_000_000)
+    transferred = ordered + (rng.randrange(1, 50_000) if rng.random() < 0.2 else 0)
+    received, fee = min(ordered, transferred), rng.randrange(0, ordered // 50 + 1)
+    flag = None
+    version, out = rng.randrange(1, 5), []
+    for n, status in enumerate(path):
+        clock += rng.randrange(1, 20 * 60_000)
+        version += rng.randrange(1, 4)
+        obj: dict[str, Any] = {"id": dep, "object": "deposit", "version": version, "status": status,
+                               "ordered_amount_minor": ordered}
+        if status in ("settled", "reversed"):
+            obj.update(transferred_amount_minor=transferred, amount_received_minor=received, fee_total_minor=fee,
+                       credited_amount_minor=received - fee)
+        if status in ("expired", "canceled"):
+            late = status == "expired" and (n + 1 < len(path) or rng.random() < 0.5)
+            # a terminal one may still carry the window it had (passed): is_terminal decides
+            until = iso(clock + DAY) if late else iso(clock - 1) if rng.random() < 0.5 else None
+            obj.update(is_terminal=not late, late_slip_accepted_until=until)
+            if status == "canceled":
+                obj["cancel_reason_code"] = "merchant_request"
+        if status == "under_review":
+            obj["review"] = {"reasons": [{"display_th": "กำลังตรวจสอบ", "display_en": "Under review"}]}
+        if status == "rejected":
+            obj["rejection"] = {"display_th": "ปฏิเสธ"}
+        if status == "slip_received" and transferred > ordered and flag is None:
+            flag = {"claim_id": f"clm_{dep}", "cause": "same_transfer_excess", "amount_minor": transferred - ordered,
+                    "slip_received_at": iso(clock), "status": "open", "action_required": "contact_support"}
+        if flag is not None:
+            obj["overpayment"] = flag
+        out.append((clock, f"deposit.{'updated' if n and path[n - 1] == status else status}", obj))
+    if rng.random() < 0.15:
+        # a snapshot with a version already used, under an event id of its own (a gateway bug the
+        # guard must absorb: apply iff version > stored, so whichever of the two the log holds first wins)
+        at, _, twin = rng.choice(out)
+        same: dict[str, Any] = {"id": dep, "object": "deposit", "version": twin["version"], "status": "under_review",
+                                "ordered_amount_minor": ordered,
+                                "review": {"reasons": [{"display_th": "ตรวจสอบ", "display_en": "Check"}]}}
+        if "overpayment" in twin:
+            same["overpayment"] = twin["overpayment"]
+        out.append((at + rng.randrange(1, 60_000), "deposit.under_review", same))
+    return out
+
+
+def _withdrawal(rng: random.Random, wdr: str, clock: int) -> list[tuple[int, str, dict[str, Any]]]:
+    total, filled, version, out = rng.randrange(100_000, 5_000_000), 0, rng.randrange(1, 5), []
+    chunks = rng.randint(1, 4)
+    for n in range(1, chunks + 1):
+        clock += rng.randrange(1, 30 * 60_000)
+        version += rng.randrange(1, 4)
+        amount = total - filled if n == chunks else rng.randrange(1, (total - filled) // 2 + 2)
+        filled += amount
+        status = "settled" if filled == total else "filling"
+        obj = {"id": wdr, "object": "withdrawal", "version": version, "status": status, "amount_total_minor": total,
+               "filled_minor": filled, "remaining_minor": total - filled, "metadata": {"payout_id": f"po_{wdr}"},
+               "_fill": {"leg_ref": f"leg_{wdr}_{n}", "sequence": n, "amount_minor": amount}}
+        out.append((clock, f"withdrawal.{'settled' if status == 'settled' else 'filled'}", obj))
+    return out
+
+
+def generate(rng: random.Random, seed: int, stem: str) -> History:
+    raw: list[tuple[int, str, str, dict[str, Any]]] = []  # (created, resource, type, object)
+    correlations: dict[str, dict[str, str]] = {}
+    for i in range(rng.choice([1, 1, 2, 3])):
+        kind = rng.choices(["deposit", "withdrawal", "btxn"], weights=[6, 3, 1])[0]
+        rid, start = f"{kind[:3]}_{stem}_{i}", T0_MS + rng.randrange(0, 10 * 60_000)
+        if kind == "deposit":
+            correlations[rid] = {"pg_deposit_id": rid, "merchant_reference": f"mr_{rid}", "our_order_id": f"ord_{rid}",
+                                 "our_user_id": f"usr_{stem}_{rng.randrange(2)}"}
+            raw += [(c, rid, t, o) for c, t, o in _deposit(rng, rid, start)]
+        elif kind == "withdrawal":
+            raw += [(c, rid, t, o) for c, t, o in _withdrawal(rng, rid, start)]
+        else:
+            raw.append((start, rid, "balance_transaction.created", {
+                "id": rid, "object": "balance_transaction", "type": "deposit", "direction": "credit",
+                "amount_minor": rng.randrange(1, 10**6), "bucket_from": None, "bucket_to": "pending",
+                "source": {"id": "dep_x"}, "created_at": iso(start), "balance_after": 1}))
+    raw.sort(key=lambda r: r[0])
+    base = rng.randrange(1, 10**6)  # sequence: global per merchant, increasing in creation order
+    events = []
+    for n, (created, rid, type_, obj) in enumerate(raw):
+        fill = obj.pop("_fill", None)
+        data: dict[str, Any] = {"object": obj} if fill is None else {"object": obj, "fill": fill}
+        body = {"id": f"evt_{rid}_{n}", "object": "event", "type": type_, "sequence": base + n,
+                "created": iso(created), "data": data}
+        events.append(Event(rid, orjson.dumps(body), created, {
+            "id": body["id"], "kind": obj["object"], "version": obj.get("version"), "status": obj.get("status"),
+            "sequence": base + n, "object": obj, "fill": fill}))
+    schedule = Schedule.draw(rng, T0_MS, "pg")
+    deliveries, lost = webhooks(rng, "pg", events, schedule)
+    for dep, mapping in correlations.items():
+        if rng.random() < 0.94:  # the merchant's create-deposit response, sometimes late, rarely never
+            first = min(e.created_ms for e in events if e.resource == dep)
+            at = first + rng.choice([-5_000, -1, 0, 1, 2_000, 10 * 60_000, rng.randrange(0, 3 * DAY)])
+            deliveries.append(Delivery("correlation", dep, orjson.dumps(mapping), at, fact=mapping))
+    if lost and rng.random() < 0.75:  # the gap backfill, 4 days after the gap was first seen
+        deliveries = in_arrival_order(rng, deliveries)
+        index = min(i for i, _ in lost)
+        later = [d.at_ms for d in deliveries if d.source == "webhook" and d.event > index]
+        if later:
+            at = later[0] + BACKFILL_AFTER_MS + rng.randrange(0, 3_600_000)
+            deliveries += [Delivery("fetch", e.resource, e.body, at + k, k + index)
+                           for k, e in enumerate(events[index:])]
+    return History("pg", seed, events, in_arrival_order(rng, deliveries), correlations)
+
+
+def oracle(history: History) -> Outcome:
+    want = Outcome()
+    correlated = {d.resource for d in history.deliveries if d.source == "correlation"}
+    top: dict[str, int] = {}
+    credited: dict[str, int] = {}
+    for event in unique(history):
+        f, rid = event.fact, event.resource
+        if f["kind"] == "withdrawal":
+            want.facts.add(("withdrawal_fill", f["fill"]["leg_ref"]))
+        if f["kind"] == "deposit" and rid not in correlated:
+            want.parked[rid] = want.parked.get(rid, 0) + 1  # waits for the merchant's correlation
+            continue
+        obj = f["object"]
+        if f["kind"] == "balance_transaction":
+            want.rows[rid] = {"amount_minor": obj["amount_minor"]}
+            continue
+        if f["kind"] == "deposit" and obj.get("overpayment"):
+            want.facts.add(("overpayment_flag", obj["overpayment"]["claim_id"]))
+        if f["version"] <= top.get(rid, -1):
+            continue  # stale: no row, no effect
+        top[rid] = f["version"]
+        if f["kind"] == "withdrawal":
+            want.rows[rid] = {"status": obj["status"], "pg_version": obj["version"],
+                              "filled_minor": obj["filled_minor"], "remaining_minor": obj["remaining_minor"]}
+            if obj["status"] == "settled" and obj["remaining_minor"] == 0:
+                want.effects.add((f"withdrawal:{rid}:close_payout", "close_payout", None))
+            continue
+        user = history.correlations[rid]["our_user_id"]
+        want.rows[rid] = {"status": obj["status"], "pg_version": obj["version"],
+                          "amount_received_minor": obj.get("amount_received_minor"), "our_user_id": user}
+        status, scope = obj["status"], f"deposit:{rid}"
+        if status == "settled":
+            if rid not in credited:
+                credited[rid] = obj["amount_received_minor"]
+                want.effects |= {(f"{scope}:credit_user", "credit_user", credited[rid]),
+                                 (f"{scope}:release_goods", "release_goods", None)}
+        elif status == "reversed":
+            if rid in credited and (f"{scope}:debit_user", "debit_user", credited[rid]) not in want.effects:
+                want.effects |= {(f"{scope}:debit_user", "debit_user", credited[rid]),
+                                 (f"{scope}:hold_goods", "hold_goods", None)}
+        else:
+            kind = {"under_review": "show_pending_review", "rejected": "fail_order"}.get(status, "update_order_status")
+            if status in ("expired", "canceled"):
+                late = obj.get("is_terminal") is False and obj.get("late_slip_accepted_until")
+                kind = "show_late_slip" if late else "fail_order"
+            want.effects.add((f"{f['id']}:{kind}", kind, None))
+    arrived = [(d.at_ms, history.events[d.event].fact["sequence"]) for d in history.deliveries if d.event >= 0]
+    if arrived:
+        delivered = {s for _, s in arrived}
+        for missing in range(arrived[0][1] + 1, max(delivered)):
+            if missing not in delivered:
+                want.gaps.add((missing, next(at for at, s in arrived if s > missing)))
+    return want
+
+
+SIMULATOR = GatewaySimulator(
+    generate, oracle, rows={
+        "pg_deposits": ("status", "pg_version", "amount_received_minor", "our_user_id"),
+        "pg_withdrawals": ("status", "pg_version", "filled_minor", "remaining_minor"),
+        "pg_balance_txns": ("amount_minor",)},
+    facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
+    lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth))
