@@ -16,9 +16,12 @@ import orjson
 from app.simulator import lifecycles
 from app.simulator.histories import (
     FETCH_AFTER_MS,
+    HOUR,
+    MIN,
     Delivery,
     Event,
     History,
+    Retrying,
     Schedule,
     in_arrival_order,
     webhooks,
@@ -26,6 +29,8 @@ from app.simulator.histories import (
 from app.simulator.oracle import Outcome
 from app.simulator.plugins import GatewaySimulator
 from app.simulator.truths import T0_MS, iso
+
+RETRYING = Retrying((0, 30_000, 2 * MIN, 10 * MIN, HOUR, 6 * HOUR))
 
 
 # --- card: one payment (card-gateway-order-playbook.txt) -----------------------------------------
@@ -91,8 +96,8 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
                 "sequence": n + 1 if sequenced else None, "occurred_at": iso(clock), "amount_minor": amount,
                 "currency": "EUR"}
         events.append(Event(ref, orjson.dumps(body), clock, {"id": body["id"], "kind": kind, "amount": amount}))
-    schedule = Schedule.draw(rng, T0_MS, "card")
-    deliveries, lost = webhooks(rng, "card", events, schedule)
+    schedule = Schedule.draw(rng, T0_MS, RETRYING)
+    deliveries, lost = webhooks(rng, events, schedule)
     moments = [last + FETCH_AFTER_MS + rng.randrange(0, 30_000) for _, last in lost]
     if rng.random() < 0.1:
         moments.append(rng.randrange(events[0].created_ms, events[-1].created_ms + 120_000))

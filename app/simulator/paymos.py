@@ -13,9 +13,12 @@ import orjson
 
 from app.simulator import lifecycles
 from app.simulator.histories import (
+    HOUR,
+    MIN,
     Delivery,
     Event,
     History,
+    Retrying,
     Schedule,
     in_arrival_order,
     webhooks,
@@ -23,6 +26,11 @@ from app.simulator.histories import (
 from app.simulator.oracle import Outcome, unique
 from app.simulator.plugins import GatewaySimulator
 from app.simulator.truths import T0_MS
+
+# paymos gives up on no event, and an outage always ends within its window
+RETRYING = Retrying((0, MIN, 5 * MIN, 30 * MIN, 2 * HOUR, 12 * HOUR, 24 * HOUR), longest_outage_ms=20 * HOUR,
+                    may_lose=False)
+
 
 # --- paymos: invoices, withdrawals, channel deposits (paymos-events.ru.txt, DESIGN.md §2.3) -----
 PAYMOS_PATHS = {
@@ -64,7 +72,7 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
                 "data": data}
         events.append(Event(rid, orjson.dumps(body), clock, {"id": body["event_id"], "kind": kind, "step": step,
                                                               "status": status, "note": note, "position": n}))
-    deliveries, lost = webhooks(rng, "paymos", events, Schedule.draw(rng, T0_MS, "paymos"))
+    deliveries, lost = webhooks(rng, events, Schedule.draw(rng, T0_MS, RETRYING))
     for index, last in lost:  # inside the window by construction; a late attempt still lands
         deliveries.append(Delivery("webhook", rid, events[index].body, last + 1, index))
     return History("paymos", seed, events, in_arrival_order(rng, deliveries))

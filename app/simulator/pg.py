@@ -15,9 +15,12 @@ from app.simulator import lifecycles
 from app.simulator.histories import (
     BACKFILL_AFTER_MS,
     DAY,
+    HOUR,
+    MIN,
     Delivery,
     Event,
     History,
+    Retrying,
     Schedule,
     in_arrival_order,
     webhooks,
@@ -25,6 +28,10 @@ from app.simulator.histories import (
 from app.simulator.oracle import Outcome, unique
 from app.simulator.plugins import GatewaySimulator
 from app.simulator.truths import T0_MS, iso
+
+# ~92 hours of attempts (DESIGN.md §2.1)
+RETRYING = Retrying((0, 70_000, 370_000, 30 * MIN, 3 * HOUR, 12 * HOUR, 36 * HOUR, 92 * HOUR))
+
 
 # --- pg: deposits, withdrawals, balance transactions (pg-event-order-version-guard.txt) ---------
 DEPOSIT_PATHS = (
@@ -130,8 +137,8 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
         events.append(Event(rid, orjson.dumps(body), created, {
             "id": body["id"], "kind": obj["object"], "version": obj.get("version"), "status": obj.get("status"),
             "sequence": base + n, "object": obj, "fill": fill}))
-    schedule = Schedule.draw(rng, T0_MS, "pg")
-    deliveries, lost = webhooks(rng, "pg", events, schedule)
+    schedule = Schedule.draw(rng, T0_MS, RETRYING)
+    deliveries, lost = webhooks(rng, events, schedule)
     for dep, mapping in correlations.items():
         if rng.random() < 0.94:  # the merchant's create-deposit response, sometimes late, rarely never
             first = min(e.created_ms for e in events if e.resource == dep)
