@@ -86,7 +86,8 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
     gateway = GATEWAYS[history.gateway]
     reducer = gateway.reducer
     for key, state in store.items():
-        parked = orjson.loads(reducer.snapshot(reducer.load(state)))["parked"]
+        # (a gateway that never parks may not say so)
+        parked = orjson.loads(reducer.snapshot(reducer.load(state))).get("parked", 0)
         if parked:
             got.parked[key.decode().partition(":")[2]] = parked
     if gateway.fetch is not None and gateway.fetch.backfill is not None:  # its sequence's gaps, as projected
