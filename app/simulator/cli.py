@@ -44,6 +44,8 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     events: list[lifecycles.Emitted] = []
     for name in registry.GATEWAYS:  # in the registry's order: the seeded draws, so the events, follow it
         found = plugins.simulator(name)
+        if name not in settings.secrets:
+            continue  # not enabled (ORDERLY_GATEWAYS): the target does not serve it, nothing here can sign for it
         if args.gateway in (name, "all") and found is not None and found.lifecycles is not None:
             events += found.lifecycles(rng, args.count, truth)
     runner = None
