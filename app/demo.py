@@ -42,10 +42,22 @@ from projections.migrate import quote_ident
 
 @dataclass
 class Size:
-    deposits: int = 200
-    withdrawals: int = 60
-    payments: int = 200
-    paymos_per_kind: int = 80
+    """How many resources the demo simulates: each gateway simulator's ``demo_sizes``, times ``scale``."""
+
+    scale: float = 1.0
+
+    def of(self, simulator: plugins.GatewaySimulator) -> tuple[int, ...]:
+        return tuple(max(1, int(n * self.scale)) for n in simulator.demo_sizes)
+
+
+def demo_events(rng: random.Random, size: Size, truth: lifecycles.Truth) -> list[lifecycles.Emitted]:
+    """Every simulated gateway's demo lifecycles, in the registry's order (the seeded draws follow it)."""
+    events: list[lifecycles.Emitted] = []
+    for name in plugins.simulated():
+        found = plugins.simulator_of(name)
+        if found.demo is not None:
+            events += found.demo(rng, size.of(found), truth)
+    return events
 
 
 async def _correlate(url: str, token: str, truth: lifecycles.Truth, rng: random.Random) -> None:
@@ -264,8 +276,7 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     async def one(done: Pass, settings: Settings, stack: Stack) -> int:
         rng = random.Random(seed)  # seeded: the same run every time, and in every pass
         truth = lifecycles.Truth()
-        events = (lifecycles.pg(rng, size.deposits, size.withdrawals, truth)
-                  + lifecycles.card(rng, size.payments, truth) + lifecycles.paymos(rng, size.paymos_per_kind, truth))
+        events = demo_events(rng, size, truth)
         gateways = api.build(truth, events, done.fetch_api)  # the gateways' GET APIs, and the merchant's endpoint
         gateways.router.add_post(MERCHANT_PATH, _merchant_accepts)
         runner = web.AppRunner(gateways, access_log=None)

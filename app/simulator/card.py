@@ -201,4 +201,5 @@ def card_row_breaks(row: Mapping[str, Any]) -> set[str]:
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={"card_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
-    lifecycles=lifecycles.card, late_first=True)
+    lifecycles=lifecycles.card, late_first=True,
+    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,))

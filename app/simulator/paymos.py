@@ -141,4 +141,5 @@ def oracle(history: History) -> Outcome:
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={table: ("status", "is_final", "updated_at_ms")
                             for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")},
-    facts=frozenset({"order_note"}), lifecycles=lifecycles.paymos)
+    facts=frozenset({"order_note"}), lifecycles=lifecycles.paymos,
+    demo=lambda rng, n, truth: lifecycles.paymos(rng, n[0], truth), demo_sizes=(80,))

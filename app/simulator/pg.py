@@ -216,4 +216,5 @@ SIMULATOR = GatewaySimulator(
         "pg_withdrawals": ("status", "pg_version", "filled_minor", "remaining_minor"),
         "pg_balance_txns": ("amount_minor",)},
     facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
-    lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth))
+    lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth),
+    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60))

@@ -38,6 +38,9 @@ class GatewaySimulator:
     row_breaks: Mapping[str, Callable[[Mapping[str, Any]], set[str]]] = field(default_factory=dict)
     # `orderly simulate`/`dev`/`demo`: about ``count`` resources' events in creation order, and their truth
     lifecycles: Callable[[random.Random, int, Truth], list[Emitted]] | None = None
+    # `orderly demo`: its lifecycles of ``demo_sizes`` resources (each scaled by `--scale`)
+    demo: Callable[[random.Random, tuple[int, ...], Truth], list[Emitted]] | None = None
+    demo_sizes: tuple[int, ...] = ()
     # `orderly demo`: every tenth resource's first event comes late (card's authorisation, so its
     # captures wait parked long enough for the fetcher)
     late_first: bool = False

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from app.demo import Size, demo_events
 from app.gateways.registry import GATEWAYS
 from app.simulator import api, lifecycles, plugins
 from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
@@ -169,3 +170,12 @@ def test_every_registered_gateway_has_lifecycles_found_by_its_registry_line() ->
     direct = lifecycles.pg(random.Random(7), 9, 3, lifecycles.Truth())
     pg_lifecycles = plugins.simulator_of("pg").lifecycles
     assert pg_lifecycles is not None and pg_lifecycles(random.Random(7), 9, lifecycles.Truth()) == direct
+
+
+def test_the_demo_takes_each_gateways_lifecycles_from_its_simulator_in_the_registrys_order() -> None:
+    """`orderly demo --scale 0.1`: the same seeded events as the three gateways' lifecycles drawn one
+    after the other (pg's deposits and withdrawals, card's payments, paymos's resources per kind)."""
+    rng, truth = random.Random(7), lifecycles.Truth()
+    direct = (lifecycles.pg(rng, 20, 6, truth) + lifecycles.card(rng, 20, truth) + lifecycles.paymos(rng, 8, truth))
+    assert demo_events(random.Random(7), Size(0.1), lifecycles.Truth()) == direct
+    assert Size(1.0).of(plugins.simulator_of("pg")) == (200, 60)
