@@ -7,13 +7,17 @@ through app/simulator/plugins.py.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from app.simulator import lifecycles
+from app.simulator.expected import Fetched, card_reduce
+from app.simulator.gateway_api import ApiContext
 from app.simulator.histories import (
     FETCH_AFTER_MS,
     HOUR,
@@ -26,6 +30,7 @@ from app.simulator.histories import (
     in_arrival_order,
     webhooks,
 )
+from app.simulator.lifecycles import Emitted
 from app.simulator.oracle import Outcome
 from app.simulator.plugins import GatewaySimulator
 from app.simulator.truths import T0_MS, iso
@@ -198,8 +203,35 @@ def card_row_breaks(row: Mapping[str, Any]) -> set[str]:
     return broken
 
 
+def stale_card_answer(ref: str, events: list[Emitted]) -> dict[str, Any] | None:
+    """The payment as it stood before its last event (None if that leaves nothing to tell)."""
+    bodies = [orjson.loads(e.body) for e in events if e.gateway == "card" and e.resource == ref]
+    if len(bodies) < 2:
+        return None
+    before = card_reduce(bodies[:-1])
+    return {"payment_ref": ref, "state": before["state"], "authorised_minor": before["authorised_minor"],
+            "captured_minor": before["captured_minor"], "refunded_minor": before["refunded_minor"],
+            "currency": bodies[-1]["currency"]}
+
+
+def api(context: ApiContext) -> list[web.RouteDef]:
+    """``GET /payments/{ref}``: the payment's answer (truth, or one event behind), each 200 kept."""
+    async def card_payment(request: web.Request) -> web.Response:
+        route, ref = "card GET /payments/{ref}", request.match_info["ref"]
+        if context.fetch_api == "404":
+            return context.not_found(route)
+        body = (context.truth.card.get(ref) if context.fetch_api == "truth"
+                else stale_card_answer(ref, context.events))
+        if not body:
+            return context.not_found(route)
+        context.served.card_answers.append(Fetched(ref, dict(body), int(time.time() * 1000)))
+        return context.answer(route, body)
+
+    return [web.get("/payments/{ref}", card_payment)]
+
+
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={"card_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
     lifecycles=lifecycles.card, late_first=True,
-    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,))
+    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,), api=api)

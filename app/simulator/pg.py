@@ -10,8 +10,10 @@ import random
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from app.simulator import lifecycles
+from app.simulator.gateway_api import ApiContext
 from app.simulator.histories import (
     BACKFILL_AFTER_MS,
     DAY,
@@ -210,6 +212,45 @@ def oracle(history: History) -> Outcome:
     return want
 
 
+def api(context: ApiContext) -> list[web.RouteDef]:
+    """pg's events feed by sequence, its objects and its balance, from the simulated events."""
+    def pg_events() -> list[dict[str, Any]]:
+        ordered = sorted((orjson.loads(e.body) for e in context.events if e.gateway == "pg"),
+                         key=lambda b: b["sequence"])
+        return ordered[:len(ordered) - context.lag]
+
+    async def pg_since(request: web.Request) -> web.Response:
+        route = "pg GET /v1/pay/events"
+        if context.fetch_api == "404":
+            return context.not_found(route)
+        try:
+            since = int(request.query["since_sequence"])
+            limit = min(int(request.query.get("limit", "100")), 1000)
+        except (KeyError, ValueError):
+            return context.answer(route, {"error": "since_sequence must be an integer"}, 400)
+        page = [b for b in pg_events() if b["sequence"] > since][:limit]
+        return context.answer(route, {"data": page, "has_more": len(page) == limit})
+
+    async def pg_object(request: web.Request) -> web.Response:
+        route, wanted = "pg GET /v1/pay/{kind}/{id}", request.match_info["id"]
+        if context.fetch_api == "404":
+            return context.not_found(route)
+        latest = None
+        for body in pg_events():
+            if body["data"]["object"]["id"] == wanted:
+                latest = body["data"]["object"]
+        return context.answer(route, latest) if latest else context.not_found(route)
+
+    async def pg_balance(request: web.Request) -> web.Response:
+        route = "pg GET /v1/pay/balance"
+        if context.fetch_api == "404":
+            return context.not_found(route)
+        return context.answer(route, {"available_minor": sum(context.truth.balances.values())})
+
+    return [web.get("/v1/pay/events", pg_since), web.get("/v1/pay/deposits/{id}", pg_object),
+            web.get("/v1/pay/withdrawals/{id}", pg_object), web.get("/v1/pay/balance", pg_balance)]
+
+
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={
         "pg_deposits": ("status", "pg_version", "amount_received_minor", "our_user_id"),
@@ -217,4 +258,4 @@ SIMULATOR = GatewaySimulator(
         "pg_balance_txns": ("amount_minor",)},
     facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
     lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth),
-    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60))
+    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.gateways import registry
+from app.simulator.gateway_api import Routes
 from app.simulator.histories import History
 from app.simulator.lifecycles import Emitted, Truth
 from app.simulator.oracle import Outcome
@@ -44,6 +45,8 @@ class GatewaySimulator:
     # `orderly demo`: every tenth resource's first event comes late (card's authorisation, so its
     # captures wait parked long enough for the fetcher)
     late_first: bool = False
+    # `orderly simulate --api-port`, `demo`, tests: its GET API's routes, answered from the truth
+    api: Routes | None = None
 
 
 def simulator(name: str) -> GatewaySimulator | None:

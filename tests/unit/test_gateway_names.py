@@ -23,7 +23,6 @@ SCANNED = ("app", "topics", "projections")
 STILL_NAMING: dict[str, str] = {
     "app/simulator/lifecycles.py": "`orderly dev`/`demo`'s lifecycles of the three gateways, not yet split per gateway",
     "app/simulator/expected.py": "`orderly demo`'s expected read models of the three gateways",
-    "app/simulator/api.py": "the simulated GET APIs of card and pg",
 }
 
 
