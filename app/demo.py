@@ -23,7 +23,6 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import asyncpg
@@ -34,7 +33,8 @@ from app.gateways import registry
 from app.settings import Settings
 from app.simulator import api, lifecycles, plugins
 from app.simulator.deliver import Chaos, Stats, deliver
-from app.simulator.expected import Expected, expected
+from app.simulator.expected import Fetched
+from app.simulator.plugins import DemoInput
 from app.stack.process import free_port
 from app.supervisor import Stack, supervise_until_stopped
 from projections.migrate import quote_ident
@@ -78,41 +78,29 @@ async def _correlate(url: str, token: str, truth: lifecycles.Truth, rng: random.
         await asyncio.gather(*(one(dep, body) for dep, body in truth.correlations.items()))
 
 
-def _as_expected(truth: lifecycles.Truth) -> Expected:
-    return Expected(pg_deposits=truth.pg_deposits, pg_withdrawals=truth.pg_withdrawals, balances=truth.balances,
-                    card={k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()},
-                    paymos=truth.paymos)
-
-
-async def compare_expected(settings: Settings, want: Expected, truth: Expected) -> dict[str, dict[str, int]]:
-    """Every read model against ``want`` (what the documents say it must hold), and how many of
-    its resources also hold the gateway's ``truth``."""
+async def compare_expected(settings: Settings, events: list[lifecycles.Emitted], truth: lifecycles.Truth,
+                           lost: frozenset[bytes], fetched: Sequence[Fetched]) -> dict[str, dict[str, int]]:
+    """Every read model of each simulated gateway (its ``demo_tables``) against what the documents say
+    it must hold after ``events`` (but the ``lost`` ones, which the gateway gave up on) and the
+    ``fetched`` answers, and how many of its resources also hold the gateway's ``truth``."""
     conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         report: dict[str, dict[str, int]] = {}
-
-        def tally(name: str, want: dict[str, Any], have: dict[str, Any], truth: dict[str, Any]) -> None:
-            report[name] = {"resources": len(want), "match": sum(1 for k, v in want.items() if have.get(k) == v),
-                            "truth": sum(1 for k in want if have.get(k) == truth.get(k))}
-
-        tally("pg deposits", want.pg_deposits,
-              {r[0]: r[1] for r in await conn.fetch("SELECT pg_deposit_id, status FROM pg_deposits")},
-              truth.pg_deposits)
-        tally("pg withdrawals", want.pg_withdrawals,
-              {r[0]: (r[1], r[2], r[3]) for r in await conn.fetch(
-                  "SELECT pg_withdrawal_id, status, filled_minor, remaining_minor FROM pg_withdrawals")},
-              truth.pg_withdrawals)
-        balances = {r[0]: r[1] for r in await conn.fetch("SELECT user_id, balance_minor FROM user_balances")}
-        tally("user balances", want.balances, {u: balances.get(u, 0) for u in want.balances}, truth.balances)
-        tally("card payments", want.card,
-              {r[0]: (r[1], r[2], r[3]) for r in await conn.fetch(
-                  "SELECT payment_ref, state, captured_minor, refunded_minor FROM card_payments")},
-              truth.card)
-        paymos: dict[str, str] = {}
-        for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits"):
-            paymos.update({r[0]: r[1] for r in await conn.fetch(f"SELECT id, status FROM {table}")})
-        tally("paymos resources", want.paymos, paymos, truth.paymos)
+        for name in plugins.simulated():
+            found = plugins.simulator_of(name)
+            run = DemoInput([e for e in events if e.gateway == name and e.body not in lost], truth.correlations,
+                            fetched)
+            for table in found.demo_tables:
+                want, gateway_truth = table.expected(run), table.truth(truth)
+                have = {}
+                for record in await conn.fetch(table.query):
+                    row = tuple(record)
+                    have[row[0]] = row[1] if len(row) == 2 else row[1:]
+                report[table.name] = {
+                    "resources": len(want),
+                    "match": sum(1 for k, v in want.items() if have.get(k, table.missing) == v),
+                    "truth": sum(1 for k in want if have.get(k, table.missing) == gateway_truth.get(k))}
         outcomes = {f"{r[0]} {r[1]}": r[2] for r in await conn.fetch(
             "SELECT gateway, outcome, count(*) FROM webhook_events GROUP BY 1, 2")}
         report["_outcomes"] = outcomes
@@ -186,12 +174,9 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
             os.kill(ingest.proc.pid, signal.SIGKILL)  # the endpoint goes down mid-run; the supervisor brings it back
             print("ingest killed for an outage; deliveries fail and are retried", flush=True)
 
-    truth_now = _as_expected(truth)
-
     async def check(stats: Stats) -> dict[str, dict[str, int]]:
         # recomputed every time: the fetcher may have been answered since the last look
-        want = expected(events, truth.correlations, stats.lost, served.card_answers)
-        return await compare_expected(settings, want, truth_now)
+        return await compare_expected(settings, events, truth, stats.lost, served.card_answers)
 
     supervisor = asyncio.create_task(supervise())
     try:

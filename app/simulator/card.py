@@ -32,7 +32,7 @@ from app.simulator.histories import (
 )
 from app.simulator.lifecycles import Emitted
 from app.simulator.oracle import Outcome
-from app.simulator.plugins import GatewaySimulator
+from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
 
 RETRYING = Retrying((0, 30_000, 2 * MIN, 10 * MIN, HOUR, 6 * HOUR))
@@ -230,8 +230,32 @@ def api(context: ApiContext) -> list[web.RouteDef]:
     return [web.get("/payments/{ref}", card_payment)]
 
 
+def expected_payments(run: DemoInput) -> dict[str, tuple[str, int, int]]:
+    """The playbook's reducer over each payment's delivered events and fetched answers: (state,
+    captured, refunded)."""
+    bodies: dict[str, list[dict[str, Any]]] = {}
+    for e in run.events:
+        bodies.setdefault(e.resource, []).append(orjson.loads(e.body))
+    by_ref: dict[str, list[Fetched]] = {}
+    for f in run.fetched:
+        by_ref.setdefault(f.ref, []).append(f)
+    out = {}
+    for ref, delivered in bodies.items():
+        r = card_reduce(delivered, by_ref.get(ref, []))
+        out[ref] = (r["state"], r["captured_minor"], r["refunded_minor"])
+    return out
+
+
+DEMO_TABLES = (
+    DemoTable("card payments", "SELECT payment_ref, state, captured_minor, refunded_minor FROM card_payments",
+              expected_payments,
+              lambda truth: {k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()}),
+)
+
+
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={"card_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
     lifecycles=lifecycles.card, late_first=True,
-    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,), api=api)
+    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,), api=api,
+    demo_tables=DEMO_TABLES)

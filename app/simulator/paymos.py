@@ -24,7 +24,7 @@ from app.simulator.histories import (
     webhooks,
 )
 from app.simulator.oracle import Outcome, unique
-from app.simulator.plugins import GatewaySimulator
+from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS
 
 # paymos gives up on no event, and an outage always ends within its window
@@ -138,8 +138,28 @@ def oracle(history: History) -> Outcome:
     return want
 
 
+def expected_resources(run: DemoInput) -> dict[str, str]:
+    """Each resource's ``data.status`` of its newest event by ``data.updated_at`` (ties in the
+    lifecycle's order, which is the state machine's; DESIGN §2.3)."""
+    latest: dict[str, tuple[int, int, str]] = {}
+    for n, e in enumerate(run.events):
+        data = orjson.loads(e.body)["data"]
+        key = (data["updated_at"], n, data["status"])
+        latest[data["id"]] = max(latest.get(data["id"], key), key)
+    return {rid: status for rid, (_, _, status) in latest.items()}
+
+
+DEMO_TABLES = (
+    DemoTable("paymos resources", " UNION ALL ".join(
+        f"SELECT id, status FROM {table}" for table in ("paymos_invoices", "paymos_withdrawals",
+                                                        "paymos_channel_deposits")),
+              expected_resources, lambda truth: truth.paymos),
+)
+
+
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={table: ("status", "is_final", "updated_at_ms")
                             for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")},
     facts=frozenset({"order_note"}), lifecycles=lifecycles.paymos,
-    demo=lambda rng, n, truth: lifecycles.paymos(rng, n[0], truth), demo_sizes=(80,))
+    demo=lambda rng, n, truth: lifecycles.paymos(rng, n[0], truth), demo_sizes=(80,),
+    demo_tables=DEMO_TABLES)

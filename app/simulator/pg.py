@@ -28,7 +28,7 @@ from app.simulator.histories import (
     webhooks,
 )
 from app.simulator.oracle import Outcome, unique
-from app.simulator.plugins import GatewaySimulator
+from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
 
 # ~92 hours of attempts (DESIGN.md §2.1)
@@ -251,6 +251,38 @@ def api(context: ApiContext) -> list[web.RouteDef]:
             web.get("/v1/pay/withdrawals/{id}", pg_object), web.get("/v1/pay/balance", pg_balance)]
 
 
+def _latest(run: DemoInput) -> dict[str, dict[str, Any]]:
+    """Each deposit's and withdrawal's object of its highest ``version`` (DESIGN §2.1)."""
+    latest: dict[str, dict[str, Any]] = {}
+    for e in run.events:
+        obj = orjson.loads(e.body)["data"]["object"]
+        if obj["id"] not in latest or obj["version"] > latest[obj["id"]]["version"]:
+            latest[obj["id"]] = obj
+    return latest
+
+
+def expected_balances(run: DemoInput) -> dict[str, int]:
+    """A user's balance: the ``amount_received_minor`` of each deposit whose highest version is settled."""
+    out = {c["our_user_id"]: 0 for c in run.correlations.values()}
+    for rid, obj in _latest(run).items():
+        if obj["object"] == "deposit" and obj["status"] == "settled":  # a reversed one was credited and debited
+            out[run.correlations[rid]["our_user_id"]] += obj["amount_received_minor"]
+    return out
+
+
+DEMO_TABLES = (
+    DemoTable("pg deposits", "SELECT pg_deposit_id, status FROM pg_deposits",
+              lambda run: {rid: o["status"] for rid, o in _latest(run).items() if o["object"] == "deposit"},
+              lambda truth: truth.pg_deposits),
+    DemoTable("pg withdrawals", "SELECT pg_withdrawal_id, status, filled_minor, remaining_minor FROM pg_withdrawals",
+              lambda run: {rid: (o["status"], o["filled_minor"], o["remaining_minor"])
+                           for rid, o in _latest(run).items() if o["object"] != "deposit"},
+              lambda truth: truth.pg_withdrawals),
+    DemoTable("user balances", "SELECT user_id, balance_minor FROM user_balances", expected_balances,
+              lambda truth: truth.balances, missing=0),
+)
+
+
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={
         "pg_deposits": ("status", "pg_version", "amount_received_minor", "our_user_id"),
@@ -258,4 +290,5 @@ SIMULATOR = GatewaySimulator(
         "pg_balance_txns": ("amount_minor",)},
     facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
     lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth),
-    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api)
+    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api,
+    demo_tables=DEMO_TABLES)

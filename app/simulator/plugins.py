@@ -13,15 +13,39 @@ from __future__ import annotations
 
 import importlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.gateways import registry
+from app.simulator.expected import Fetched
 from app.simulator.gateway_api import Routes
 from app.simulator.histories import History
 from app.simulator.lifecycles import Emitted, Truth
 from app.simulator.oracle import Outcome
+
+
+@dataclass(frozen=True)
+class DemoInput:
+    """What `orderly demo` hands a gateway's expected read models: its events the gateway did not
+    give up on (in creation order), the merchant's correlations and the answers its GET API gave."""
+
+    events: list[Emitted]
+    correlations: dict[str, dict[str, str]]
+    fetched: Sequence[Fetched] = ()
+
+
+@dataclass(frozen=True)
+class DemoTable:
+    """One line of `orderly demo`'s table: a read model against what the documents expect of it and
+    against the gateway's truth. ``query`` selects the resource id, then the compared columns (one
+    column: its value; several: a tuple); a resource without a row reads as ``missing``."""
+
+    name: str
+    query: str
+    expected: Callable[[DemoInput], dict[str, Any]]
+    truth: Callable[[Truth], dict[str, Any]]
+    missing: Any = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,7 @@ class GatewaySimulator:
     # `orderly demo`: every tenth resource's first event comes late (card's authorisation, so its
     # captures wait parked long enough for the fetcher)
     late_first: bool = False
+    demo_tables: tuple[DemoTable, ...] = ()
     # `orderly simulate --api-port`, `demo`, tests: its GET API's routes, answered from the truth
     api: Routes | None = None
 

@@ -15,7 +15,9 @@ import pytest
 from app.demo import Size, demo_events
 from app.gateways.registry import GATEWAYS
 from app.simulator import api, lifecycles, plugins
-from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
+from app.simulator import card as card_simulator
+from app.simulator.expected import Fetched, card_reduce, occurred_ms
+from app.simulator.plugins import DemoInput
 from tests.support import serve_in_thread
 
 
@@ -45,13 +47,13 @@ def generated(seed: int) -> tuple[lifecycles.Truth, list[lifecycles.Emitted]]:
 def test_with_every_event_delivered_the_reducers_alone_reach_the_gateways_truth(seed: int) -> None:
     truth, events = generated(seed)
     shuffled = random.Random(seed).sample(events, len(events))  # arrival order is no input of the reducers
+    tables = {table.name: (name, table) for name in plugins.simulated()
+              for table in plugins.simulator_of(name).demo_tables}
+    assert list(tables) == ["pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"]
     for order in (events, shuffled):
-        want = expected(order, truth.correlations)
-        assert want.pg_deposits == truth.pg_deposits
-        assert want.pg_withdrawals == truth.pg_withdrawals
-        assert want.balances == truth.balances
-        assert want.card == {k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()}
-        assert want.paymos == truth.paymos
+        for name, table in tables.values():
+            run = DemoInput([e for e in order if e.gateway == name], truth.correlations)
+            assert table.expected(run) == table.truth(truth), table.name
 
 
 def test_the_playbooks_pay_8c21_parks_the_over_refund_until_the_second_capture() -> None:
@@ -79,7 +81,8 @@ def test_events_that_never_came_leave_the_others_parked_where_the_applied_ones_e
     truth, events = generated(3)
     ref = next(k for k, v in truth.card.items() if v["state"] == "refunded")
     lost = frozenset(e.body for e in events if e.resource == ref and b"payment.authorised" in e.body)
-    assert expected(events, truth.correlations, lost).card[ref] == ("created", 0, 0)
+    delivered = [e for e in events if e.gateway == "card" and e.body not in lost]
+    assert card_simulator.expected_payments(DemoInput(delivered, truth.correlations))[ref] == ("created", 0, 0)
 
 
 def test_a_synced_answer_is_the_new_base_and_later_events_apply_on_top() -> None:
