@@ -30,7 +30,7 @@ from app.simulator.histories import (
     in_arrival_order,
     webhooks,
 )
-from app.simulator.lifecycles import Emitted
+from app.simulator.lifecycles import Emitted, Truth
 from app.simulator.oracle import Outcome
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
@@ -214,6 +214,41 @@ def stale_card_answer(ref: str, events: list[Emitted]) -> dict[str, Any] | None:
             "currency": bodies[-1]["currency"]}
 
 
+# --- `orderly simulate`/`dev`/`demo`'s lifecycles ------------------------------------------------
+def lifecycle(rng: random.Random, payments: int, truth: Truth) -> list[Emitted]:
+    out: list[Emitted] = []
+    for i in range(payments):
+        ref = f"pay_sim{i}"
+        clock = lifecycles.T0_MS + rng.randrange(0, 60_000)
+        auth = rng.randrange(1_000, 100_000)
+        steps: list[tuple[str, int]] = [("authorised", auth)]
+        roll = rng.random()
+        if roll < 0.1:
+            steps.append(("voided", 0))
+        else:
+            first = auth if rng.random() < 0.6 else auth * 2 // 3
+            steps.append(("captured", first))
+            if first < auth:
+                steps.append(("captured", auth - first))  # partial captures
+            if roll > 0.6:
+                steps.append(("refunded", auth if roll > 0.85 else auth // 4))
+        captured = refunded = 0
+        state = "created"
+        for n, (kind, amount) in enumerate(steps):
+            clock += rng.choice([0, 0, 1, 350, 2000])  # an auto-capture can share the millisecond
+            body = {"id": f"evt_{ref}_{n}", "type": f"payment.{kind}", "payment_ref": ref, "sequence": None,
+                    "occurred_at": iso(clock), "amount_minor": amount, "currency": "EUR"}
+            out.append(Emitted("card", ref, orjson.dumps(body), clock))
+            if kind == "captured":
+                captured += amount
+            if kind == "refunded":
+                refunded += amount
+            state = "refunded" if refunded and refunded == captured else ("captured" if kind == "refunded" else kind)
+        truth.card[ref] = {"payment_ref": ref, "state": state, "authorised_minor": auth, "captured_minor": captured,
+                           "refunded_minor": refunded, "currency": "EUR"}
+    return out
+
+
 def api(context: ApiContext) -> list[web.RouteDef]:
     """``GET /payments/{ref}``: the payment's answer (truth, or one event behind), each 200 kept."""
     async def card_payment(request: web.Request) -> web.Response:
@@ -256,6 +291,6 @@ DEMO_TABLES = (
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={"card_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
-    lifecycles=lifecycles.card, late_first=True,
-    demo=lambda rng, n, truth: lifecycles.card(rng, n[0], truth), demo_sizes=(200,), api=api,
+    lifecycles=lifecycle, late_first=True,
+    demo=lambda rng, n, truth: lifecycle(rng, n[0], truth), demo_sizes=(200,), api=api,
     demo_tables=DEMO_TABLES)

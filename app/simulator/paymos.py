@@ -23,6 +23,7 @@ from app.simulator.histories import (
     in_arrival_order,
     webhooks,
 )
+from app.simulator.lifecycles import Emitted, Truth
 from app.simulator.oracle import Outcome, unique
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS
@@ -138,6 +139,44 @@ def oracle(history: History) -> Outcome:
     return want
 
 
+# --- `orderly simulate`/`dev`/`demo`'s lifecycles ------------------------------------------------
+LIFECYCLE_PATHS = {
+    "invoice": [(0.5, ["confirming", "paid"]), (0.15, ["confirming", "paid", "awaiting_payment", "confirming",
+                                                       "paid_over"]),
+                (0.15, ["underpaid_waiting", "underpaid"]), (0.1, ["expired", "paid_late"]), (0.1, ["cancelled"])],
+    "withdrawal": [(0.6, ["created", "processing", "completed"]),
+                   (0.2, ["created", "processing", "completed", "completion_rewound", "completed"]),
+                   (0.2, ["created", "failed"])],
+    "payment_channel_deposit": [(0.7, ["confirming", "confirmed"]),
+                                (0.3, ["confirming", "confirmed", "reorged", "confirming", "confirmed"])],
+}
+FINAL = {"paid", "paid_over", "underpaid", "expired", "cancelled", "completed", "failed", "confirmed"}
+TYPE = {"invoice": "invoice.{}", "withdrawal": "withdrawal.{}", "payment_channel_deposit": "payment_channel.deposit.{}"}
+
+
+def lifecycle(rng: random.Random, per_kind: int, truth: Truth) -> list[Emitted]:
+    out: list[Emitted] = []
+    for kind, paths in LIFECYCLE_PATHS.items():
+        for i in range(per_kind):
+            rid = f"{ {'invoice': 'inv', 'withdrawal': 'wdr', 'payment_channel_deposit': 'pcd'}[kind] }_sim{i}"
+            clock = lifecycles.T0_MS + rng.randrange(0, 60_000)
+            status = ""
+            for n, step in enumerate(lifecycles.pick(rng, paths)):
+                clock += rng.randrange(1, 3000)
+                if step == "paid_late":
+                    data_status, extra = status, {"paid_late_at": clock // 1000}
+                else:
+                    status = "signed" if step == "completion_rewound" else step
+                    data_status, extra = status, {}
+                data = {"id": rid, "object": kind, "status": data_status, "is_final": data_status in FINAL,
+                        "updated_at": clock, "amount": f"{rng.randrange(1, 10**8) / 10**8:.8f}", **extra}
+                body = {"event_id": f"evt_{rid}_{n}", "event_type": TYPE[kind].format(step), "created_at": clock,
+                        "data": data}
+                out.append(Emitted("paymos", rid, orjson.dumps(body), clock))
+            truth.paymos[rid] = status
+    return out
+
+
 def expected_resources(run: DemoInput) -> dict[str, str]:
     """Each resource's ``data.status`` of its newest event by ``data.updated_at`` (ties in the
     lifecycle's order, which is the state machine's; DESIGN §2.3)."""
@@ -160,6 +199,6 @@ DEMO_TABLES = (
 SIMULATOR = GatewaySimulator(
     generate, oracle, rows={table: ("status", "is_final", "updated_at_ms")
                             for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")},
-    facts=frozenset({"order_note"}), lifecycles=lifecycles.paymos,
-    demo=lambda rng, n, truth: lifecycles.paymos(rng, n[0], truth), demo_sizes=(80,),
+    facts=frozenset({"order_note"}), lifecycles=lifecycle,
+    demo=lambda rng, n, truth: lifecycle(rng, n[0], truth), demo_sizes=(80,),
     demo_tables=DEMO_TABLES)

@@ -27,6 +27,7 @@ from app.simulator.histories import (
     in_arrival_order,
     webhooks,
 )
+from app.simulator.lifecycles import Emitted, Truth
 from app.simulator.oracle import Outcome, unique
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
@@ -212,6 +213,70 @@ def oracle(history: History) -> Outcome:
     return want
 
 
+# --- `orderly simulate`/`dev`/`demo`'s lifecycles ------------------------------------------------
+LIFECYCLE_PATHS = [
+    (0.6, ["pending", "slip_received", "settled"]),
+    (0.1, ["pending", "expired", "slip_received", "settled"]),  # the late slip (Case A)
+    (0.15, ["pending", "slip_received", "settled", "reversed"]),  # Case B's shape
+    (0.1, ["pending", "expired"]),
+    (0.05, ["pending", "under_review", "rejected"]),
+]
+
+
+def lifecycle(rng: random.Random, deposits: int, withdrawals: int, truth: Truth) -> list[Emitted]:
+    out: list[Emitted] = []
+    clock = lifecycles.T0_MS
+    for i in range(deposits):
+        dep, user = f"dep_sim{i}", f"usr_sim{i % max(1, deposits // 3)}"
+        amount = rng.randrange(10_000, 2_000_000)
+        truth.correlations[dep] = {"merchant_reference": f"mr_{dep}", "our_order_id": f"ord_{dep}",
+                                   "our_user_id": user}
+        path = lifecycles.pick(rng, LIFECYCLE_PATHS)
+        for version, status in enumerate(path, start=1):
+            clock += rng.randrange(1, 2000)
+            obj: dict[str, Any] = {"id": dep, "object": "deposit", "version": version * 2, "status": status,
+                                   "ordered_amount_minor": amount}
+            if status in ("settled", "reversed"):
+                fee = amount // 100
+                obj.update(transferred_amount_minor=amount, amount_received_minor=amount, fee_total_minor=fee,
+                           credited_amount_minor=amount - fee)
+            if status == "expired":
+                obj.update(is_terminal=len(path) == 2, late_slip_accepted_until="2026-12-01T10:00:00Z")
+            if status == "under_review":
+                obj["review"] = {"reasons": [{"display_th": "กำลังตรวจสอบ"}]}
+            out.append(Emitted("pg", dep, orjson.dumps({"id": f"evt_{dep}_{version}", "object": "event",
+                                                        "type": f"deposit.{status}", "sequence": 0,
+                                                        "created": str(clock), "data": {"object": obj}}), clock))
+        truth.pg_deposits[dep] = path[-1]
+        truth.balances[user] = truth.balances.get(user, 0) + (amount if path[-1] == "settled" else 0)
+    for i in range(withdrawals):
+        wdr = f"wdr_sim{i}"
+        total = rng.randrange(100_000, 5_000_000)
+        chunks = rng.randint(1, 4)
+        filled = 0
+        for n in range(1, chunks + 1):
+            clock += rng.randrange(1, 2000)
+            amount = total - filled if n == chunks else rng.randrange(1, (total - filled) // 2 + 2)
+            filled += amount
+            status = "settled" if filled == total else "filling"
+            body = {"id": f"evt_{wdr}_{n}", "object": "event", "type": f"withdrawal.{status}", "sequence": 0,
+                    "created": str(clock),
+                    "data": {"object": {"id": wdr, "object": "withdrawal", "version": n * 3, "status": status,
+                                        "amount_total_minor": total, "filled_minor": filled,
+                                        "remaining_minor": total - filled, "metadata": {"payout_id": f"po_{wdr}"}},
+                             "fill": {"leg_ref": f"leg_{wdr}_{n}", "sequence": n, "amount_minor": amount}}}
+            out.append(Emitted("pg", wdr, orjson.dumps(body), clock))
+        truth.pg_withdrawals[wdr] = ("settled", total, 0)
+    # pg's sequence is global and increasing in creation order
+    out.sort(key=lambda e: e.created_ms)
+    numbered = []
+    for seq, e in enumerate(out, start=1):
+        body = orjson.loads(e.body)
+        body["sequence"] = seq
+        numbered.append(Emitted(e.gateway, e.resource, orjson.dumps(body), e.created_ms))
+    return numbered
+
+
 def api(context: ApiContext) -> list[web.RouteDef]:
     """pg's events feed by sequence, its objects and its balance, from the simulated events."""
     def pg_events() -> list[dict[str, Any]]:
@@ -289,6 +354,6 @@ SIMULATOR = GatewaySimulator(
         "pg_withdrawals": ("status", "pg_version", "filled_minor", "remaining_minor"),
         "pg_balance_txns": ("amount_minor",)},
     facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
-    lifecycles=lambda rng, count, truth: lifecycles.pg(rng, count, max(1, count // 3), truth),
-    demo=lambda rng, n, truth: lifecycles.pg(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api,
+    lifecycles=lambda rng, count, truth: lifecycle(rng, count, max(1, count // 3), truth),
+    demo=lambda rng, n, truth: lifecycle(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api,
     demo_tables=DEMO_TABLES)

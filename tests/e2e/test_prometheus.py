@@ -28,7 +28,10 @@ import pytest
 import yaml
 
 from app.producer import KeyedProducer
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from app.simulator.deliver import Chaos, deliver
 from app.simulator.deliver import signed_headers as gateway_headers
 from app.stack.kafka import KafkaBroker
@@ -155,7 +158,8 @@ async def workload(pipe: Running, ingest: str) -> None:
     aside, and a card capture without its authorisation (parked, then fetched: the API answers 404)."""
     rng = random.Random(20)
     truth = lifecycles.Truth()
-    events = [*lifecycles.pg(rng, 6, 2, truth), *lifecycles.card(rng, 4, truth), *lifecycles.paymos(rng, 1, truth)]
+    events = [*pg_simulator.lifecycle(rng, 6, 2, truth), *card_simulator.lifecycle(rng, 4, truth),
+              *paymos_simulator.lifecycle(rng, 1, truth)]
     async with aiohttp.ClientSession() as http:
         for dep, correlation in truth.correlations.items():
             async with http.put(f"{ingest}/correlations/pg/deposits/{dep}", data=orjson.dumps(correlation),

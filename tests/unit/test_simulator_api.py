@@ -16,6 +16,8 @@ from app.demo import Size, demo_events
 from app.gateways.registry import GATEWAYS
 from app.simulator import api, lifecycles, plugins
 from app.simulator import card as card_simulator
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from app.simulator.expected import Fetched, card_reduce, occurred_ms
 from app.simulator.plugins import DemoInput
 from tests.support import serve_in_thread
@@ -39,8 +41,8 @@ def card_event(n: int, kind: str, ms: int, amount: int) -> dict[str, Any]:
 def generated(seed: int) -> tuple[lifecycles.Truth, list[lifecycles.Emitted]]:
     rng = random.Random(seed)
     truth = lifecycles.Truth()
-    return truth, (lifecycles.pg(rng, 60, 20, truth) + lifecycles.card(rng, 60, truth)
-                   + lifecycles.paymos(rng, 30, truth))
+    return truth, (pg_simulator.lifecycle(rng, 60, 20, truth) + card_simulator.lifecycle(rng, 60, truth)
+                   + paymos_simulator.lifecycle(rng, 30, truth))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -170,7 +172,7 @@ def test_every_registered_gateway_has_lifecycles_found_by_its_registry_line() ->
         assert simulate is not None
         events = simulate(random.Random(7), 9, lifecycles.Truth())
         assert events and {e.gateway for e in events} == {name}
-    direct = lifecycles.pg(random.Random(7), 9, 3, lifecycles.Truth())
+    direct = pg_simulator.lifecycle(random.Random(7), 9, 3, lifecycles.Truth())
     pg_lifecycles = plugins.simulator_of("pg").lifecycles
     assert pg_lifecycles is not None and pg_lifecycles(random.Random(7), 9, lifecycles.Truth()) == direct
 
@@ -179,6 +181,7 @@ def test_the_demo_takes_each_gateways_lifecycles_from_its_simulator_in_the_regis
     """`orderly demo --scale 0.1`: the same seeded events as the three gateways' lifecycles drawn one
     after the other (pg's deposits and withdrawals, card's payments, paymos's resources per kind)."""
     rng, truth = random.Random(7), lifecycles.Truth()
-    direct = (lifecycles.pg(rng, 20, 6, truth) + lifecycles.card(rng, 20, truth) + lifecycles.paymos(rng, 8, truth))
+    direct = (pg_simulator.lifecycle(rng, 20, 6, truth) + card_simulator.lifecycle(rng, 20, truth)
+              + paymos_simulator.lifecycle(rng, 8, truth))
     assert demo_events(random.Random(7), Size(0.1), lifecycles.Truth()) == direct
     assert Size(1.0).of(plugins.simulator_of("pg")) == (200, 60)
