@@ -31,6 +31,8 @@ class Truth:
     correlations: dict[str, dict[str, str]] = field(default_factory=dict)
     card: dict[str, dict[str, Any]] = field(default_factory=dict)  # ref -> GET /payments answer
     paymos: dict[str, str] = field(default_factory=dict)  # id -> final status
+    # any other gateway's final states, under its name: its simulator module fills and reads its own
+    by_gateway: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def pick(rng: random.Random, paths: list[tuple[float, list[str]]]) -> list[str]:
