@@ -126,7 +126,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo import Size, fetch_apis_argument, run_demo
 
     scale = args.scale if hasattr(args, "scale") else 1.0
-    size = Size(*(max(1, int(n * scale)) for n in (200, 60, 200, 80)))
+    size = Size(scale)
     try:
         fetch_apis = fetch_apis_argument(getattr(args, "fetch_api", "404,truth"))
     except ValueError as exc:

@@ -23,17 +23,18 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import asyncpg
 import orjson
 from aiohttp import web
 
+from app.gateways import registry
 from app.settings import Settings
-from app.simulator import api, lifecycles
+from app.simulator import api, lifecycles, plugins
 from app.simulator.deliver import Chaos, Stats, deliver
-from app.simulator.expected import Expected, expected
+from app.simulator.expected import Fetched
+from app.simulator.plugins import DemoInput
 from app.stack.process import free_port
 from app.supervisor import Stack, supervise_until_stopped
 from projections.migrate import quote_ident
@@ -41,10 +42,22 @@ from projections.migrate import quote_ident
 
 @dataclass
 class Size:
-    deposits: int = 200
-    withdrawals: int = 60
-    payments: int = 200
-    paymos_per_kind: int = 80
+    """How many resources the demo simulates: each gateway simulator's ``demo_sizes``, times ``scale``."""
+
+    scale: float = 1.0
+
+    def of(self, simulator: plugins.GatewaySimulator) -> tuple[int, ...]:
+        return tuple(max(1, int(n * self.scale)) for n in simulator.demo_sizes)
+
+
+def demo_events(rng: random.Random, size: Size, truth: lifecycles.Truth) -> list[lifecycles.Emitted]:
+    """Every simulated gateway's demo lifecycles, in the registry's order (the seeded draws follow it)."""
+    events: list[lifecycles.Emitted] = []
+    for name in plugins.simulated():
+        found = plugins.simulator_of(name)
+        if found.demo is not None:
+            events += found.demo(rng, size.of(found), truth)
+    return events
 
 
 async def _correlate(url: str, token: str, truth: lifecycles.Truth, rng: random.Random) -> None:
@@ -65,41 +78,29 @@ async def _correlate(url: str, token: str, truth: lifecycles.Truth, rng: random.
         await asyncio.gather(*(one(dep, body) for dep, body in truth.correlations.items()))
 
 
-def _as_expected(truth: lifecycles.Truth) -> Expected:
-    return Expected(pg_deposits=truth.pg_deposits, pg_withdrawals=truth.pg_withdrawals, balances=truth.balances,
-                    card={k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()},
-                    paymos=truth.paymos)
-
-
-async def compare_expected(settings: Settings, want: Expected, truth: Expected) -> dict[str, dict[str, int]]:
-    """Every read model against ``want`` (what the documents say it must hold), and how many of
-    its resources also hold the gateway's ``truth``."""
+async def compare_expected(settings: Settings, events: list[lifecycles.Emitted], truth: lifecycles.Truth,
+                           lost: frozenset[bytes], fetched: Sequence[Fetched]) -> dict[str, dict[str, int]]:
+    """Every read model of each simulated gateway (its ``demo_tables``) against what the documents say
+    it must hold after ``events`` (but the ``lost`` ones, which the gateway gave up on) and the
+    ``fetched`` answers, and how many of its resources also hold the gateway's ``truth``."""
     conn = await asyncpg.connect(settings.postgres_dsn.reveal(),
                                  server_settings={"search_path": quote_ident(settings.namespace)})
     try:
         report: dict[str, dict[str, int]] = {}
-
-        def tally(name: str, want: dict[str, Any], have: dict[str, Any], truth: dict[str, Any]) -> None:
-            report[name] = {"resources": len(want), "match": sum(1 for k, v in want.items() if have.get(k) == v),
-                            "truth": sum(1 for k in want if have.get(k) == truth.get(k))}
-
-        tally("pg deposits", want.pg_deposits,
-              {r[0]: r[1] for r in await conn.fetch("SELECT pg_deposit_id, status FROM pg_deposits")},
-              truth.pg_deposits)
-        tally("pg withdrawals", want.pg_withdrawals,
-              {r[0]: (r[1], r[2], r[3]) for r in await conn.fetch(
-                  "SELECT pg_withdrawal_id, status, filled_minor, remaining_minor FROM pg_withdrawals")},
-              truth.pg_withdrawals)
-        balances = {r[0]: r[1] for r in await conn.fetch("SELECT user_id, balance_minor FROM user_balances")}
-        tally("user balances", want.balances, {u: balances.get(u, 0) for u in want.balances}, truth.balances)
-        tally("card payments", want.card,
-              {r[0]: (r[1], r[2], r[3]) for r in await conn.fetch(
-                  "SELECT payment_ref, state, captured_minor, refunded_minor FROM card_payments")},
-              truth.card)
-        paymos: dict[str, str] = {}
-        for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits"):
-            paymos.update({r[0]: r[1] for r in await conn.fetch(f"SELECT id, status FROM {table}")})
-        tally("paymos resources", want.paymos, paymos, truth.paymos)
+        for name in plugins.simulated():
+            found = plugins.simulator_of(name)
+            run = DemoInput([e for e in events if e.gateway == name and e.body not in lost], truth.correlations,
+                            fetched)
+            for table in found.demo_tables:
+                want, gateway_truth = table.expected(run), table.truth(truth)
+                have = {}
+                for record in await conn.fetch(table.query):
+                    row = tuple(record)
+                    have[row[0]] = row[1] if len(row) == 2 else row[1:]
+                report[table.name] = {
+                    "resources": len(want),
+                    "match": sum(1 for k, v in want.items() if have.get(k, table.missing) == v),
+                    "truth": sum(1 for k in want if have.get(k, table.missing) == gateway_truth.get(k))}
         outcomes = {f"{r[0]} {r[1]}": r[2] for r in await conn.fetch(
             "SELECT gateway, outcome, count(*) FROM webhook_events GROUP BY 1, 2")}
         report["_outcomes"] = outcomes
@@ -133,7 +134,10 @@ def _print(report: dict[str, dict[str, int]], stats: Stats, elapsed: float, done
     print(f"{'gateway':<8}{'deliveries':>11}{'accepted':>10}{'retries':>9}{'dup sent':>9}"
           f"{'applied':>9}{'stale':>7}{'dup':>6}{'parked→':>9}{'synced':>8}{'effects':>9}")
     outcomes, effects = report["_outcomes"], report["_effects"]
-    for gw in ("pg", "card", "paymos"):
+    for gw in registry.GATEWAYS:
+        if plugins.simulator(gw) is None:
+            continue  # a gateway the simulator has no lifecycles for
+
         def n(outcome: str, gw: str = gw) -> int:
             return outcomes.get(f"{gw} {outcome}", 0)
         print(f"{gw:<8}{stats.attempts[gw]:>11}{stats.accepted[gw]:>10}{stats.retries[gw]:>9}"
@@ -170,12 +174,9 @@ async def _run(settings: Settings, stack: Stack, events: list[lifecycles.Emitted
             os.kill(ingest.proc.pid, signal.SIGKILL)  # the endpoint goes down mid-run; the supervisor brings it back
             print("ingest killed for an outage; deliveries fail and are retried", flush=True)
 
-    truth_now = _as_expected(truth)
-
     async def check(stats: Stats) -> dict[str, dict[str, int]]:
         # recomputed every time: the fetcher may have been answered since the last look
-        want = expected(events, truth.correlations, stats.lost, served.card_answers)
-        return await compare_expected(settings, want, truth_now)
+        return await compare_expected(settings, events, truth, stats.lost, served.card_answers)
 
     supervisor = asyncio.create_task(supervise())
     try:
@@ -218,10 +219,12 @@ DEFAULT_FETCH_APIS = ("404", "truth")  # the reducers alone first, then with the
 
 
 def late_authorisations(events: list[lifecycles.Emitted]) -> frozenset[bytes]:
-    """The first event (the authorisation) of every LATE_EVERY-th card payment."""
+    """The first event (card's authorisation) of every LATE_EVERY-th resource of a gateway whose
+    simulator says its first event may come late (``late_first``)."""
     first: dict[str, bytes] = {}
+    late = {g for g in registry.GATEWAYS if (found := plugins.simulator(g)) is not None and found.late_first}
     for e in events:
-        if e.gateway == "card":
+        if e.gateway in late:
             first.setdefault(e.resource, e.body)
     return frozenset(body for n, body in enumerate(first.values()) if n % LATE_EVERY == 0)
 
@@ -247,8 +250,8 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     with the same seeded lifecycles and deliveries; exit 0 only if every pass matched."""
     size = size or Size()
     api_port = free_port()
-    base = settings.with_overrides(card_api_url=f"http://127.0.0.1:{api_port}",
-                                   pg_api_url=f"http://127.0.0.1:{api_port}",
+    base = settings.with_overrides(api_urls={g.name: f"http://127.0.0.1:{api_port}" for g in registry.GATEWAYS.values()
+                                             if g.fetch is not None},
                                    effects_url=f"http://127.0.0.1:{api_port}{MERCHANT_PATH}",
                                    fetch_parked_after_s=FETCH_PARKED_AFTER_S, fetch_interval_s=1.0)
     stamp = int(time.time())
@@ -258,8 +261,7 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     async def one(done: Pass, settings: Settings, stack: Stack) -> int:
         rng = random.Random(seed)  # seeded: the same run every time, and in every pass
         truth = lifecycles.Truth()
-        events = (lifecycles.pg(rng, size.deposits, size.withdrawals, truth)
-                  + lifecycles.card(rng, size.payments, truth) + lifecycles.paymos(rng, size.paymos_per_kind, truth))
+        events = demo_events(rng, size, truth)
         gateways = api.build(truth, events, done.fetch_api)  # the gateways' GET APIs, and the merchant's endpoint
         gateways.router.add_post(MERCHANT_PATH, _merchant_accepts)
         runner = web.AppRunner(gateways, access_log=None)

@@ -26,7 +26,8 @@ from app.producer import KeyedProducer
 from app.settings import Settings
 from app.sink import PgSink
 from projections import quarantine, sql
-from projections.bulk import Conn, write
+from projections.bulk import Bulk, Conn, write
+from projections.facts import FACTS, FactWrite
 from topics.catalog import names
 from topics.records import DECISIONS, Decision
 
@@ -52,38 +53,30 @@ async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorM
 
     One statement per table, in an order that satisfies the foreign keys (rows before the fills
     and flags that reference them); within a table the log order is kept, so the SQL guard sees
-    a resource's snapshots in the order the worker decided them.
+    a resource's snapshots in the order the worker decided them. The facts are written as
+    projections/facts.py says, in the order of the gateways' registry lines.
     """
     await write(conn, sql.WEBHOOK_EVENTS, [
         (d.delivery_id, d.gateway, d.event_id, d.resource_id, d.event_type,
          _ms_to_ts(d.received_at_ms), d.outcome, orjson.dumps(d.payload).decode(), d.seq, d.error)
         for d in decisions])
-    facts = [f for d in decisions for f in d.facts]
-    await write(conn, sql.CORRELATIONS, [
-        (c["pg_deposit_id"], c["merchant_reference"], c["our_order_id"], c["our_user_id"])
-        for c in (f.data for f in facts if f.kind == "correlation")])
+    facts: dict[str, list[dict[str, Any]]] = {}
+    for d in decisions:
+        for f in d.facts:
+            facts.setdefault(f.kind, []).append(f.data)
+    kinds = [kind for gateway in registry.GATEWAYS.values() for kind in gateway.facts if kind in facts]
+    for kind in kinds:
+        if FACTS[kind].before_rows:
+            await _write_facts(conn, FACTS[kind], facts[kind], metrics)
     rows: dict[str, list[list[Any]]] = {}
     for d in decisions:
         if d.row is not None and d.table is not None:
             rows.setdefault(d.table, []).append(sql.row_args(d.table, d.row))
     for table, args in rows.items():
         await write(conn, sql.UPSERT_ROW[table], args)
-    await write(conn, sql.FILLS, [
-        (f["leg_ref"], f["pg_withdrawal_id"], f.get("sequence"), f["amount_minor"], f.get("fee_recognized_minor"),
-         f.get("settled_at"), f.get("auto_confirm_at"), f.get("balance_transaction_id"))
-        for f in (f.data for f in facts if f.kind == "withdrawal_fill")])
-    await write(conn, sql.CARD_EVENTS, [
-        (e["gateway_event_id"], e["payment_ref"], e["event_type"], e["sequence"], e["occurred_at"],
-         e["received_at"], e["payload"].encode(), e["source"])
-        for e in (f.data for f in facts if f.kind == "card_event")])
-    applied = [(f.data["gateway_event_id"], f.data["applied_at"]) for f in facts if f.kind == "card_event_applied"]
-    if applied:
-        await conn.executemany(sql.MARK_CARD_EVENT_APPLIED, applied)
-    await write(conn, sql.NOTES, [(n["note_key"], n["resource_id"], n["kind"], n["body"])
-                                  for n in (f.data for f in facts if f.kind == "order_note")])
-    for fact in facts:
-        if fact.kind == "overpayment_flag":
-            await _flag(conn, fact.data, metrics)
+    for kind in kinds:
+        if not FACTS[kind].before_rows:
+            await _write_facts(conn, FACTS[kind], facts[kind], metrics)
     await write(conn, sql.LEDGER, [
         (e.dedupe_key, e.payload["user_id"],
          (1 if e.type == "credit_user" else -1) * e.payload["amount_minor"], e.resource_id)
@@ -95,19 +88,21 @@ async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorM
                                orjson.dumps({"error": d.error, "resource": d.resource_id}).decode())
 
 
-async def _flag(conn: Conn, data: dict[str, Any], metrics: ProjectorMetrics) -> None:
-    flag = data["flag"]
-    args = (data["claim_id"], data["pg_deposit_id"], data["observed_deposit_version"], flag.get("cause"),
-            flag.get("amount_minor"), flag.get("slip_received_at"), flag.get("status"),
-            flag.get("action_required"), flag.get("expected_response_at"), orjson.dumps(flag).decode())
-    if await conn.fetchval(sql.INSERT_FLAG, *args) is not None:
-        return
-    # Already there: the same claim from a newer snapshot is fine; other content never is.
-    if not await conn.fetchval(sql.SAME_FLAG, args[0], args[1], *args[3:]):
-        metrics.errors.inc()
-        log.error("overpayment claim_id collision: %s", data["claim_id"])
-        await conn.execute(sql.INSERT_ERROR, "overpayment_claim_collision", data["claim_id"],
-                           orjson.dumps(data).decode())
+async def _write_facts(conn: Conn, how: FactWrite, data: list[dict[str, Any]], metrics: ProjectorMetrics) -> None:
+    if isinstance(how.statement, Bulk):
+        await write(conn, how.statement, [how.args(f) for f in data])
+    elif how.update:
+        await conn.executemany(how.statement, [how.args(f) for f in data])
+    else:
+        for fact in data:
+            args = how.args(fact)
+            if await conn.fetchval(how.statement, *args) is not None or how.same is None:
+                continue
+            # Already there: the same content is fine; other content under the same key never is.
+            if not await conn.fetchval(how.same, *how.same_args(args)):
+                metrics.errors.inc()
+                log.error("%s: %s", how.collision, args[0])
+                await conn.execute(sql.INSERT_ERROR, how.collision, args[0], orjson.dumps(fact).decode())
 
 
 def _gaps(rows: list[asyncpg.Record]) -> list[Gap]:
@@ -115,21 +110,30 @@ def _gaps(rows: list[asyncpg.Record]) -> list[Gap]:
                 r["backfill_requested_at"] is not None) for r in rows]
 
 
+def sequenced() -> list[str]:
+    """The gateways whose events carry a sequence backfilled from their event log (their fetch's ``backfill``)."""
+    return [g.name for g in registry.GATEWAYS.values() if g.fetch is not None and g.fetch.backfill is not None]
+
+
 async def observe_sequences(conn: Conn, decisions: Sequence[Decision],
                             metrics: ProjectorMetrics) -> None:
-    seen = [(d.sequence, d.received_at_ms) for d in decisions
-            if d.gateway == "pg" and d.sequence is not None and d.outcome != "quarantined"]
-    if not seen:
-        return
+    for gateway in sequenced():
+        seen = [(d.sequence, d.received_at_ms) for d in decisions
+                if d.gateway == gateway and d.sequence is not None and d.outcome != "quarantined"]
+        if seen:
+            await _observe(conn, gateway, seen, metrics)
+
+
+async def _observe(conn: Conn, gateway: str, seen: list[tuple[int, int]], metrics: ProjectorMetrics) -> None:
     await conn.execute(sql.LOCK_SEQUENCES)
-    max_seen = await conn.fetchval(sql.SELECT_SEQUENCE_MAX)
-    rows = await conn.fetch(sql.SELECT_GAPS)
+    max_seen = await conn.fetchval(sql.SELECT_SEQUENCE_MAX, gateway)
+    rows = await conn.fetch(sql.SELECT_GAPS, gateway)
     gaps = before = _gaps(rows)
     start_max = max_seen
     for seq, at_ms in seen:
         max_seen, gaps = observe(max_seen, gaps, seq, at_ms)
     if max_seen != start_max:
-        await conn.execute(sql.UPSERT_SEQUENCE_MAX, max_seen)
+        await conn.execute(sql.UPSERT_SEQUENCE_MAX, gateway, max_seen)
     if gaps != before:
         # write only what changed: a burst can leave thousands of gaps open
         old, new = set(before), set(gaps)
@@ -140,8 +144,8 @@ async def observe_sequences(conn: Conn, decisions: Sequence[Decision],
             return requested.get(parent.start) if parent is not None else None
 
         if old - new:
-            await conn.execute(sql.DELETE_GAPS, [g.start for g in old - new])
-        await write(conn, sql.GAPS, [("pg", g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
+            await conn.execute(sql.DELETE_GAPS, gateway, [g.start for g in old - new])
+        await write(conn, sql.GAPS, [(gateway, g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
                                      for g in sorted(new - old, key=lambda g: g.start)])
     metrics.gaps_open.set(len(gaps))
     metrics.sequences_missing.set(sum(g.missing for g in gaps))
@@ -211,23 +215,27 @@ class Projector:
             m.consumer_lag.labels(sink.name, sink.topic).set(await sink.lag())
 
     async def request_backfills(self) -> int:
-        """Emit one fetch request per gap open longer than the limit (default 4 days)."""
+        """Emit one fetch request per gap open longer than the limit (default 4 days), of each
+        gateway whose sequence is backfilled."""
         pool = self.sink.pool
         assert pool is not None
         now_ms = int(time.time() * 1000)
         after_ms = int(self.settings.gap_backfill_after_s * 1000)
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql.LOCK_SEQUENCES)
-            gaps = _gaps(await conn.fetch(sql.SELECT_GAPS))
-            due = due_for_backfill(gaps, now_ms, after_ms)
-            for gap in due:
-                request = {"gateway": "pg", "kind": "backfill", "since_sequence": gap.start - 1,
-                           "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms}
-                await self.producer.send_and_wait(self.n.fetch, f"pg:sequence:{gap.start}".encode(),
-                                                  orjson.dumps(request))
-                await conn.execute(sql.MARK_BACKFILL_REQUESTED, gap.start)
-            self.metrics.backfills.inc(len(due))
-        return len(due)
+        requested = 0
+        for gateway in sequenced():
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(sql.LOCK_SEQUENCES)
+                gaps = _gaps(await conn.fetch(sql.SELECT_GAPS, gateway))
+                due = due_for_backfill(gaps, now_ms, after_ms)
+                for gap in due:
+                    request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap.start - 1,
+                               "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms}
+                    await self.producer.send_and_wait(self.n.fetch, f"{gateway}:sequence:{gap.start}".encode(),
+                                                      orjson.dumps(request))
+                    await conn.execute(sql.MARK_BACKFILL_REQUESTED, gateway, gap.start)
+                self.metrics.backfills.inc(len(due))
+                requested += len(due)
+        return requested
 
 
 async def run(settings: Settings) -> None:

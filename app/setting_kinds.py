@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, overload
@@ -165,6 +165,32 @@ class Secrets:
 
 
 @dataclass(frozen=True)
+class Names:
+    """Several of the names ``known()`` gives, comma-separated, each once (the enabled gateways).
+    ``known`` is asked when the text is read, so a name registered later (a test's toy gateway)
+    counts; the value keeps ``known``'s order, so that two spellings of one choice read the same."""
+
+    known: Callable[[], Iterable[str]]
+    what: str = "name"
+
+    @property
+    def accepts(self) -> str:
+        return f"{self.what}s separated by commas, each once, of " + ", ".join(self.known())
+
+    def parse(self, raw: str) -> tuple[str, ...]:
+        parts = [p.strip() for p in raw.split(",")]
+        known = tuple(self.known())
+        if unknown := [p for p in parts if p not in known]:
+            raise ValueError(f"unknown {self.what} {', '.join(repr(p) for p in unknown)}")
+        if len(set(parts)) < len(parts):
+            raise ValueError(f"a {self.what} named twice")
+        return tuple(name for name in known if name in parts)
+
+    def render(self, value: tuple[str, ...]) -> str:
+        return ",".join(value)
+
+
+@dataclass(frozen=True)
 class Directory:
     @property
     def accepts(self) -> str:
@@ -309,7 +335,8 @@ class Setting(Generic[T]):
 
     def value(self, settings: object) -> T:
         found = getattr(settings, self.field)
-        return found if self.key is None else found[self.key]  # type: ignore[no-any-return]
+        # a keyed row not read (a disabled gateway's secret) is None
+        return found if self.key is None else found.get(self.key)  # type: ignore[no-any-return]
 
     def text_default(self) -> str:
         if self.default is REQUIRED:

@@ -32,6 +32,7 @@ from app.setting_kinds import (
     Keyed,
     Maybe,
     Millis,
+    Names,
     Number,
     Secret,
     Secrets,
@@ -77,7 +78,12 @@ class Settings:
             "Kafka bootstrap servers", dev="127.0.0.1:19092")
     postgres_dsn = Setting("ORDERLY_POSTGRES_DSN", Hidden(Text(what="a postgresql:// DSN")), REQUIRED,
             "PostgreSQL DSN", dev="postgresql://postgres@127.0.0.1:15432/postgres")
-    # A gateway's secrets, one per gateway of the registry (app/gateways/registry.py).
+    # The enabled gateways (DESIGN.md §2.7): their webhook routes and other routes are served, their
+    # secrets read; a disabled gateway's routes answer 404 and its secret is not asked for.
+    gateways = Setting("ORDERLY_GATEWAYS", Names(lambda: registry.GATEWAYS, "gateway"), tuple(registry.GATEWAYS),
+            "the gateways served; only theirs of the `ORDERLY_SECRET_<NAME>` rows below are read (unset: all)")
+    # A gateway's secrets, one per gateway of the registry (app/gateways/registry.py), read for the
+    # enabled ones only: ``secrets`` holds exactly those.
     secrets = Keyed({g.name: Setting(f"ORDERLY_SECRET_{g.name.upper()}", Hidden(Secrets()), REQUIRED, g.secret_help,
                                      dev=g.dev_secret) for g in registry.GATEWAYS.values()})
     adyen_basic_auth = Setting("ORDERLY_ADYEN_BASIC_AUTH", Maybe(Hidden(Text(r"[^:\s]+:\S.*", "`user:password`"))),
@@ -196,10 +202,9 @@ class Settings:
             "delivery attempts before an effect is marked dead")
     effects_lease_s = Setting("ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
             "seconds before a claimed, undelivered effect may be claimed again")
-    card_api_url = Setting("ORDERLY_CARD_API_URL", Maybe(Text(what="a URL")), None,
-            "the card gateway's API base (`GET /payments/{ref}`); unset: no fetching")
-    pg_api_url = Setting("ORDERLY_PG_API_URL", Maybe(Text(what="a URL")), None,
-            "the pg gateway's API base (`GET /v1/pay/events?since_sequence=N`); unset: no backfill")
+    # The API base of each gateway the fetcher can ask (its registry line's ``fetch``).
+    api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Text(what="a URL")), None,
+                                      g.fetch.api_help) for g in registry.GATEWAYS.values() if g.fetch})
     fetch_parked_after_s = Setting("ORDERLY_FETCH_PARKED_AFTER_S", Number(), 60.0,
             "a card payment whose events stay parked longer than this many seconds is fetched from the card "
             "API")
@@ -250,7 +255,9 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         errors: list[str] = []
-        for row in TABLE:
+        for row in TABLE:  # (ORDERLY_GATEWAYS, read first, refused: no secret is asked for)
+            if row.field == "secrets" and row.key not in values.get("gateways", ()):
+                continue
             try:
                 value = row.read(env)
             except SettingsError as exc:
@@ -262,6 +269,7 @@ class Settings:
                 values.setdefault(row.field, {})[row.key] = value
         if errors:
             raise SettingsError("\n".join(errors))
+        values.setdefault("secrets", {})
         settings = cls._of(values)
         if problems := security_errors(settings) + _combination_errors(settings):
             raise SettingsError("\n".join(problems))
@@ -293,7 +301,7 @@ class Settings:
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process build these same settings. Every variable is
         set, an unset one as empty, so that it also overrides what the parent's environment holds."""
-        return {row.env: row.kind.render(row.value(self)) for row in TABLE}
+        return {row.env: "" if (value := row.value(self)) is None else row.kind.render(value) for row in TABLE}
 
 
 def _combination_errors(settings: Settings) -> list[str]:
@@ -317,16 +325,9 @@ def _combination_errors(settings: Settings) -> list[str]:
     return problems
 
 
-def _table() -> tuple[Setting[Any], ...]:
-    rows: list[Setting[Any]] = []
-    for attribute in vars(Settings).values():
-        if isinstance(attribute, (Setting, Keyed)):
-            rows.extend(attribute.rows if isinstance(attribute, Keyed) else [attribute])
-    return tuple(rows)
-
-
 # Every setting, in the order of the class (and of docs/configuration.md); the gateways' secrets one row each.
-TABLE: tuple[Setting[Any], ...] = _table()
+TABLE: tuple[Setting[Any], ...] = tuple(row for attribute in vars(Settings).values() for row in (
+    attribute.rows if isinstance(attribute, Keyed) else [attribute] if isinstance(attribute, Setting) else []))
 FIELDS = frozenset(row.field for row in TABLE)
 SECRET_FIELDS = frozenset(row.field for row in TABLE if row.is_secret)
 # Development defaults (docs/configuration.md's `orderly dev` column). `orderly dev` and `orderly demo` use

@@ -25,7 +25,10 @@ from app.cli import tune_gc
 from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
 from app.settings import dev_settings
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from bench.stack import save_results
 from topics.catalog import names
 from topics.partitioning import partition_for
@@ -52,13 +55,14 @@ class Raw(NamedTuple):
 def build(resources: int = RESOURCES, seed: int = 7) -> list[Raw]:
     """The log, in append order: correlations, then the webhooks (a fifth of them redelivered)."""
     rng, truth = random.Random(seed), lifecycles.Truth()
-    emitted = [*lifecycles.pg(rng, resources, max(1, resources // 3), truth),
-               *lifecycles.card(rng, resources, truth), *lifecycles.paymos(rng, resources, truth)]
+    emitted = [*pg_simulator.lifecycle(rng, resources, max(1, resources // 3), truth),
+               *card_simulator.lifecycle(rng, resources, truth), *paymos_simulator.lifecycle(rng, resources, truth)]
     emitted.sort(key=lambda e: e.created_ms)
     appended: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
     for i, (dep, mapping) in enumerate(truth.correlations.items()):
         correlation = Correlation(dep, mapping["merchant_reference"], mapping["our_order_id"], mapping["our_user_id"])
-        appended.append((f"pg:{dep}".encode(), correlation.to_bytes(), correlation_headers(f"c{i}", RECEIVED_AT_MS)))
+        appended.append((f"pg:{dep}".encode(), correlation.to_bytes(),
+                         correlation_headers("pg", f"c{i}", RECEIVED_AT_MS)))
     for i, e in enumerate(emitted):
         route = GATEWAYS[e.gateway].adapter.route(e.body)
         assert route.resource_key is not None, route.quarantine_reason

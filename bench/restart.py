@@ -52,7 +52,10 @@ from aiokafka import AIOKafkaConsumer
 
 from app.kafka_client import client_options
 from app.settings import Settings, dev_settings
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from app.simulator.deliver import signed_headers
 from app.stack.process import free_port, stop_process
 from app.supervisor import Child, Stack
@@ -472,7 +475,8 @@ async def load_history(settings: Settings, seed: int = 21) -> int:
     in creation order; returns how many were accepted."""
     rng = random.Random(seed)
     truth = lifecycles.Truth()
-    events = lifecycles.pg(rng, 300, 80, truth) + lifecycles.card(rng, 300, truth) + lifecycles.paymos(rng, 150, truth)
+    events = (pg_simulator.lifecycle(rng, 300, 80, truth) + card_simulator.lifecycle(rng, 300, truth)
+              + paymos_simulator.lifecycle(rng, 150, truth))
     events.sort(key=lambda e: e.created_ms)
     url = f"http://{settings.ingest_host}:{settings.ingest_port}"
     accepted = 0

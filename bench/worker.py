@@ -50,7 +50,7 @@ async def prefill(settings: Settings) -> int:
             corr = {"pg_deposit_id": dep, "merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
                     "our_user_id": f"u_{dep}"}
             futures.append(await producer.send(n.raw, f"pg:{dep}".encode(), orjson.dumps(corr),
-                                               correlation_headers(f"c{i}", 1_700_000_000_000)))
+                                               correlation_headers("pg", f"c{i}", 1_700_000_000_000)))
         count = 0
         for step, status in enumerate(["pending", "slip_received", "settled", "settled"]):
             for i in range(DEPOSITS):

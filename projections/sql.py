@@ -146,21 +146,25 @@ INSERT INTO projector_offsets (consumer, topic, partition, next_offset)
 SELECT $1, $2, partition, next_offset FROM unnest($3::integer[], $4::bigint[]) AS t(partition, next_offset)
 ON CONFLICT (consumer, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset"""
 
-# pg's sequence is one per merchant: an advisory lock serialises every projector instance on it.
+# A gateway's event sequence (pg's: one per merchant, the gateway's name in ``merchant``): an
+# advisory lock serialises every projector instance on it.
 LOCK_SEQUENCES = "SELECT pg_advisory_xact_lock(73556081)"
-SELECT_SEQUENCE_MAX = "SELECT max_seen FROM pg_sequence_state WHERE merchant = 'pg'"
+SELECT_SEQUENCE_MAX = "SELECT max_seen FROM pg_sequence_state WHERE merchant = $1"
 UPSERT_SEQUENCE_MAX = """
-INSERT INTO pg_sequence_state (merchant, max_seen) VALUES ('pg', $1)
+INSERT INTO pg_sequence_state (merchant, max_seen) VALUES ($1, $2)
 ON CONFLICT (merchant) DO UPDATE SET max_seen = EXCLUDED.max_seen"""
 SELECT_GAPS = """
 SELECT start_seq, end_seq, first_seen_at, backfill_requested_at FROM pg_sequence_gaps
- WHERE merchant = 'pg' ORDER BY start_seq"""
-DELETE_GAPS = "DELETE FROM pg_sequence_gaps WHERE merchant = 'pg' AND start_seq = ANY($1::bigint[])"
+ WHERE merchant = $1 ORDER BY start_seq"""
+DELETE_GAPS = "DELETE FROM pg_sequence_gaps WHERE merchant = $1 AND start_seq = ANY($2::bigint[])"
 GAPS = unnest_insert("pg_sequence_gaps", """
     merchant text, start_seq bigint, end_seq bigint, first_seen_at timestamptz,
     backfill_requested_at timestamptz""", "")
 MARK_BACKFILL_REQUESTED = """
-UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = 'pg' AND start_seq = $1"""
+UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = $1 AND start_seq = $2"""
+MARK_ALL_BACKFILLS_REQUESTED = "UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = $1"
+UNMARK_BACKFILL_REQUESTED = """
+UPDATE pg_sequence_gaps SET backfill_requested_at = NULL WHERE merchant = $1 AND start_seq = $2"""
 
 CARD_EVENTS = unnest_insert("card_events", """
     gateway_event_id text, payment_ref text, event_type text, sequence bigint, occurred_at text::timestamptz,

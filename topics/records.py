@@ -35,9 +35,9 @@ def raw_headers(
     ]
 
 
-def correlation_headers(delivery_id: str, received_at_ms: int) -> list[tuple[str, bytes]]:
-    """Headers of a correlation appended to orderly.raw (key ``pg:{deposit_id}``)."""
-    return [*raw_headers("pg", delivery_id, received_at_ms, source="merchant"), (H_RECORD, CORRELATION.encode())]
+def correlation_headers(gateway: str, delivery_id: str, received_at_ms: int) -> list[tuple[str, bytes]]:
+    """Headers of a merchant's correlation appended to orderly.raw (pg's: key ``pg:{deposit_id}``)."""
+    return [*raw_headers(gateway, delivery_id, received_at_ms, source="merchant"), (H_RECORD, CORRELATION.encode())]
 
 
 def quarantine_headers(original: list[tuple[str, bytes]], stage: str, reason: str,

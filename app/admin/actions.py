@@ -15,7 +15,7 @@ from app.admin.queries import audit
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
-from projections import quarantine
+from projections import quarantine, sql
 from projections.bulk import Conn
 from topics.catalog import TopicNames
 from topics.records import (
@@ -97,7 +97,7 @@ async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_
             gateway = stored["gateway"]
             found = registry.find(gateway or "")
             if original.get("record") == "correlation":
-                key = stored["record_key"] or f"pg:{stored['resource_id']}".encode()
+                key = stored["record_key"] or f"{gateway}:{stored['resource_id']}".encode()
             elif found is None:
                 raise ActionRefused(f"{delivery_id}: no gateway recorded, so nowhere to route it")
             else:
@@ -139,14 +139,14 @@ async def retry_effect(conn: Conn, dedupe_key: str, actor: str) -> Done:
     return await audited(conn, actor, "effects.retry", dedupe_key, f"pending again after {attempts} attempt(s)")
 
 
-FETCH_API = {"card": "ORDERLY_CARD_API_URL", "pg": "ORDERLY_PG_API_URL"}  # the settings the fetcher asks with
-OPEN_GAPS = "SELECT start_seq, end_seq FROM pg_sequence_gaps WHERE merchant = 'pg' ORDER BY start_seq"
+OPEN_GAPS = "SELECT start_seq, end_seq FROM pg_sequence_gaps WHERE merchant = $1 ORDER BY start_seq"
 
 
 async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str,
                         actor: str, api_url: str | None) -> Done:
-    """Ask the fetcher to get the resource from its gateway now: a card payment by its reference
-    (``GET /payments/{ref}``), or for pg the backfill of every open sequence gap."""
+    """Ask the fetcher to get the resource from its gateway now, as the gateway's registry line says
+    (its ``fetch``): a resource by its id (card: ``GET /payments/{ref}``), or, for a gateway whose
+    event log is read by sequence (pg), the backfill of every open sequence gap."""
     if error := id_error("resource_id", resource_id):
         raise ActionRefused(error, 400)  # nothing to audit: no resource was named
     return await carried_out(conn, actor, "resources.fetch", f"{gateway}:{resource_id}",
@@ -155,24 +155,26 @@ async def request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gate
 
 async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gateway: str, resource_id: str,
                          api_url: str | None) -> str:
-    if gateway in FETCH_API and api_url is None:  # the fetcher would leave the request unread
-        raise ActionRefused(f"{FETCH_API[gateway]} is not set, so the fetcher cannot ask the {gateway} gateway: "
-                            "nothing was done")
-    if gateway == "card":
-        request = {"gateway": "card", "kind": "payment", "payment_ref": resource_id}
-        await append(producer, n.fetch, f"card:{resource_id}".encode(), orjson.dumps(request), [])
-        return "fetch of the card payment requested"
-    if gateway == "pg":
-        gaps = await conn.fetch(OPEN_GAPS)
-        if not gaps:
-            raise ActionRefused("pg events are fetched by sequence: there is no open gap to backfill")
-        for gap in gaps:
-            request = {"gateway": "pg", "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
-                       "until_sequence": gap["end_seq"]}
-            await append(producer, n.fetch, f"pg:sequence:{gap['start_seq']}".encode(), orjson.dumps(request), [])
-        await conn.execute("UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = 'pg'")
-        return f"backfill of {len(gaps)} open gap(s) requested"
-    raise ActionRefused(f"the {gateway} gateway has no API to fetch a resource from", 422)
+    found = registry.find(gateway)
+    fetch = found.fetch if found is not None else None
+    if fetch is None:
+        raise ActionRefused(f"the {gateway} gateway has no API to fetch a resource from", 422)
+    if api_url is None:  # the fetcher would leave the request unread
+        raise ActionRefused(f"ORDERLY_{gateway.upper()}_API_URL is not set, so the fetcher cannot ask the "
+                            f"{gateway} gateway: nothing was done")
+    if fetch.resource is not None:
+        request = {"gateway": gateway, "kind": fetch.kind, fetch.id_field: resource_id}
+        await append(producer, n.fetch, f"{gateway}:{resource_id}".encode(), orjson.dumps(request), [])
+        return f"fetch of the {gateway} {fetch.kind} requested"
+    gaps = await conn.fetch(OPEN_GAPS, gateway)
+    if not gaps:
+        raise ActionRefused(f"{gateway} events are fetched by sequence: there is no open gap to backfill")
+    for gap in gaps:
+        request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
+                   "until_sequence": gap["end_seq"]}
+        await append(producer, n.fetch, f"{gateway}:sequence:{gap['start_seq']}".encode(), orjson.dumps(request), [])
+    await conn.execute(sql.MARK_ALL_BACKFILLS_REQUESTED, gateway)
+    return f"backfill of {len(gaps)} open gap(s) requested"
 
 
 async def audit_login(conn: Conn, actor: str, ok: bool) -> None:

@@ -21,6 +21,7 @@ from app.admin.api import overview_body
 from app.admin.context import ADMIN, END_SESSION, SESSION, Admin
 from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
 from app.gateways import registry
+from app.settings import Settings
 from projections import quarantine
 
 HERE = Path(__file__).parent
@@ -53,6 +54,17 @@ ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), aut
 ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""))
 
 
+def fetching(settings: Settings) -> dict[str, list[str]]:
+    """The enabled gateways the fetcher can ask (their registry line's ``fetch``): by resource
+    (``fetched``; ``fetchable`` those whose API URL is set) and by sequence (``sequenced``; ``backfilled``)."""
+    lines = [(g, g.fetch, settings.api_urls.get(g.name)) for name in settings.gateways
+             if (g := registry.find(name)) is not None and g.fetch is not None]
+    return {"fetched": [g.name for g, f, _ in lines if f.resource],
+            "sequenced": [g.name for g, f, _ in lines if f.backfill],
+            "fetchable": [g.name for g, f, url in lines if f.resource and url],
+            "backfilled": [g.name for g, f, url in lines if f.backfill and url]}
+
+
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     admin = request.app[ADMIN]
     session = request.get(SESSION)
@@ -64,7 +76,7 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
         csrf=auth.csrf_token(admin.token, session) if session else "", path=request.path_qs,
         flash=shown.get("done"), refused=shown.get("refused"), gateways=list(registry.GATEWAYS),
         namespace=settings.namespace, signed_in=bool(session), delivering=settings.effects_url is not None,
-        card_fetch=settings.card_api_url is not None, pg_backfill=settings.pg_api_url is not None, **context)
+        **fetching(settings), **context)
     return web.Response(text=page, status=status, content_type="text/html")
 
 

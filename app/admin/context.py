@@ -149,7 +149,7 @@ class Admin:
 
     def fetch_api(self, gateway: str) -> str | None:
         """The gateway API the fetcher asks for this gateway's resources, as configured here."""
-        return {"card": self.settings.card_api_url, "pg": self.settings.pg_api_url}.get(gateway)
+        return self.settings.api_urls.get(gateway)
 
     async def session_ended(self, cookie: str) -> bool:
         async with self.db() as conn:

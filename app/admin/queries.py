@@ -79,14 +79,6 @@ SELECT gateway, resource_id, count(*) AS deliveries, min(received_at) AS parked_
        (array_agg(event_type ORDER BY received_at))[1] AS first_event_type
   FROM webhook_events WHERE outcome = 'parked'
  GROUP BY gateway, resource_id ORDER BY min(received_at) LIMIT $1"""
-# Why a delivery waits when the decision gave no reason: what each gateway's rule waits for.
-PARKED_BECAUSE = {
-    "pg": "waits for the deposit's correlation (PUT /correlations/pg/deposits/{id})",
-    "card": "waits for an earlier event of the payment (e.g. a capture before its authorisation, "
-            "a refund above what is captured)",
-    "paymos": "a change out of a terminal state waits for its reorg",
-}
-
 GAPS = """
 SELECT merchant, start_seq, end_seq, end_seq - start_seq + 1 AS missing, first_seen_at,
        extract(epoch FROM now() - first_seen_at)::bigint AS age_s, backfill_requested_at
@@ -144,7 +136,7 @@ async def resource(conn: Conn, gateway: str, resource_id: str) -> dict[str, Any]
         by_delivery.setdefault(effect["caused_by"], []).append(effect)
     for delivery in deliveries:
         if delivery["outcome"] == "parked" and not delivery["why"]:
-            delivery["why"] = PARKED_BECAUSE.get(gateway)
+            delivery["why"] = parked_because(gateway) or None
         delivery["effects"] = by_delivery.get(delivery["delivery_id"], [])
     return {"gateway": gateway, "resource_id": resource_id, "state": state,
             "parked": sum(1 for d in deliveries if d["outcome"] == "parked"), "timeline": deliveries,
@@ -213,11 +205,17 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
             "next_cursor": Cursor(last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
 
 
+def parked_because(gateway: str) -> str:
+    """What a parked delivery of ``gateway`` waits for when its decision gives no reason (its registry line)."""
+    found = registry.find(gateway)
+    return found.parked_because if found is not None else ""
+
+
 async def parked(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
     out = []
     for r in await conn.fetch(PARKED, limit):
         row = dict(r)
-        row["why"] = row["why"] or PARKED_BECAUSE.get(row["gateway"], "")
+        row["why"] = row["why"] or parked_because(row["gateway"])
         out.append(row)
     return out
 

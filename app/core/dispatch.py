@@ -18,7 +18,6 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.core import pg
 from app.core.model import QUARANTINED, Decision, Delivery, Numbered, Recent, decide, redecided, remember
 from app.core.reducer import Gateways, Reducer
 from app.gateways.base import Route
@@ -122,8 +121,10 @@ def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value:
     before: Recent = state.recent if state is not None else []
     found = gateways.get(gateway)
     after: Numbered
-    if headers.get(H_RECORD) == CORRELATION:  # the merchant's mapping of a pg deposit
-        after, decisions = pg.apply_correlation(state, pg.read_correlation(value), delivery)
+    if headers.get(H_RECORD) == CORRELATION:  # the merchant's mapping of a resource (a pg deposit)
+        if found is None or found.reducer.correlate is None:
+            return state, [decide(delivery, QUARANTINED, error=f"gateway {gateway!r} takes no correlation")]
+        after, decisions = found.reducer.correlate(state, value, delivery)
     elif found is not None:
         # The body is read once, here, into the gateway's typed event. A record that did not come
         # through this release's ingest (an older log, a direct append) gets the ingest's checks on

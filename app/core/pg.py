@@ -362,4 +362,9 @@ def snapshot(state: State) -> bytes:
                             state.credited_amount, state.credited_at_ms, state.reversed_at_ms, state.closed_at_ms))
 
 
-REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)
+def correlate(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list[Decision]]:
+    """A correlation record of orderly.raw decided on the deposit's state."""
+    return apply_correlation(state, read_correlation(raw), d)
+
+
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, correlate)

@@ -25,7 +25,8 @@ class Reducer(Generic[St, Ev]):
     ``read(raw, checked)`` is the adapter's one read of a body: the typed event, or the quarantine
     Route of a body it refuses (``checked``: the ingest's adapter took it already). ``load`` and
     ``dump`` are the state's codec (what orderly.state's changelog holds); ``snapshot`` is what
-    orderly.state publishes of it.
+    orderly.state publishes of it. ``correlate`` decides a merchant's correlation record of the
+    resource (``record: correlation`` in orderly.raw: pg's deposit mappings), for a gateway that takes them.
     """
 
     read: Callable[[bytes, bool], Ev | Route]
@@ -33,6 +34,7 @@ class Reducer(Generic[St, Ev]):
     load: Callable[[bytes], St]
     dump: Callable[[St], bytes]
     snapshot: Callable[[St], bytes]
+    correlate: Callable[[St | None, bytes, Delivery], tuple[St, list[Decision]]] | None = None
 
 
 def state_codec(state: type[St]) -> tuple[Callable[[bytes], St], Callable[[St], bytes]]:

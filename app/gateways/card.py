@@ -9,13 +9,15 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
-from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error
+from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error, int64_error
 from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "card"
@@ -217,3 +219,26 @@ def refused(raw: bytes, refusal: Refusal) -> Route:
         refusal = Refusal("unknown_type", f"type: unknown event type {event_type!r}")
     return Route.quarantine(refusal.code, refusal.reason, valid_id(head.id), event_type,
                             f"{name}:{payment_ref}" if payment_ref is not None else None)
+
+
+FETCHED_STATES = {"created", "authorised", "captured", "refunded", "voided"}
+
+
+def synced_event(ref: str, answer: object, now_ms: int) -> bytes:
+    """The gateway's answer to ``GET /payments/{ref}`` as a raw ``synced`` event (the fetcher appends
+    it, the reducer takes it as the new base); its id is derived from the ref, state and totals, so
+    an unchanged repeat is a duplicate. ValueError when the answer is unusable."""
+    if not isinstance(answer, dict):
+        raise ValueError(f"the answer is not a JSON object: {type(answer).__name__}")
+    totals = {k: answer.get(k) or 0 for k in ("authorised_minor", "captured_minor", "refunded_minor")}
+    # money as the webhooks carry it: integers within signed 64 bits, never negative, never a float
+    if answer.get("state") not in FETCHED_STATES or any(int64_error(k, v) or v < 0 for k, v in totals.items()):
+        raise ValueError(f"unusable gateway answer for {ref}: {str(answer)[:300]}")
+    if not isinstance(answer.get("currency"), str) or not 1 <= len(answer["currency"]) <= 8:
+        raise ValueError(f"unusable currency in the gateway's answer for {ref}")
+    event_id = "sync_{}_{}_{}_{}_{}".format(ref, answer["state"], *totals.values())
+    return orjson.dumps({
+        "id": event_id, "type": "synced", "payment_ref": ref, "sequence": None,
+        "occurred_at": datetime.fromtimestamp(now_ms / 1000, UTC).isoformat().replace("+00:00", "Z"),
+        "amount_minor": 0, "currency": answer.get("currency"),
+        "synced": {"state": answer["state"], **totals}})

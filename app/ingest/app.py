@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from typing import Any
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from app.gateways import registry
 from app.ingest.appender import Appender
 from app.ingest.body import MAX_BODY
-from app.ingest.correlations import CorrelationRoute, CorrelationStore
+from app.ingest.correlations import CorrelationStore, Wiring
 from app.ingest.readiness import Readiness, healthz
 from app.ingest.receiver import Receiver
 from app.kafka_client import client_options
@@ -34,13 +35,20 @@ REFUSALS_LOGGED_PER_MINUTE = 5
 
 
 def validate_secrets(settings: Settings) -> None:
-    """Refuse to start with a secret its adapter cannot read as a key (``secret_key``: card's
-    Standard Webhooks `whsec_<base64>`, adyen's hex HMAC keys); raises ValueError naming the gateway."""
-    for name, gateway in registry.GATEWAYS.items():
-        key_of = getattr(gateway.adapter, "secret_key", None)
-        if key_of is not None and name in settings.secrets:
-            for secret in settings.secrets[name].reveal():
-                key_of(secret)
+    """Refuse to start with a secret its gateway's scheme cannot use (card's: not a Standard Webhooks key)."""
+    for name, secrets in settings.secrets.items():
+        gateway = registry.find(name)
+        if gateway is not None and gateway.check_secret is not None:
+            for secret in secrets.reveal():
+                gateway.check_secret(secret)
+
+
+def add_gateway_routes(app: web.Application, wiring: Wiring) -> None:
+    """The enabled gateways' other routes (pg's correlations): a disabled gateway's are not served (404)."""
+    for name in wiring.settings.gateways:
+        gateway = registry.find(name)
+        if gateway is not None and gateway.routes is not None:
+            importlib.import_module(gateway.routes).add_routes(app, wiring)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -55,9 +63,8 @@ def create_app(settings: Settings) -> web.Application:
     app[REFUSALS] = SampledLog(log, first=REFUSALS_LOGGED_PER_MINUTE, window_s=60.0,
                                on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
     app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], topics)
-    correlations = CorrelationRoute(settings, metrics, app[CORRELATIONS], app[APPENDER], topics)
     app.router.add_post("/webhooks/{gateway}", app[RECEIVER].receive)
-    app.router.add_put("/correlations/pg/deposits/{deposit_id}", correlations.put)
+    add_gateway_routes(app, Wiring(settings, metrics, app[CORRELATIONS], app[APPENDER], topics))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", Readiness(app[APPENDER], app[CORRELATIONS], topics.raw).readyz)
     # No /metrics here: the webhook port serves webhooks, correlations and health only (DESIGN.md §3);

@@ -1,10 +1,14 @@
-"""pg's correlations: the PUT that maps a deposit to our order and the PostgreSQL store deciding it (I/O shell)."""
+"""pg's correlations: the PUT that maps a deposit to our order and the PostgreSQL store deciding it (I/O shell).
+
+pg's registry line names this module as its ``routes``: the ingest calls :func:`add_routes` when pg is enabled.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -101,6 +105,22 @@ def correlation_error(deposit_id: str, body: Any) -> str | None:
     return "; ".join(e for e in errors if e) or None
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """What a gateway's extra ingest routes are given: the ingest's settings, metrics, store and appender."""
+
+    settings: Settings
+    metrics: IngestMetrics
+    store: CorrelationStore
+    appender: Appender
+    topics: TopicNames
+
+
+def add_routes(app: web.Application, wiring: Wiring) -> None:
+    route = CorrelationRoute(wiring.settings, wiring.metrics, wiring.store, wiring.appender, wiring.topics)
+    app.router.add_put("/correlations/pg/deposits/{deposit_id}", route.put)
+
+
 class CorrelationRoute:
     """PUT /correlations/pg/deposits/{deposit_id}: a bearer token, a checked body, the store's 200/409,
     then the correlation appended to the raw log."""
@@ -145,7 +165,7 @@ class CorrelationRoute:
             # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
             await self.appender.append(
                 self.topics.raw, f"pg:{deposit_id}".encode(), correlation.to_bytes(),
-                correlation_headers(next_delivery_id(), int(time.time() * 1000)))
+                correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
             return json_response(503, error=str(exc))

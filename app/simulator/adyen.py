@@ -25,7 +25,20 @@ from typing import Any
 import orjson
 
 from app.gateways import adyen as adapter
-from app.simulator.histories import DAY, HOUR, MIN, Delivery, Event, History, Schedule, in_arrival_order
+from app.simulator.histories import (
+    DAY,
+    HOUR,
+    MIN,
+    Delivery,
+    Event,
+    History,
+    Retrying,
+    Schedule,
+    in_arrival_order,
+)
+from app.simulator.lifecycles import Emitted
+from app.simulator.oracle import Outcome
+from app.simulator.plugins import GatewaySimulator
 
 T0_MS = 1_796_000_000_000
 KEY = "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF"  # the registry's dev key
@@ -177,7 +190,7 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
         events.append(Event(psp, orjson.dumps(item), clock, {
             "n": n, "state": truth.state, "authorised_minor": truth.authorised, "captured_minor": truth.captured,
             "refunded_minor": truth.refunded, "earned": sorted(truth.earned)}))
-    schedule = Schedule.draw(rng, T0_MS, "adyen")
+    schedule = Schedule.draw(rng, T0_MS, Retrying(RETRIES))
     deliveries = []
     for index, event in enumerate(events):
         deliveries += [Delivery("webhook", psp, event.body, at, index) for at in _arrivals(rng, event, schedule)]
@@ -229,3 +242,13 @@ def expected(history: History) -> dict[str, Any]:
     row = {k: last[k] for k in ("state", "authorised_minor", "captured_minor", "refunded_minor")}
     effects = {(f"adyen:{psp}:{kind}", kind, None) for kind in last["earned"]}
     return {"rows": {psp: row}, "effects": effects, "parked": {psp: 0}}
+
+
+# What the simulator knows of adyen (app/simulator/plugins.py): the registry line names this module.
+# Live retries in Adyen's own seconds: three 9 s apart, then its queue at 2, 5, 10, 15, 30 min, ...
+SIMULATOR = GatewaySimulator(
+    history, lambda h: Outcome(**expected(h)),
+    rows={"adyen_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
+    lifecycles=lambda rng, count, truth: [Emitted("adyen", *r) for r in requests(
+        rng, count, truth.by_gateway.setdefault("adyen", {}))],
+    retry_s=(9.0, 9.0, 9.0, 120.0, 300.0, 600.0, 900.0, 1800.0))

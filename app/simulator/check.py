@@ -6,8 +6,9 @@ records are decided by ``plan_batch`` in batches of random size, and a dict stan
 table (each resource's serialised state between batches). From the records the plan sends, the
 run keeps what the read models and the merchant would see: each resource's last row, the effects
 (dedupe key, type, amount), the facts, the parked count in the final state, the open pg gaps
-the projector would fold from the decisions (app/core/gaps.py), and any card row on the way that
-card_payments' CHECKs would refuse.
+the projector would fold from the decisions (app/core/gaps.py), and any row on the way that its
+table's CHECKs would refuse (card_payments'). What is compared per gateway, its generator and its
+oracle are the gateway's simulator declaration (app/simulator/plugins.py); nothing here names one.
 
 History ``i`` of ``--seed S`` is the history of seed ``S + i``, so a mismatch printed with its seed
 is reproduced alone by ``--seed <that seed> --histories 1``. A mismatching history is shrunk
@@ -20,33 +21,21 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from typing import TextIO
 
 import orjson
 
 from app.core import gaps as gap_rules
 from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
-from app.simulator import oracle, stripe_history, truths
+from app.simulator import truths
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
+from app.simulator.plugins import simulator_of
 from topics.catalog import names
 from topics.records import H_CHECKED, correlation_headers, raw_headers
 
 TOPICS = names("simcheck")
-ROW_FIELDS = {
-    "pg_deposits": ("status", "pg_version", "amount_received_minor", "our_user_id"),
-    "pg_withdrawals": ("status", "pg_version", "filled_minor", "remaining_minor"),
-    "pg_balance_txns": ("amount_minor",),
-    "card_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor"),
-    "paymos_invoices": ("status", "is_final", "updated_at_ms"),
-    "paymos_withdrawals": ("status", "is_final", "updated_at_ms"),
-    "paymos_channel_deposits": ("status", "is_final", "updated_at_ms"),
-    "stripe_payment_intents": stripe_history.ROW,
-    "adyen_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor"),
-}
-GATEWAYS_CHECKED = ("card", "paymos", "pg", "stripe", "adyen")
-FACT_KINDS = {"withdrawal_fill", "overpayment_flag", "order_note", "card_event_applied"}
 MONEY_EFFECTS = {"credit_user", "debit_user"}
 
 
@@ -55,7 +44,7 @@ def records(history: History) -> list[Incoming]:
     out = []
     for offset, d in enumerate(history.deliveries):
         if d.source == "correlation":
-            headers = correlation_headers(f"corr-{offset}", d.at_ms)
+            headers = correlation_headers(history.gateway, f"corr-{offset}", d.at_ms)
         else:
             headers = raw_headers(history.gateway, f"dlv-{offset}", d.at_ms, source=d.source)
             if d.source == "webhook":
@@ -64,24 +53,11 @@ def records(history: History) -> list[Incoming]:
     return out
 
 
-def card_row_breaks(row: dict[str, Any]) -> set[str]:
-    """What a card_payments row breaks of the table's CHECKs and the playbook's states (every row the
-    projector would write, not only the last: a passing row refused by PostgreSQL stalls nothing
-    but is lost)."""
-    broken = set()
-    if not 0 <= row["refunded_minor"] <= row["captured_minor"]:
-        broken.add(f"card_payments {row['payment_ref']}: refunded {row['refunded_minor']} above captured "
-                   f"{row['captured_minor']}")
-    if (row["state"] == "refunded") != (0 < row["refunded_minor"] == row["captured_minor"]):
-        broken.add(f"card_payments {row['payment_ref']}: state {row['state']} with captured {row['captured_minor']}"
-                   f" and refunded {row['refunded_minor']}")
-    return broken
-
-
 def observed(history: History, batch_sizes: random.Random) -> Outcome:
     """What the core decides for ``history``, as the read models and the merchant would see it."""
     store: dict[bytes, bytes] = {}
     got = Outcome()
+    sim = simulator_of(history.gateway)
     batch = records(history)
     sequences: list[tuple[int, int]] = []
     start = 0
@@ -98,20 +74,23 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
                 sequences.append((decision["sequence"], decision["received_at_ms"]))
             if decision.get("error") and decision["outcome"] == "quarantined":
                 got.facts.add(("quarantined", f"{decision['event_id']}: {decision['error']}"))
-            if decision["row"] is not None and decision["table"] == "card_payments":
-                got.broken |= card_row_breaks(decision["row"])
-            if decision["row"] is not None and decision["table"] in ROW_FIELDS:
-                got.rows[decision["resource_id"]] = {k: decision["row"].get(k) for k in ROW_FIELDS[decision["table"]]}
+            row, table = decision["row"], decision["table"]
+            if row is not None and table in sim.row_breaks:
+                got.broken |= sim.row_breaks[table](row)
+            if row is not None and table in sim.rows:
+                got.rows[decision["resource_id"]] = {k: row.get(k) for k in sim.rows[table]}
             for effect in decision["effects"]:
                 amount = effect["payload"].get("amount_minor") if effect["type"] in MONEY_EFFECTS else None
                 got.effects.add((effect["dedupe_key"], effect["type"], amount))
-            got.facts |= {(f["kind"], f["key"]) for f in decision["facts"] if f["kind"] in FACT_KINDS}
-    reducer = GATEWAYS[history.gateway].reducer
+            got.facts |= {(f["kind"], f["key"]) for f in decision["facts"] if f["kind"] in sim.facts}
+    gateway = GATEWAYS[history.gateway]
+    reducer = gateway.reducer
     for key, state in store.items():
-        parked = orjson.loads(reducer.snapshot(reducer.load(state)))["parked"]
+        # (a gateway that never parks may not say so)
+        parked = orjson.loads(reducer.snapshot(reducer.load(state))).get("parked", 0)
         if parked:
             got.parked[key.decode().partition(":")[2]] = parked
-    if history.gateway == "pg":
+    if gateway.fetch is not None and gateway.fetch.backfill is not None:  # its sequence's gaps, as projected
         max_seen: int | None = None
         open_gaps: list[gap_rules.Gap] = []
         for seq, at in sequences:
@@ -121,7 +100,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
 
 
 def expected(history: History) -> Outcome:
-    want = oracle.expected(history)
+    want = simulator_of(history.gateway).oracle(history)
     want.parked = {k: v for k, v in want.parked.items() if v}
     return want
 
@@ -149,7 +128,7 @@ class Report:
     histories: int = 0
     deliveries: int = 0
     mismatches: list[tuple[History, History, list[str]]] = field(default_factory=list)  # (original, shrunk, why)
-    transient: int = 0  # histories with an effect earned only by a state shown on the way (oracle.card)
+    transient: int = 0  # histories with an effect earned only by a state shown on the way (card's oracle)
     seconds: float = 0.0
 
 

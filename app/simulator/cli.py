@@ -15,7 +15,7 @@ from aiohttp import web
 
 from app.gateways import registry
 from app.settings import Settings
-from app.simulator import api, lifecycles
+from app.simulator import api, lifecycles, plugins
 from app.simulator.deliver import Chaos, deliver
 
 
@@ -43,9 +43,11 @@ async def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     truth = lifecycles.Truth()
     events: list[lifecycles.Emitted] = []
     for name in registry.GATEWAYS:  # in the registry's order: the seeded draws, so the events, follow it
-        simulate = lifecycles.LIFECYCLES.get(name)
-        if args.gateway in (name, "all") and simulate is not None:
-            events += simulate(rng, args.count, truth)
+        found = plugins.simulator(name)
+        if name not in settings.secrets:
+            continue  # not enabled (ORDERLY_GATEWAYS): the target does not serve it, nothing here can sign for it
+        if args.gateway in (name, "all") and found is not None and found.lifecycles is not None:
+            events += found.lifecycles(rng, args.count, truth)
     runner = None
     if args.api_port:
         runner = web.AppRunner(api.build(truth, events, args.fetch_api), access_log=None)
@@ -78,8 +80,9 @@ def check_command(settings: Settings, args: argparse.Namespace, out: TextIO | No
     from app.simulator import check, stack
 
     out = out or sys.stdout
-    gateways = sorted(check.GATEWAYS_CHECKED) if args.gateway == "all" else [args.gateway]
-    if any(g not in check.GATEWAYS_CHECKED for g in gateways):
+    checked = plugins.simulated()
+    gateways = sorted(checked) if args.gateway == "all" else [args.gateway]
+    if any(g not in checked for g in gateways):
         print(f"orderly simulate --check: no histories for {args.gateway!r}", file=out)
         return 2
     if args.target:

@@ -14,13 +14,11 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from app.gateways import registry
+from app.simulator import plugins
 from app.simulator.lifecycles import T0_MS, Emitted
 
 # pg retries for ~92 hours (1 min 10 s, 6 min 10 s, …); compressed so a demo run takes seconds
 RETRY_S = (0.3, 0.8, 1.5, 3.0, 5.0, 8.0)
-# A gateway's own schedule in its seconds (compressed by Chaos.time_scale): Adyen retries three
-# times 9 s apart, then from its queue at 2, 5, 10, 15, 30 min, ... (docs/gateways/adyen.md)
-GATEWAY_RETRY_S = {"adyen": (9.0, 9.0, 9.0, 120.0, 300.0, 600.0, 900.0, 1800.0)}
 
 
 def signed_headers(gateway: str, body: bytes, secret: str, now: float | None = None) -> dict[str, str]:
@@ -40,7 +38,8 @@ def signed_body(gateway: str, body: bytes, secret: str) -> bytes:
 
 def retry_after_s(gateway: str, attempt: int, chaos: Chaos) -> float | None:
     """Seconds before attempt ``attempt + 1`` of a failed attempt ``attempt``; None: given up."""
-    own = GATEWAY_RETRY_S.get(gateway)
+    declared = plugins.simulator(gateway)  # a gateway's own schedule, in its seconds (adyen's queue)
+    own = declared.retry_s if declared is not None else None
     schedule = RETRY_S if own is None else tuple(s * chaos.time_scale for s in own)
     return schedule[attempt - 1] if attempt <= len(schedule) else None
 

@@ -1,6 +1,8 @@
 """What the gateways' documents say the read models must hold, computed from the generated
 lifecycle alone (pure; nothing here imports app/core, so a wrong reducer there cannot agree with
-itself).
+itself). Each gateway's expected read models are its simulator module's ``demo_tables``
+(app/simulator/plugins.py); what they share is here (card's playbook reducer serves its simulated
+GET API too).
 
 - card (gateway-docs/card-gateway-order-playbook.txt): the playbook's reducer over every stored
   event of the payment sorted by ``(sequence | occurred_at, rank)``: partial captures and refunds
@@ -18,13 +20,9 @@ itself).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
-import orjson
-
-from app.simulator.lifecycles import Emitted
 
 CARD_RANK = {"synced": -1, "authorised": 0, "captured": 1, "voided": 1, "refunded": 2}
 CARD_NEXT: dict[str, dict[str, str]] = {  # the playbook's transition table, as printed there
@@ -42,15 +40,6 @@ class Fetched:
     ref: str
     answer: dict[str, Any]
     at_ms: int  # wall clock when served: the synced event's occurred_at is a little later
-
-
-@dataclass
-class Expected:
-    pg_deposits: dict[str, str] = field(default_factory=dict)
-    pg_withdrawals: dict[str, tuple[str, int, int]] = field(default_factory=dict)
-    balances: dict[str, int] = field(default_factory=dict)
-    card: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # state, captured, refunded
-    paymos: dict[str, str] = field(default_factory=dict)
 
 
 def occurred_ms(iso: str) -> int:
@@ -98,43 +87,3 @@ def card_reduce(bodies: list[dict[str, Any]], fetched: Sequence[Fetched] = ()) -
             break  # restart from the lowest key after every change
     return {"state": state, "authorised_minor": authorised, "captured_minor": captured,
             "refunded_minor": refunded, "parked": [ev["id"] for _, ev in pending]}
-
-
-def expected(events: list[Emitted], correlations: dict[str, dict[str, str]], lost: frozenset[bytes] = frozenset(),
-             fetched: Sequence[Fetched] = ()) -> Expected:
-    """The read models' expected content after ``events`` were delivered (all but the bodies in
-    ``lost``, which the gateway gave up on) and the card API answered ``fetched``."""
-    out = Expected()
-    pg_latest: dict[str, dict[str, Any]] = {}
-    card: dict[str, list[dict[str, Any]]] = {}
-    paymos_latest: dict[str, tuple[int, int, str]] = {}
-    for n, e in enumerate(events):
-        if e.body in lost:
-            continue
-        body = orjson.loads(e.body)
-        if e.gateway == "pg":
-            obj = body["data"]["object"]
-            if obj["id"] not in pg_latest or obj["version"] > pg_latest[obj["id"]]["version"]:
-                pg_latest[obj["id"]] = obj
-        elif e.gateway == "card":
-            card.setdefault(e.resource, []).append(body)
-        elif e.gateway == "paymos":
-            rid, key = body["data"]["id"], (body["data"]["updated_at"], n, body["data"]["status"])
-            paymos_latest[rid] = max(paymos_latest.get(rid, key), key)
-    out.balances = {c["our_user_id"]: 0 for c in correlations.values()}
-    for rid, obj in pg_latest.items():
-        if obj["object"] == "deposit":
-            out.pg_deposits[rid] = obj["status"]
-            if obj["status"] == "settled":  # a reversed deposit was credited and debited again
-                out.balances[correlations[rid]["our_user_id"]] += obj["amount_received_minor"]
-        else:
-            out.pg_withdrawals[rid] = (obj["status"], obj["filled_minor"], obj["remaining_minor"])
-    by_ref: dict[str, list[Fetched]] = {}
-    for f in fetched:
-        by_ref.setdefault(f.ref, []).append(f)
-    for ref, bodies in card.items():
-        r = card_reduce(bodies, by_ref.get(ref, []))
-        out.card[ref] = (r["state"], r["captured_minor"], r["refunded_minor"])
-    out.paymos = {rid: status for rid, (_, _, status) in paymos_latest.items()}
-    return out
-

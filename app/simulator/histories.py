@@ -24,12 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MIN, HOUR, DAY = 60_000, 3_600_000, 86_400_000
-# offsets of the attempts from the first one, per gateway (pg: ~92 hours, DESIGN.md §2.1)
-RETRIES = {
-    "pg": (0, 70_000, 370_000, 30 * MIN, 3 * HOUR, 12 * HOUR, 36 * HOUR, 92 * HOUR),
-    "card": (0, 30_000, 2 * MIN, 10 * MIN, HOUR, 6 * HOUR),
-    "paymos": (0, MIN, 5 * MIN, 30 * MIN, 2 * HOUR, 12 * HOUR, 24 * HOUR),
-}
 BACKFILL_AFTER_MS = 4 * DAY
 FETCH_AFTER_MS = 60_000
 
@@ -46,7 +40,7 @@ class Event:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One record that reached orderly.raw: a webhook, a fetch's answer or a pg correlation."""
+    """One record that reached orderly.raw: a webhook, a fetch's answer or a merchant's correlation."""
 
     source: str  # "webhook" | "fetch" | "correlation"
     resource: str
@@ -69,6 +63,15 @@ class History:
     correlations: dict[str, dict[str, str]] = field(default_factory=dict)  # pg deposit -> mapping
 
 
+@dataclass(frozen=True)
+class Retrying:
+    """How a gateway retries a webhook, from its documents (each gateway's simulator module holds its own)."""
+
+    offsets: tuple[int, ...]  # of the attempts from the first one (pg: ~92 hours, DESIGN.md §2.1)
+    longest_outage_ms: int = 5 * DAY  # the longest endpoint outage drawn (paymos: within its window)
+    may_lose: bool = True  # the gateway may give up on an event whatever the endpoint answers
+
+
 @dataclass
 class Schedule:
     """The delivery conditions of one history: an endpoint outage and how flaky attempts are."""
@@ -77,30 +80,29 @@ class Schedule:
     fail: float
     duplicate: float
     lose: float = 0.0  # an event the gateway gives up on whatever the endpoint answers
-
+    retrying: Retrying = Retrying((0,))
 
     @staticmethod
-    def draw(rng: random.Random, start_ms: int, gateway: str) -> Schedule:
+    def draw(rng: random.Random, start_ms: int, retrying: Retrying) -> Schedule:
         outage = None
         if rng.random() < 0.35:
             begin = start_ms + rng.randrange(0, 20 * MIN)
-            longest = 5 * DAY if gateway != "paymos" else 20 * HOUR  # paymos: always within its window
-            length = rng.choice([MIN, 10 * MIN, HOUR, rng.randrange(MIN, longest)])
+            length = rng.choice([MIN, 10 * MIN, HOUR, rng.randrange(MIN, retrying.longest_outage_ms)])
             outage = (begin, begin + length)
-        lose = rng.choice([0.0, 0.0, 0.1, 0.3]) if gateway != "paymos" else 0.0
-        return Schedule(outage, rng.choice([0.0, 0.15, 0.4]), rng.choice([0.0, 0.08, 0.25]), lose)
+        lose = rng.choice([0.0, 0.0, 0.1, 0.3]) if retrying.may_lose else 0.0
+        return Schedule(outage, rng.choice([0.0, 0.15, 0.4]), rng.choice([0.0, 0.08, 0.25]), lose, retrying)
 
     def down(self, at_ms: int) -> bool:
         return self.outage is not None and self.outage[0] <= at_ms < self.outage[1]
 
 
-def attempts(rng: random.Random, gateway: str, event: Event, schedule: Schedule) -> tuple[list[int], int]:
+def attempts(rng: random.Random, event: Event, schedule: Schedule) -> tuple[list[int], int]:
     """When ``event`` reaches the log (several times if a 200 was lost), and when its last attempt
     was made; an empty list if every attempt in the retry window failed."""
     first = event.created_ms + rng.choice([0, 5, 40, 300, 1500])
     if rng.random() < schedule.lose:
-        return [], first + RETRIES[gateway][-1]
-    for offset in RETRIES[gateway]:
+        return [], first + schedule.retrying.offsets[-1]
+    for offset in schedule.retrying.offsets:
         at = first + offset + (rng.randrange(0, 5_000) if offset else 0)
         if schedule.down(at) or rng.random() < schedule.fail:
             continue
@@ -108,15 +110,15 @@ def attempts(rng: random.Random, gateway: str, event: Event, schedule: Schedule)
         while rng.random() < schedule.duplicate:  # the 200 was lost: the same event again
             arrived.append(arrived[-1] + rng.choice([1, 200, 30_000, 10 * MIN]))
         return arrived, at
-    return [], first + RETRIES[gateway][-1]
+    return [], first + schedule.retrying.offsets[-1]
 
 
-def webhooks(rng: random.Random, gateway: str, events: list[Event],
+def webhooks(rng: random.Random, events: list[Event],
              schedule: Schedule) -> tuple[list[Delivery], list[tuple[int, int]]]:
     """Every webhook delivery of ``events``, and (event index, last attempt ms) of those lost."""
     out, lost = [], []
     for index, event in enumerate(events):
-        arrived, last = attempts(rng, gateway, event, schedule)
+        arrived, last = attempts(rng, event, schedule)
         if not arrived:
             lost.append((index, last))
         out += [Delivery("webhook", event.resource, event.body, at, index) for at in arrived]

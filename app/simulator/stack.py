@@ -31,11 +31,12 @@ from app.simulator import check, truths
 from app.simulator.deliver import signed_body, signed_headers
 from app.simulator.histories import History
 from app.simulator.oracle import Outcome
+from app.simulator.plugins import row_fields
 from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import raw_headers
 
-ROWS = {  # table -> its id column (the columns compared: check.ROW_FIELDS)
+ROWS = {  # table -> its id column (the columns compared: each gateway simulator's rows)
     "pg_deposits": "pg_deposit_id", "pg_withdrawals": "pg_withdrawal_id", "pg_balance_txns": "btxn_id",
     "card_payments": "payment_ref", "paymos_invoices": "id", "paymos_withdrawals": "id",
     "paymos_channel_deposits": "id", "adyen_payments": "psp_reference",
@@ -79,11 +80,12 @@ async def read_outcomes(conn: asyncpg.Connection, batch: list[History]) -> dict[
     """What the read models say about each history's resources (keyed by history resource ids)."""
     resources = sorted({r for h in batch for r in _resources(h)})
     by_resource: dict[str, Outcome] = {r: Outcome() for r in resources}
+    fields = row_fields()
     for table, id_column in ROWS.items():
-        columns = ", ".join(check.ROW_FIELDS[table])
+        columns = ", ".join(fields[table])
         for row in await conn.fetch(f"SELECT {id_column} AS id, {columns} FROM {table} WHERE {id_column} = ANY($1)",
                                     resources):
-            by_resource[row["id"]].rows[row["id"]] = {k: row[k] for k in check.ROW_FIELDS[table]}
+            by_resource[row["id"]].rows[row["id"]] = {k: row[k] for k in fields[table]}
     for row in await conn.fetch("SELECT dedupe_key, type, resource_id, payload FROM effects "
                                 "WHERE resource_id = ANY($1)", resources):
         payload = orjson.loads(row["payload"]) if isinstance(row["payload"], str) else row["payload"]

@@ -215,7 +215,7 @@ def truth(run: _Run) -> Truth:
 
 def emitted(rng: random.Random, count: int) -> list[tuple[str, bytes, int]]:
     """(resource, body, created ms) of ``count`` PaymentIntents' events in creation order, for
-    `orderly simulate` (app/simulator/lifecycles.py's LIFECYCLES)."""
+    `orderly simulate` (its SIMULATOR's lifecycles, app/simulator/stripe_history.py)."""
     out = []
     for i in range(count):
         life = lifecycle(rng, f"pi_sim{i}", T0_S + rng.randrange(0, 60))

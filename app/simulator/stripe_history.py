@@ -26,8 +26,21 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from app.gateways.stripe import synced_body
-from app.simulator.histories import DAY, HOUR, MIN, Delivery, Event, History, Schedule, in_arrival_order
-from app.simulator.stripe import CLOSED_DISPUTE, T0_S, Lifecycle, lifecycle
+from app.simulator.histories import (
+    DAY,
+    HOUR,
+    MIN,
+    Delivery,
+    Event,
+    History,
+    Retrying,
+    Schedule,
+    in_arrival_order,
+)
+from app.simulator.lifecycles import Emitted
+from app.simulator.oracle import Outcome
+from app.simulator.plugins import GatewaySimulator
+from app.simulator.stripe import CLOSED_DISPUTE, T0_S, Lifecycle, emitted, lifecycle
 
 RETRIES = (0, MIN, 5 * MIN, 30 * MIN, 2 * HOUR, 5 * HOUR, 10 * HOUR, DAY, 2 * DAY, 3 * DAY)
 FETCH_AFTER_MS = 60_000
@@ -83,7 +96,7 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
         body = orjson.loads(raw)
         events.append(Event(life.resource, raw, life.created[i] * 1000,
                             {"id": body["id"], "type": body["type"], "position": i, "object": body["data"]["object"]}))
-    schedule = Schedule.draw(rng, T0_S * 1000, "stripe")
+    schedule = Schedule.draw(rng, T0_S * 1000, Retrying(RETRIES))
     deliveries: list[Delivery] = []
     for i, e in enumerate(events):
         arrived, last = arrivals(rng, e.created_ms, schedule)
@@ -144,7 +157,7 @@ E = TypeVar("E", bound=Expected)
 
 
 def oracle_with(new: Callable[[], E]) -> Callable[[History], E]:
-    """The oracle, filling the Outcome ``new`` makes (app/simulator/oracle.py's ORACLES line)."""
+    """The oracle, filling the Outcome ``new`` makes (its SIMULATOR, at the end of this module)."""
     return lambda history: oracle(history, new())
 
 
@@ -205,3 +218,9 @@ def row(rid: str, latest: dict[tuple[str, str], tuple[float, dict[str, Any], int
             "amount_refunded_minor": refunded, "currency": currency,
             "dispute_status": disputes[-1][1]["status"] if disputes else None,
             "updated_at": datetime.fromtimestamp(updated, UTC).isoformat().replace("+00:00", "Z")}
+
+
+# What the simulator knows of stripe (app/simulator/plugins.py): the registry line names this module.
+SIMULATOR = GatewaySimulator(
+    history, oracle_with(Outcome), rows={"stripe_payment_intents": ROW},
+    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e) for e in emitted(rng, count)])

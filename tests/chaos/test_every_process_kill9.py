@@ -60,7 +60,7 @@ def pipe(flow: Traffic, kafka: KafkaBroker, postgres: PostgresServer, tmp_path: 
     with serve_in_thread(api.build(flow.truth, flow.events)) as gateway_api:
         s = make_settings(kafka.bootstrap, postgres.dsn, f"every{uuid.uuid4().hex[:8]}",
                           effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=10.0, sweep_after_s=5.0,
-                          ingest_port=free_port(), card_api_url=gateway_api, pg_api_url=gateway_api,
+                          ingest_port=free_port(), api_urls={"card": gateway_api, "pg": gateway_api},
                           fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0)
         with running_pipeline(s, tmp_path) as running:
             running.pipeline.start("ingest")  # `orderly ingest`, on ORDERLY_INGEST_PORT after every restart

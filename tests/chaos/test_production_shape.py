@@ -108,7 +108,7 @@ def shape(flow: Traffic, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
                 postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres"),
                 data_dir=tmp_path / ".orderly", partitions=PARTITIONS, ingest_port=free_port(),
                 append_timeout_s=5.0,  # the production default: a node's loss must fit in it
-                effects_url=stub.url, card_api_url=gateway_api, pg_api_url=gateway_api,
+                effects_url=stub.url, api_urls={"card": gateway_api, "pg": gateway_api},
                 fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0, sweep_after_s=5.0,
                 processing_guarantee=request.param)  # exactly-once: each worker's one transaction per commit
             stack = Stack(settings, ("ingest", "worker", "projector", "effects", "fetcher"), brokers=3, workers=3)

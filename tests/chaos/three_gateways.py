@@ -30,7 +30,10 @@ import asyncpg
 import orjson
 
 from app.settings import Settings
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from tests.pipeline import Running
 from tests.support import signed_headers
 
@@ -63,9 +66,9 @@ class Traffic:
 def traffic(seed: int, deposits: int, withdrawals: int, payments: int, paymos_per_kind: int) -> Traffic:
     rng = random.Random(seed)
     truth = lifecycles.Truth()
-    pg = lifecycles.pg(rng, deposits, withdrawals, truth)
-    card = lifecycles.card(rng, payments, truth)
-    paymos = lifecycles.paymos(rng, paymos_per_kind, truth)
+    pg = pg_simulator.lifecycle(rng, deposits, withdrawals, truth)
+    card = card_simulator.lifecycle(rng, payments, truth)
+    paymos = paymos_simulator.lifecycle(rng, paymos_per_kind, truth)
     # pg: never the last tenth of the sequence, so a later event shows the gap
     withheld_pg = {orjson.loads(e.body)["id"] for e in rng.sample(pg[: len(pg) * 9 // 10], int(len(pg) * PG_WITHHELD))}
     by_payment: dict[str, list[lifecycles.Emitted]] = {}

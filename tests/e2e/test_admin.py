@@ -347,7 +347,7 @@ async def test_fetch_now_asks_the_fetcher_and_refuses_what_no_gateway_api_serves
             assert resp.status == 400
     assert await read_topic(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).fetch) == []
     # an admin configured with the card API (as a fetcher that serves the requests would be)
-    with serve_in_thread(create_app(pipe.settings.with_overrides(card_api_url="http://127.0.0.1:9"))) as url:
+    with serve_in_thread(create_app(pipe.settings.with_overrides(api_urls={"card": "http://127.0.0.1:9"}))) as url:
         async with aiohttp.ClientSession(headers=bearer(pipe)) as http, \
                 http.post(f"{url}/api/resources/card/{CARD}/fetch") as resp:
             assert resp.status == 200, await resp.text()
@@ -485,7 +485,7 @@ async def test_with_the_broker_lost_reads_go_on_and_actions_answer_503(
     broker = KafkaBroker(tmp_path / "kafka")
     await asyncio.to_thread(broker.start)
     try:
-        s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}", card_api_url="http://127.0.0.1:9")
+        s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}", api_urls={"card": "http://127.0.0.1:9"})
         await prepare(s)
         with serve_in_thread(create_app(s)) as url:
             async with aiohttp.ClientSession(headers=bearer_of(s)) as http:

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from app.gateways import adyen
-from app.simulator import check, lifecycles, stack, truths
+from app.simulator import check, lifecycles, plugins, stack, truths
 from app.simulator.deliver import Chaos, deliver
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -91,18 +91,20 @@ async def test_simulated_lifecycles_delivered_with_retries_and_duplicates_end_at
     """`orderly simulate`'s Adyen: requests of one or two items, each item signed by the deliverer,
     first attempts failing and 200s lost, decided into adyen_payments and effects as Adyen's truth."""
     rng, truth = random.Random(44), lifecycles.Truth()
-    events = lifecycles.LIFECYCLES["adyen"](rng, 40, truth)
+    simulate = plugins.simulator_of("adyen").lifecycles
+    assert simulate is not None
+    events = simulate(rng, 40, truth)
     stats = await deliver(pipe.ingest.url, events, {"adyen": pipe.settings.secrets["adyen"].reveal()[0]}, rng,
                           Chaos(first_attempt_fails=0.3, duplicate=0.2, time_scale=1 / 400_000))
     assert stats.given_up["adyen"] == 0 and stats.accepted["adyen"] >= len(events)
     want = {psp: (t["state"], t["authorised_minor"], t["captured_minor"], t["refunded_minor"])
-            for psp, t in truth.adyen.items()}
+            for psp, t in truth.by_gateway["adyen"].items()}
     rows = await pipe.wait_for(lambda c: _rows_if(c, want), timeout=90)
     assert rows == want
     effects = await pipe.wait_for(lambda c: c.fetch(
         "SELECT resource_id, type FROM effects WHERE gateway = 'adyen' AND resource_id = ANY($1)", list(want)))
     assert sorted((r["resource_id"], r["type"]) for r in effects) == sorted(
-        (psp, kind) for psp, t in truth.adyen.items() for kind in t["effects"])
+        (psp, kind) for psp, t in truth.by_gateway["adyen"].items() for kind in t["effects"])
 
 
 Rows = dict[str, tuple[str, int, int, int]]  # psp -> state and totals

@@ -29,7 +29,7 @@ def gateway() -> Iterator[CardApi]:
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, gateway: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"card{uuid.uuid4().hex[:8]}",
-                      card_api_url=gateway.url, fetch_parked_after_s=2.0, fetch_interval_s=0.5)
+                      api_urls={"card": gateway.url}, fetch_parked_after_s=2.0, fetch_interval_s=0.5)
     with running_pipeline(s, tmp_path_factory.mktemp("card-pipeline")) as running:
         yield running
 

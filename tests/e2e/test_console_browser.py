@@ -70,7 +70,8 @@ async def append_poison_correlation(pipe: Running) -> None:
     await producer.start()
     try:
         await producer.send_and_wait(names(pipe.settings.namespace).raw, f"pg:{POISON_DEPOSIT}".encode(),
-                                     b"\xff not a correlation", correlation_headers(POISON, int(time.time() * 1000)))
+                                     b"\xff not a correlation",
+                                     correlation_headers("pg", POISON, int(time.time() * 1000)))
     finally:
         await producer.stop()
 

@@ -145,12 +145,25 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         for port in (kafka_port, pg_port, ingest_port):
             assert port_is_free(port), f"port {port} still held after SIGTERM"
 
-        proc = start_dev(env, log)  # same data dir: the log and the tables come back
-        await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        # same data dir: the log and the tables come back; this time serving pg alone (ORDERLY_GATEWAYS),
+        # started without the other gateways' secrets
+        proc = start_dev({**env, "ORDERLY_GATEWAYS": "pg", "ORDERLY_SECRET_CARD": "", "ORDERLY_SECRET_PAYMOS": ""},
+                         log)
+        stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        async with aiohttp.ClientSession() as http:
+            await eventually_get(http, f"{stack['ingest_url']}/healthz")
+            for gateway in ("card", "paymos"):
+                async with http.post(f"{stack['ingest_url']}/webhooks/{gateway}", data=b"{}") as resp:
+                    assert resp.status == 404, gateway
+            async with http.put(f"{stack['ingest_url']}/correlations/pg/deposits/dep_dev",
+                                data=orjson.dumps({"merchant_reference": "m", "our_order_id": "o",
+                                                   "our_user_id": "u"}),
+                                headers={"Authorization": f"Bearer {settings.api_token.reveal()}"}) as resp:
+                assert resp.status == 200  # pg's other route is served: the same mapping again
         records = await read_topic(settings.kafka_bootstrap, names("orderly").raw)
         assert [r.value for r in records if r.headers.get("record") != "correlation"] == [body]
         assert [orjson.loads(r.value)["pg_deposit_id"] for r in records if r.headers.get("record") == "correlation"] \
-            == ["dep_dev"]  # the deposit's correlation is a record of its log too
+            == ["dep_dev", "dep_dev"]  # the deposit's correlation is a record of its log too (PUT twice)
         conn = await asyncpg.connect(settings.postgres_dsn.reveal())
         try:
             row = await conn.fetchrow("SELECT * FROM orderly.pg_deposit_correlations")

@@ -32,7 +32,7 @@ def api() -> Iterator[CardApi]:
 @pytest.fixture(scope="module")
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"fb{uuid.uuid4().hex[:8]}", card_api_url=api.url,
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"fb{uuid.uuid4().hex[:8]}", api_urls={"card": api.url},
                       fetch_parked_after_s=PARKED_AFTER_S, fetch_interval_s=INTERVAL_S)
     with running_pipeline(s, tmp_path_factory.mktemp("fetch-backoff")) as running:
         yield running

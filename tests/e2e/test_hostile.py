@@ -186,7 +186,7 @@ async def append_raw(pipe: Running, tally: Tally) -> None:
         topic = names(pipe.settings.namespace).raw
         for key, value, delivery_id, kind in raw_records(tally):
             now_ms = int(time.time() * 1000)
-            headers = (correlation_headers(delivery_id, now_ms) if kind == "correlation"
+            headers = (correlation_headers("pg", delivery_id, now_ms) if kind == "correlation"
                        else raw_headers(kind, delivery_id, now_ms))
             await producer.send_and_wait(topic, key.encode(), value, headers)
             if kind != "correlation":

@@ -46,7 +46,7 @@ def obs(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.T
                       log_format="json", fetch_rate_per_s=5.0)
     ports = {name: free_port() for name in (*PROCESSES, "ingest")}
     started_at = time.time()
-    with serve_card_api() as api, running_pipeline(s.with_overrides(card_api_url=api.url),
+    with serve_card_api() as api, running_pipeline(s.with_overrides(api_urls={"card": api.url}),
                                                     tmp_path_factory.mktemp("observability"),
                                                     metrics_ports=ports) as running:
         yield Observed(running, {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()},

@@ -33,7 +33,7 @@ API_EVENTS: list[Emitted] = []
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     namespace = f"pg{uuid.uuid4().hex[:8]}"
     with serve_in_thread(api.build(Truth(), API_EVENTS)) as api_url:
-        s = make_settings(kafka.bootstrap, postgres.dsn, namespace, gap_backfill_after_s=2.0, pg_api_url=api_url,
+        s = make_settings(kafka.bootstrap, postgres.dsn, namespace, gap_backfill_after_s=2.0, api_urls={"pg": api_url},
                           fetch_interval_s=0.5)
         with running_pipeline(s, tmp_path_factory.mktemp("pg-pipeline")) as running:
             yield running

@@ -28,7 +28,10 @@ import pytest
 import yaml
 
 from app.producer import KeyedProducer
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from app.simulator.deliver import Chaos, deliver
 from app.simulator.deliver import signed_headers as gateway_headers
 from app.stack.kafka import KafkaBroker
@@ -155,7 +158,8 @@ async def workload(pipe: Running, ingest: str) -> None:
     aside, and a card capture without its authorisation (parked, then fetched: the API answers 404)."""
     rng = random.Random(20)
     truth = lifecycles.Truth()
-    events = [*lifecycles.pg(rng, 6, 2, truth), *lifecycles.card(rng, 4, truth), *lifecycles.paymos(rng, 1, truth)]
+    events = [*pg_simulator.lifecycle(rng, 6, 2, truth), *card_simulator.lifecycle(rng, 4, truth),
+              *paymos_simulator.lifecycle(rng, 1, truth)]
     async with aiohttp.ClientSession() as http:
         for dep, correlation in truth.correlations.items():
             async with http.put(f"{ingest}/correlations/pg/deposits/{dep}", data=orjson.dumps(correlation),
@@ -180,7 +184,7 @@ async def workload(pipe: Running, ingest: str) -> None:
     await producer.start()
     try:
         await producer.send_and_wait(names(pipe.settings.namespace).raw, b"pg:dep_poison", b"\xff not a correlation",
-                                     correlation_headers("poison-c", int(time.time() * 1000)))
+                                     correlation_headers("pg", "poison-c", int(time.time() * 1000)))
     finally:
         await producer.stop()
 
@@ -196,8 +200,9 @@ def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
     webhook_port = ports.pop("webhooks")
     settings = make_settings(kafka.bootstrap, postgres.dsn, f"prom{uuid.uuid4().hex[:8]}", effects_max_attempts=2,
                              fetch_parked_after_s=1.0, fetch_interval_s=0.5)
-    with serve_card_api() as card_api, running_pipeline(settings.with_overrides(card_api_url=card_api.url), tmp_path,
-                                                        metrics_ports={n: ports[n] for n in PROCESSES}) as pipe:
+    with serve_card_api() as card_api, running_pipeline(
+            settings.with_overrides(api_urls={"card": card_api.url}), tmp_path,
+            metrics_ports={n: ports[n] for n in PROCESSES}) as pipe:
         # the ingest and the admin as processes of their own, as deployed (the pipeline's in-thread
         # ones share the test's process, whose CPU and memory are not theirs)
         pipe.pipeline.start("ingest", ORDERLY_INGEST_PORT=str(webhook_port), ORDERLY_METRICS_PORT=str(ports["ingest"]))

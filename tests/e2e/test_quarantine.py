@@ -47,7 +47,8 @@ async def append_raw(pipe: Running, resource: str, body: bytes, delivery_id: str
     await producer.start()
     try:
         now_ms = int(time.time() * 1000)
-        headers = correlation_headers(delivery_id, now_ms) if correlation else raw_headers("pg", delivery_id, now_ms)
+        headers = (correlation_headers("pg", delivery_id, now_ms) if correlation
+                   else raw_headers("pg", delivery_id, now_ms))
         if checked:
             headers.append((H_CHECKED, b"1"))
         await producer.send_and_wait(names(pipe.settings.namespace).raw, f"pg:{resource}".encode(), body, headers)

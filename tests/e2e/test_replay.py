@@ -15,7 +15,10 @@ import aiohttp
 import orjson
 
 from app.replay import diff, replay
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from app.simulator.deliver import Chaos, deliver
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
@@ -51,8 +54,8 @@ def test_replay_rebuilds_the_same_read_models(kafka: KafkaBroker, postgres: Post
     s = make_settings(kafka.bootstrap, postgres.dsn, f"live{uuid.uuid4().hex[:8]}")
     rng = random.Random(3)
     truth = lifecycles.Truth()
-    events = (lifecycles.pg(rng, 40, 10, truth) + lifecycles.card(rng, 30, truth)
-              + lifecycles.paymos(rng, 15, truth))
+    events = (pg_simulator.lifecycle(rng, 40, 10, truth) + card_simulator.lifecycle(rng, 30, truth)
+              + paymos_simulator.lifecycle(rng, 15, truth))
     with running_pipeline(s, tmp_path) as pipe:
         async def drive() -> None:
             token = pipe.settings.api_token.reveal()

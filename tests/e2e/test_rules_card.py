@@ -47,7 +47,7 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     # fetch_parked_after_s is left at its default: that default is what test_default_fetch_after_60_s proves
     s = make_settings(kafka.bootstrap, postgres.dsn, f"cr{uuid.uuid4().hex[:8]}",
-                      card_api_url=api.url, fetch_interval_s=FETCH_INTERVAL_S)
+                      api_urls={"card": api.url}, fetch_interval_s=FETCH_INTERVAL_S)
     with running_pipeline(s, tmp_path_factory.mktemp("card-rules")) as running:
         yield running
 

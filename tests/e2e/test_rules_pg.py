@@ -77,7 +77,7 @@ class Rig:
 def rig(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     with gateway_events() as api:
         # no gap_backfill_after_s: the default is what the 4-day test is about
-        s = make_settings(kafka.bootstrap, postgres.dsn, f"rp{uuid.uuid4().hex[:8]}", pg_api_url=api.url)
+        s = make_settings(kafka.bootstrap, postgres.dsn, f"rp{uuid.uuid4().hex[:8]}", api_urls={"pg": api.url})
         with running_pipeline(s, tmp_path_factory.mktemp("rules-pg")) as running:
             yield Rig(running, api)
 

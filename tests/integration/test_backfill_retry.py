@@ -33,7 +33,7 @@ def test_an_unanswered_backfill_is_requested_again_and_a_malformed_one_set_aside
     api = web.Application()
     api.router.add_get("/v1/pay/events", unavailable)
     with serve_in_thread(api) as api_url:
-        s = make_settings(kafka.bootstrap, postgres.dsn, f"bf{uuid.uuid4().hex[:8]}", pg_api_url=api_url,
+        s = make_settings(kafka.bootstrap, postgres.dsn, f"bf{uuid.uuid4().hex[:8]}", api_urls={"pg": api_url},
                           data_dir=tmp_path)
         asyncio.run(prepare(s))
 

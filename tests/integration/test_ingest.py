@@ -15,7 +15,7 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.support import ServedIngest, make_settings, read_topic, serve_ingest, signed_headers
+from tests.support import CARD_SECRET, ServedIngest, make_settings, read_topic, serve_ingest, signed_headers
 from topics.catalog import names
 from topics.records import CORRELATION, H_RECORD, Correlation
 
@@ -264,3 +264,27 @@ async def test_plain_webhooks_take_the_fast_path_and_the_rest_aiohttps(
     records = await read_topic(settings.kafka_bootstrap, names(settings.namespace).raw)
     assert {r.headers["delivery_id"]: r.value for r in records} == dict(zip(ids, bodies, strict=True))
     assert ingest.metrics.requests.labels("pg", "stored")._value.get() == 5
+
+
+async def test_only_the_enabled_gateways_are_served(settings: Settings, http: aiohttp.ClientSession) -> None:
+    """ORDERLY_GATEWAYS=pg: the ingest starts with pg's secret alone; card's and paymos's webhooks, on the
+    fast path and through aiohttp (chunked), answer 404 and store nothing; pg's are stored. Then with pg
+    disabled, pg's correlations route answers 404 too."""
+    env = {k: v for k, v in settings.to_env().items() if not k.startswith("ORDERLY_SECRET_")}
+    only_pg = Settings.from_env({**env, "ORDERLY_GATEWAYS": "pg", "ORDERLY_SECRET_PG": "pg-alone"})
+    assert set(only_pg.secrets) == {"pg"}
+    body = pg_event("dep_only")
+    with serve_ingest(only_pg) as ingest:
+        assert (await post(http, ingest, "pg", body, signed_headers("pg", body, only_pg)))[0] == 200
+        for gateway, raw in (("card", card_event()), ("paymos", paymos_event())):
+            assert (await post(http, ingest, gateway, raw, {}))[0] == 404
+            async with http.post(f"{ingest.url}/webhooks/{gateway}", data=io.BytesIO(raw)) as resp:  # chunked
+                assert resp.status == 404
+    records = await read_topic(settings.kafka_bootstrap, names(settings.namespace).raw)
+    assert [(r.key, r.value) for r in records] == [(b"pg:dep_only", body)]
+    no_pg = Settings.from_env({**env, "ORDERLY_GATEWAYS": "card", "ORDERLY_SECRET_CARD": CARD_SECRET})
+    with serve_ingest(no_pg) as ingest:
+        async with http.put(f"{ingest.url}/correlations/pg/deposits/dep_1", data=b"{}",
+                            headers={"Authorization": "Bearer test-token"}) as resp:
+            assert resp.status == 404
+        assert (await post(http, ingest, "pg", body, signed_headers("pg", body, settings)))[0] == 404

@@ -59,7 +59,7 @@ async def deliver(s: Settings, items: list[tuple[str, str, bytes]]) -> set[str]:
             delivery_id, now_ms = uuid.uuid4().hex, int(time.time() * 1000)
             headers = raw_headers("pg", delivery_id, now_ms)
             if topic == CORRELATION:
-                topic, headers = names(s.namespace).raw, correlation_headers(delivery_id, now_ms)
+                topic, headers = names(s.namespace).raw, correlation_headers("pg", delivery_id, now_ms)
             await producer.send_and_wait(topic, f"pg:{dep}".encode(), body, headers)
             ids.add(delivery_id)
     finally:

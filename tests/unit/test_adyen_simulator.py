@@ -11,7 +11,7 @@ from Adyen.util import is_valid_hmac_notification
 
 from app.core import adyen as core
 from app.simulator import adyen as sim
-from app.simulator import check, lifecycles, truths
+from app.simulator import check, lifecycles, plugins, truths
 from app.simulator.deliver import Chaos, retry_after_s, signed_body
 from app.simulator.histories import DAY, HOUR, MIN
 
@@ -54,9 +54,11 @@ def test_a_reducer_that_ignores_capture_failed_is_caught(monkeypatch: pytest.Mon
 
 def test_simulated_requests_are_signed_item_by_item_by_the_deliverer_and_retried_on_adyens_schedule() -> None:
     truth = lifecycles.Truth()
-    events = lifecycles.LIFECYCLES["adyen"](random.Random(3), 60, truth)
+    simulate = plugins.simulator_of("adyen").lifecycles
+    assert simulate is not None
+    events = simulate(random.Random(3), 60, truth)
     batched = [e for e in events if len(orjson.loads(e.body)["notificationItems"]) > 1]
-    assert batched and len(truth.adyen) == 60
+    assert batched and len(truth.by_gateway["adyen"]) == 60
     signed = orjson.loads(signed_body("adyen", batched[0].body, KEY))
     assert all(is_valid_hmac_notification(w["NotificationRequestItem"], KEY) for w in signed["notificationItems"])
     assert signed_body("card", b"{}", "whsec_x") == b"{}"  # a header-signed gateway's body goes unchanged

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from app.core.dispatch import plan_batch
-from app.fetcher import synced_event
 from app.gateways import card as card_adapter
+from app.gateways.card import synced_event
 from app.gateways.registry import GATEWAYS
 from tests.unit.test_dispatch import N, numbered, outputs, webhook
 

@@ -23,7 +23,7 @@ N = names("t")
 def correlation(dep: str) -> Incoming:
     body = orjson.dumps({"pg_deposit_id": dep, "merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
                          "our_user_id": f"u_{dep}"})
-    return Incoming(f"pg:{dep}".encode(), body, correlation_headers(f"c_{dep}", 1_700_000_000_000), 0, 0, N.raw)
+    return Incoming(f"pg:{dep}".encode(), body, correlation_headers("pg", f"c_{dep}", 1_700_000_000_000), 0, 0, N.raw)
 
 
 def webhook(gateway: str, resource: str, body: bytes, delivery: str, checked: bool = True) -> Incoming:
@@ -128,7 +128,7 @@ def test_every_other_record_is_decided_as_without_the_poison(plan_spec: list[tup
             resource = f"dep_{i % 3}"
             record = webhook("pg", resource, POISON[poison](resource), f"bad{i}")
             if poison == "correlation not json":
-                record = Incoming(record.key, record.value, correlation_headers(f"bad{i}", 1), 0, 0, N.raw)
+                record = Incoming(record.key, record.value, correlation_headers("pg", f"bad{i}", 1), 0, 0, N.raw)
             batch.append(record)
         else:
             batch.append(GOOD[kind](i))

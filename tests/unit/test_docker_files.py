@@ -17,6 +17,7 @@ import yaml
 
 from app import metrics
 from app.cli import COMMANDS
+from app.gateways import registry
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SCHEMA = Path(__file__).resolve().parent / "compose-spec.json"
@@ -88,8 +89,12 @@ def test_orderly_processes_reach_every_broker_with_replication_three() -> None:
         assert env["ORDERLY_KAFKA"].split(",") == [f"{n}:9092" for n in KAFKA], name
         assert (env["ORDERLY_REPLICATION_FACTOR"], env["ORDERLY_MIN_INSYNC_REPLICAS"]) == ("3", "2"), name
         assert env["ORDERLY_METRICS_HOST"] == "0.0.0.0", name
-        assert {"ORDERLY_POSTGRES_DSN", "ORDERLY_SECRET_PG", "ORDERLY_SECRET_CARD", "ORDERLY_SECRET_PAYMOS",
-                "ORDERLY_API_TOKEN"} <= set(env), name
+        assert {"ORDERLY_POSTGRES_DSN", "ORDERLY_API_TOKEN", "ORDERLY_GATEWAYS"} <= set(env), name
+        # every gateway's secret passed on, optional: ORDERLY_GATEWAYS may leave a gateway (and its secret) out
+        for gateway in registry.GATEWAYS:
+            variable = f"ORDERLY_SECRET_{gateway.upper()}"
+            assert env.get(variable) == f"${{{variable}:-}}", (name, variable)
+        assert env["ORDERLY_GATEWAYS"] == "${ORDERLY_GATEWAYS:-}", name
         assert services[name]["command"][0] in COMMANDS, f"{name} runs `orderly {services[name]['command'][0]}`"
     assert services["worker"]["deploy"]["replicas"] == 3
     assert services["admin"]["environment"]["ORDERLY_ADMIN_TOKEN"].startswith("${ORDERLY_ADMIN_TOKEN:?")

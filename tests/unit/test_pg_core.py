@@ -277,7 +277,7 @@ def as_records(order: list[bytes | dict[str, Any]], dep: str) -> list[Incoming]:
         if isinstance(ev, dict):
             body = orjson.dumps({**ev, "pg_deposit_id": dep, "merchant_reference": f"mr_{dep}",
                                  "our_order_id": f"ord_{dep}", "our_user_id": f"usr_{dep}"})
-            headers = correlation_headers(f"{dep}_c{i}", 1_700_000_000_000 + i)
+            headers = correlation_headers("pg", f"{dep}_c{i}", 1_700_000_000_000 + i)
         else:
             body = ev.replace(b"dep_1", dep.encode())
             headers = [*raw_headers("pg", f"{dep}_d{i}", 1_700_000_000_000 + i), (H_CHECKED, b"1")]

@@ -21,6 +21,7 @@ from app.setting_kinds import (
     Kind,
     Maybe,
     Millis,
+    Names,
     Number,
     Secrets,
     Setting,
@@ -53,6 +54,8 @@ def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
             return st.floats(min_value=0, exclude_min=True, allow_infinity=False).map(repr)
         case Millis():
             return st.integers(min_value=0, max_value=10**9).map(str)
+        case Names(known=known):
+            return st.lists(st.sampled_from(tuple(known())), min_size=1, unique=True).map(", ".join)
         case Choice(choices=choices):
             return st.sampled_from(choices).flatmap(lambda c: st.sampled_from([c, c.upper()]))
         case Flag():
@@ -173,6 +176,29 @@ def test_rotation_lists() -> None:
 def test_empty_secret_is_refused(value: str) -> None:
     with pytest.raises(SettingsError, match=r"ORDERLY_SECRET_PAYMOS.*empty"):
         Settings.from_env({**DEV_DEFAULTS, "ORDERLY_SECRET_PAYMOS": value})
+
+
+def test_only_the_enabled_gateways_secrets_are_asked_for() -> None:
+    env = {k: v for k, v in DEV_DEFAULTS.items() if not k.startswith("ORDERLY_SECRET_")}
+    s = Settings.from_env({**env, "ORDERLY_GATEWAYS": "pg", "ORDERLY_SECRET_PG": "only-pg"})
+    assert s.gateways == ("pg",) and dict(s.secrets) == {"pg": Secret(("only-pg",))}
+    assert s.to_env()["ORDERLY_SECRET_CARD"] == "" and Settings.from_env(s.to_env()) == s
+    with pytest.raises(SettingsError, match="ORDERLY_SECRET_PAYMOS is not set") as refused:
+        Settings.from_env({**env, "ORDERLY_GATEWAYS": "paymos,pg", "ORDERLY_SECRET_PG": "only-pg"})
+    assert "ORDERLY_SECRET_CARD" not in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["pg,visa", "visa", "pg,,card", "pg,pg", "PG"])
+def test_an_unknown_or_repeated_gateway_is_one_line_naming_the_variable(value: str) -> None:
+    env = {k: v for k, v in DEV_DEFAULTS.items() if not k.startswith("ORDERLY_SECRET_")}  # not asked for either
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({**env, "ORDERLY_GATEWAYS": value})
+    assert str(refused.value).startswith(f"ORDERLY_GATEWAYS={value!r}: ") and "\n" not in str(refused.value)
+
+
+def test_the_enabled_gateways_keep_the_registrys_order() -> None:
+    assert dev_settings({"ORDERLY_GATEWAYS": " paymos , pg"}).gateways == ("pg", "paymos")
+    assert dev_settings({}).gateways == GATEWAYS and set(dev_settings({}).secrets) == set(GATEWAYS)
 
 
 def test_missing_secret_is_refused() -> None:

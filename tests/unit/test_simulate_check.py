@@ -220,8 +220,8 @@ def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new
 
 def test_the_simulated_fetch_is_what_the_fetcher_appends() -> None:
     """The histories build synced events from DESIGN §2.2 themselves; the fetcher must agree."""
-    from app.fetcher import synced_event as fetchers
-    from app.simulator.truths import synced_event as simulators
+    from app.gateways.card import synced_event as fetchers
+    from app.simulator.card import synced_event as simulators
 
     for answer in ({"payment_ref": "pay_1", "state": "captured", "authorised_minor": 9000, "captured_minor": 8000,
                     "refunded_minor": 0, "currency": "EUR"},

@@ -12,9 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
+from app.demo import Size, demo_events
 from app.gateways.registry import GATEWAYS
-from app.simulator import api, lifecycles
-from app.simulator.expected import Fetched, card_reduce, expected, occurred_ms
+from app.simulator import api, lifecycles, plugins
+from app.simulator import card as card_simulator
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
+from app.simulator.expected import Fetched, card_reduce, occurred_ms
+from app.simulator.plugins import DemoInput
 from tests.support import serve_in_thread
 
 
@@ -36,21 +41,21 @@ def card_event(n: int, kind: str, ms: int, amount: int) -> dict[str, Any]:
 def generated(seed: int) -> tuple[lifecycles.Truth, list[lifecycles.Emitted]]:
     rng = random.Random(seed)
     truth = lifecycles.Truth()
-    return truth, (lifecycles.pg(rng, 60, 20, truth) + lifecycles.card(rng, 60, truth)
-                   + lifecycles.paymos(rng, 30, truth))
+    return truth, (pg_simulator.lifecycle(rng, 60, 20, truth) + card_simulator.lifecycle(rng, 60, truth)
+                   + paymos_simulator.lifecycle(rng, 30, truth))
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_with_every_event_delivered_the_reducers_alone_reach_the_gateways_truth(seed: int) -> None:
     truth, events = generated(seed)
     shuffled = random.Random(seed).sample(events, len(events))  # arrival order is no input of the reducers
+    tables = {table.name: (name, table) for name in plugins.simulated()
+              for table in plugins.simulator_of(name).demo_tables}
+    assert list(tables) == ["pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"]
     for order in (events, shuffled):
-        want = expected(order, truth.correlations)
-        assert want.pg_deposits == truth.pg_deposits
-        assert want.pg_withdrawals == truth.pg_withdrawals
-        assert want.balances == truth.balances
-        assert want.card == {k: (v["state"], v["captured_minor"], v["refunded_minor"]) for k, v in truth.card.items()}
-        assert want.paymos == truth.paymos
+        for name, table in tables.values():
+            run = DemoInput([e for e in order if e.gateway == name], truth.correlations)
+            assert table.expected(run) == table.truth(truth), table.name
 
 
 def test_the_playbooks_pay_8c21_parks_the_over_refund_until_the_second_capture() -> None:
@@ -78,7 +83,8 @@ def test_events_that_never_came_leave_the_others_parked_where_the_applied_ones_e
     truth, events = generated(3)
     ref = next(k for k, v in truth.card.items() if v["state"] == "refunded")
     lost = frozenset(e.body for e in events if e.resource == ref and b"payment.authorised" in e.body)
-    assert expected(events, truth.correlations, lost).card[ref] == ("created", 0, 0)
+    delivered = [e for e in events if e.gateway == "card" and e.body not in lost]
+    assert card_simulator.expected_payments(DemoInput(delivered, truth.correlations))[ref] == ("created", 0, 0)
 
 
 def test_a_synced_answer_is_the_new_base_and_later_events_apply_on_top() -> None:
@@ -156,13 +162,26 @@ def test_the_demo_holds_back_every_tenth_card_payments_authorisation() -> None:
     assert all(any(e.body == body and e.gateway == "card" for e in events) for body in late)
 
 
-def test_every_registered_gateway_has_lifecycles_keyed_by_its_name() -> None:
-    """`orderly simulate` finds a gateway's lifecycles by its registered name (the registry itself
-    does not import the simulator); pg's ``count`` deposits come with a third as many withdrawals."""
-    # (tests may add a toy one)
-    assert set(lifecycles.LIFECYCLES) == {"pg", "card", "paymos", "stripe", "adyen"} <= set(GATEWAYS)
-    for name, simulate in lifecycles.LIFECYCLES.items():
+def test_every_registered_gateway_has_lifecycles_found_by_its_registry_line() -> None:
+    """`orderly simulate` finds a gateway's lifecycles through its registry line's simulator module
+    (the registry itself does not import the simulator); pg's ``count`` deposits come with a third
+    as many withdrawals."""
+    assert {"pg", "card", "paymos"} <= set(plugins.simulated()) <= set(GATEWAYS)  # (tests may add a toy one)
+    for name in plugins.simulated():
+        simulate = plugins.simulator_of(name).lifecycles
+        assert simulate is not None
         events = simulate(random.Random(7), 9, lifecycles.Truth())
         assert events and {e.gateway for e in events} == {name}
-    direct = lifecycles.pg(random.Random(7), 9, 3, lifecycles.Truth())
-    assert lifecycles.LIFECYCLES["pg"](random.Random(7), 9, lifecycles.Truth()) == direct
+    direct = pg_simulator.lifecycle(random.Random(7), 9, 3, lifecycles.Truth())
+    pg_lifecycles = plugins.simulator_of("pg").lifecycles
+    assert pg_lifecycles is not None and pg_lifecycles(random.Random(7), 9, lifecycles.Truth()) == direct
+
+
+def test_the_demo_takes_each_gateways_lifecycles_from_its_simulator_in_the_registrys_order() -> None:
+    """`orderly demo --scale 0.1`: the same seeded events as the three gateways' lifecycles drawn one
+    after the other (pg's deposits and withdrawals, card's payments, paymos's resources per kind)."""
+    rng, truth = random.Random(7), lifecycles.Truth()
+    direct = (pg_simulator.lifecycle(rng, 20, 6, truth) + card_simulator.lifecycle(rng, 20, truth)
+              + paymos_simulator.lifecycle(rng, 8, truth))
+    assert demo_events(random.Random(7), Size(0.1), lifecycles.Truth()) == direct
+    assert Size(1.0).of(plugins.simulator_of("pg")) == (200, 60)

@@ -17,7 +17,10 @@ from app.core import pg as pg_core
 from app.core.model import QUARANTINED, Decision, Delivery
 from app.gateways import card, paymos, pg, registry
 from app.gateways.base import REASON_MAX, Route, SignatureError, hmac_sha256
+from app.simulator import card as card_simulator
 from app.simulator import lifecycles
+from app.simulator import paymos as paymos_simulator
+from app.simulator import pg as pg_simulator
 from tests import hostile, paymos_events, pg_events
 from tests.hostile import Item
 from topics.records import DECISIONS, Correlation
@@ -86,8 +89,8 @@ def known_valid_bodies() -> list[tuple[str, str, bytes]]:
     truth = lifecycles.Truth()
     for seed in range(3):
         rng = random.Random(seed)
-        emitted = (lifecycles.pg(rng, 30, 10, truth) + lifecycles.card(rng, 30, truth)
-                   + lifecycles.paymos(rng, 15, truth))
+        emitted = (pg_simulator.lifecycle(rng, 30, 10, truth) + card_simulator.lifecycle(rng, 30, truth)
+                   + paymos_simulator.lifecycle(rng, 15, truth))
         out += [(e.gateway, f"{e.gateway}:{e.resource}", e.body) for e in emitted]
     return out
 
