@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import orjson
 
 from app.producer import KeyedProducer
@@ -109,10 +110,23 @@ def test_every_stage_sets_aside_what_it_cannot_handle_and_goes_on(
         assert ("poison-w", "quarantined") in asyncio.run(timeline("dep_qw"))
         assert [outcome for _, outcome in asyncio.run(timeline("dep_qi"))] == ["quarantined"]
 
-        # the sweeper (every 2 s here) never appends a set-aside record again by itself
-        # not a wait: an absence is checked, over a span past ORDERLY_SWEEP_AFTER_S, the worker's
-        # commit interval and a few sweeps
-        time.sleep(8)
+        # the sweeper never appends a set-aside record again by itself. Proven by a positive signal,
+        # not a sleep: the sweeper stores how far it has looked (projector_offsets, consumer
+        # "sweeper") and moves past a record only once it found it handled — decided or set aside
+        raw = asyncio.run(read_topic(s.kafka_bootstrap, names(s.namespace).raw))
+        poison = {r.headers["delivery_id"]: r for r in raw if r.headers.get("delivery_id") in ("poison-w", "poison-p")}
+        assert set(poison) == {"poison-w", "poison-p"}
+
+        async def swept_past(conn: asyncpg.Connection) -> bool:
+            for record in poison.values():
+                stored = await conn.fetchval(
+                    "SELECT next_offset FROM projector_offsets WHERE consumer = 'sweeper' AND topic = $1 "
+                    "AND partition = $2", record.topic, record.partition)
+                if stored is None or stored <= record.offset:
+                    return False
+            return True
+
+        asyncio.run(pipe.wait_for(swept_past))  # the sweeper's position past both set-aside records
         raw = asyncio.run(read_topic(s.kafka_bootstrap, names(s.namespace).raw))
         copies = [r.headers.get("delivery_id") for r in raw]
         assert copies.count("poison-w") == 1 and copies.count("poison-p") == 1
