@@ -42,7 +42,8 @@ DECISION_FIELDS = {
     "delivery_id": "the delivery this decision is about (a parked then unparked delivery has two decisions)",
     "outcome": "one of " + ", ".join(OUTCOMES),
     "received_at_ms": "when the ingest received the delivery, unix milliseconds",
-    "seq": "the resource's decision ordinal: 1, 2, 3 ... in log order; (gateway, resource_id, seq) is unique",
+    "seq": "the resource's decision ordinal, 1, 2, 3 ... in log order (a set-aside record's decision takes the "
+           "next one without keeping it); (gateway, resource_id, delivery_id, seq) identifies a decision",
     "sequence": "the gateway's own sequence number of the event, where it has one (pg, card)",
     "row": "the read-model row after an applied transition",
     "table": "the read-model table of row",
