@@ -27,6 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from app.core import adyen as adyen_core
 from app.core import card as card_core
@@ -200,6 +201,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"orderly export: {exc}", file=sys.stderr)
         return 2
+    except KafkaError as exc:  # one line, as every command's connection failure (issue #48)
+        print(f"orderly export: Kafka at {settings.kafka_bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     rate = done.rows / done.seconds if done.seconds else 0.0
     print(f"{done.topic}: {done.rows} records to {args.to} in {done.seconds:.2f} s ({rate:,.0f} rows/s)")
     return 0

@@ -116,6 +116,7 @@ async def test_the_duckdb_example_counts_what_was_sent(pipe: Running, gateway: C
     result = db.execute(SQL.read_text())
     header = [d[0] for d in result.description]
     rows = [dict(zip(header, row, strict=True)) for row in result.fetchall()]
+    print(header, *rows, sep="\n")  # the table docs/analytics.md shows
     got = {g: Counter[str]() for g in expected}
     for row in rows:
         got[row["gateway"]].update({k: row[k] for k in ("deliveries", "out_of_order", "parked", "still_parked",

@@ -46,7 +46,8 @@ def test_every_schema_is_a_valid_2020_12_schema_with_its_topic_and_kind() -> Non
 
 def test_every_gateway_has_a_state_schema() -> None:
     built_in = {name for name in GATEWAYS if name != "toy"}  # tests/toy_gateway.py registers a toy one
-    assert built_in == set(STATE_SNAPSHOTS)
+    assert built_in == set(STATE_SNAPSHOTS), \
+        "a gateway's snapshot type belongs in app/export.py's STATE_SNAPSHOTS (then regenerate docs/schemas)"
     assert {f"orderly.state/{g}.schema.json" for g in built_in} <= set(CURRENT)
 
 
