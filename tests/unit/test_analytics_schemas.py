@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # no stubs
 
 from app.core.dispatch import plan_batch
@@ -18,8 +22,9 @@ from app.export import STATE_SNAPSHOTS, arrow_type, layout, published
 from app.gateways.registry import GATEWAYS
 from app.simulator import check, truths
 from topics.catalog import names
-from topics.schemas import Schema, dumps, read
-from topics.schemas_compat import incompatibilities, latest_release
+from topics.records import Decision, Effect
+from topics.schemas import Schema, dumps, read, shape
+from topics.schemas_compat import incompatibilities, json_types, latest_release
 from topics.schemas_facts import FACT_DATA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,3 +163,71 @@ def test_the_parquet_columns_follow_the_schema() -> None:
     assert "parked" in state.fields and str(state.schema.field("parked").type) == "int64"
     with pytest.raises(ValueError, match="not a projection topic"):
         layout(names().raw, CURRENT)
+
+
+KINDS = sorted(p for p in CURRENT if p != "index.json")
+TYPES = st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "object"},
+                         {"anyOf": [{"type": "string"}, {"type": "null"}]}, {"type": "array", "items": {}}])
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.sampled_from(KINDS), name=st.from_regex(r"[a-z_]{1,12}", fullmatch=True), field=TYPES)
+def test_any_optional_field_added_is_compatible(path: str, name: str, field: Schema) -> None:
+    changed = copy.deepcopy(CURRENT[path])
+    assume(name not in changed["properties"])
+    changed["properties"][name] = field
+    assert incompatibilities({path: CURRENT[path]}, {path: changed}) == []
+    changed["required"] = [*changed.get("required", []), name]  # the same field, required: a break
+    assert incompatibilities({path: CURRENT[path]}, {path: changed}) == [
+        f"{path.removesuffix('.schema.json')}.{name}: added as required (a new field must be optional)"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), path=st.sampled_from(KINDS), field=TYPES)
+def test_any_field_retyped_is_found(data: st.DataObject, path: str, field: Schema) -> None:
+    name = data.draw(st.sampled_from(sorted(CURRENT[path]["properties"])))
+    old = CURRENT[path]["properties"][name]
+    assume(json_types(old) != json_types(field))
+    changed = copy.deepcopy(CURRENT[path])
+    changed["properties"][name] = field
+    found = incompatibilities({path: CURRENT[path]}, {path: changed})
+    assert found and found[0].startswith(f"{path.removesuffix('.schema.json')}.{name}: retyped"), found
+
+
+# The records as msgspec Structs with the same JSON (as the worker's hot path may want them).
+class StructEffect(msgspec.Struct, gc=False):
+    dedupe_key: str
+    type: str
+    gateway: str
+    resource_id: str
+    payload: dict[str, Any]
+    caused_by: str
+
+class StructFact(msgspec.Struct):
+    kind: str
+    key: str
+    data: dict[str, Any]
+
+class StructDecision(msgspec.Struct, gc=False):
+    delivery_id: str
+    gateway: str
+    resource_id: str
+    outcome: str
+    received_at_ms: int
+    seq: int
+    event_id: str | None = None
+    event_type: str | None = None
+    sequence: int | None = None
+    row: Mapping[str, Any] | None = None
+    table: str | None = None
+    effects: list[StructEffect] = msgspec.field(default_factory=list)
+    facts: list[StructFact] = msgspec.field(default_factory=list)
+    payload: Any = None
+    error: str | None = None
+
+
+def test_the_schemas_follow_the_json_shape_not_the_python_class() -> None:
+    """Records as Structs with the same JSON give the same schemas: a refactor of the classes
+    cannot move the published contract."""
+    assert shape(StructDecision) == shape(Decision)
+    assert shape(StructEffect) == shape(Effect)
