@@ -34,7 +34,7 @@ CURRENT = published()
 
 def test_the_committed_schemas_are_the_generated_ones() -> None:
     committed = {p.relative_to(DOCS).as_posix() for p in DOCS.glob("*.json")} | set(read(DOCS))
-    assert committed == set(CURRENT), "run: python -m app.export --write-schemas docs/schemas"
+    assert committed == set(CURRENT), "run: make docs (python -m app.export --write-schemas docs/schemas)"
     for path, schema in CURRENT.items():
         assert (DOCS / path).read_text() == dumps(schema), \
             f"{path} differs: python -m app.export --write-schemas docs/schemas"
