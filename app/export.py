@@ -92,7 +92,8 @@ def layout(topic: str, schemas: Mapping[str, Schema]) -> Layout:
         raise ValueError(f"{topic} is not a projection topic (one of: {', '.join(PROJECTIONS)})")
     typed = {name: arrow_type(field) for name, field in found.items()}
     clash = set(typed) & {name for name, _ in KAFKA_COLUMNS}
-    assert not clash, f"fields named like the Kafka columns: {clash}"
+    if clash:  # a schema change would hide a column: refused here, and by the unit tests first
+        raise ValueError(f"{topic} has fields named like the export's own columns: {sorted(clash)}")
     arrow = pa.schema([*KAFKA_COLUMNS, *((name, t or pa.string()) for name, t in typed.items())], metadata={
         "orderly.topic": topic,
         "orderly.schemas": dumps({p: s for p, s in schemas.items() if s.get("x-orderly-topic") == topic})})

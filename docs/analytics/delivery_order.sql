@@ -3,7 +3,7 @@
 --
 -- Input: a view `decisions` over `orderly export --topic decisions` (docs/analytics.md), e.g.
 --   CREATE VIEW decisions AS SELECT * FROM read_parquet('decisions.parquet');
--- Run: duckdb -c ".read docs/analytics/delivery_order.sql" (after the CREATE VIEW), or from Python.
+-- Run: duckdb -cmd "CREATE VIEW decisions AS ..." < docs/analytics/delivery_order.sql, or from Python.
 --
 -- Definitions (all from the decision fields; a day is the UTC date of the delivery's received_at_ms):
 --   delivery       one delivery_id of a gateway (webhooks and fetched answers; the merchant's pg
