@@ -75,9 +75,11 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # docs/configuration.md's table, between its settings markers, from app/settings.py's table
-# (tests/unit/test_settings.py fails when the two differ).
+# (tests/unit/test_settings.py fails when the two differ); the projection topics' JSON Schemas
+# from their typed records (tests/unit/test_analytics_schemas.py fails when they differ).
 docs: $(STAMP)
 	$(PY) -m app.settings_doc --readme docs/configuration.md
+	$(PY) -m app.export --write-schemas docs/schemas
 
 bench: setup
 	$(PY) -m bench

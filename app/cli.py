@@ -226,6 +226,12 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     return commands.main(commands.quarantined, _operator_settings(), args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from app.export import run
+
+    return run(_operator_settings(), args)
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import migrate_correlations, prepare
 
@@ -272,6 +278,9 @@ COMMANDS = {
     "gaps": (cmd_gaps, "open pg sequence gaps with their age and backfill status"),
     "quarantine": (cmd_quarantine, "records set aside by any stage: list, show one, or redrive one (append "
                                    "its body again where it was set aside from)"),
+    "export": (cmd_export, "a projection topic (state, decisions, facts, effects) from its beginning to its end "
+                           "now, read_committed, as a Parquet file with the topic's published schema "
+                           "(docs/analytics.md)"),
     "migrate": (cmd_migrate, "create the topics, apply the SQL migrations, move a pre-0.2 correlations topic "
                              "into orderly.raw, then exit"),
 }
@@ -330,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.admin.commands import add_quarantine
 
             add_quarantine(command)
+        if name == "export":
+            from app.export import add_arguments as add_export
+
+            add_export(command)
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
     args = parser.parse_args(argv)

@@ -282,4 +282,4 @@ def snapshot(state: State) -> bytes:
                             len(state.events) - len(state.applied)))
 
 
-REDUCER: Reducer[State, Notification] = Reducer(read, apply_event, load, dump, snapshot)
+REDUCER: Reducer[State, Notification] = Reducer(read, apply_event, load, dump, snapshot, snapshot_type=Snapshot)

@@ -245,4 +245,4 @@ def snapshot(state: State) -> bytes:
     return _encode(Snapshot(state.applied, len(state.events), state.emitted, len(state.events) - len(state.applied)))
 
 
-REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, snapshot_type=Snapshot)

@@ -247,4 +247,4 @@ def snapshot(state: State) -> bytes:
     return _encode(Snapshot(state.kind, state.snapshot, len(state.parked), state.emitted, state.noted))
 
 
-REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, snapshot_type=Snapshot)

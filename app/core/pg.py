@@ -367,4 +367,4 @@ def correlate(state: State | None, raw: bytes, d: Delivery) -> tuple[State, list
     return apply_correlation(state, read_correlation(raw), d)
 
 
-REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, correlate)
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, correlate, snapshot_type=Snapshot)

@@ -27,6 +27,7 @@ class Reducer(Generic[St, Ev]):
     ``dump`` are the state's codec (what orderly.state's changelog holds); ``snapshot`` is what
     orderly.state publishes of it. ``correlate`` decides a merchant's correlation record of the
     resource (``record: correlation`` in orderly.raw: pg's deposit mappings), for a gateway that takes them.
+    ``snapshot_type``: the type ``snapshot`` encodes, for the topic's published schema.
     """
 
     read: Callable[[bytes, bool], Ev | Route]
@@ -35,6 +36,8 @@ class Reducer(Generic[St, Ev]):
     dump: Callable[[St], bytes]
     snapshot: Callable[[St], bytes]
     correlate: Callable[[St | None, bytes, Delivery], tuple[St, list[Decision]]] | None = None
+    # the type ``snapshot`` encodes: orderly.state's published JSON Schema (docs/schemas, app/export.py)
+    snapshot_type: type | None = None
 
 
 def state_codec(state: type[St]) -> tuple[Callable[[bytes], St], Callable[[St], bytes]]:

@@ -322,4 +322,4 @@ def snapshot(state: State) -> bytes:
                            len(state.waiting)))
 
 
-REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot)
+REDUCER: Reducer[State, Webhook] = Reducer(read, apply_event, load, dump, snapshot, snapshot_type=Summary)
