@@ -146,6 +146,7 @@ class Fetcher:
         for key in set(self._unchanged) - waiting - parked:
             del self._unchanged[key]  # no longer parked: forgotten
         self.metrics.backing_off.set(len(waiting))
+        self.metrics.passes.inc()  # a pass done: what a test of "not asked again" waits for
         return appended
 
     def _answered(self, key: str, answer: str) -> None:

@@ -235,6 +235,8 @@ class FetcherMetrics(_Metrics):
         self.fetches = Counter("orderly_fetcher_fetches", "Gateway API fetches by outcome "
                                "(synced, not_found, error, unusable)", ["gateway", "outcome"], registry=self.registry)
         self.set_aside = self.set_aside_counter()
+        self.passes = Counter("orderly_fetcher_passes", "Passes over the parked resources of the gateways "
+                              "that fetch (every ORDERLY_FETCH_INTERVAL_S)", registry=self.registry)
         self.backing_off = Gauge("orderly_fetcher_card_backing_off", "Parked card payments not asked again yet: "
                                  "the gateway's last answers were the same (the wait doubles, up to an hour)",
                                  registry=self.registry)

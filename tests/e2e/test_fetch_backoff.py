@@ -10,10 +10,12 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
+from app.stack.process import free_port
 from tests.card_api import CardApi, answer, serve_card_api
 from tests.e2e.test_rules_card import card_event, until
 from tests.pipeline import Running, running_pipeline
@@ -21,6 +23,7 @@ from tests.support import make_settings
 
 PARKED_AFTER_S = 1.0
 INTERVAL_S = 0.25
+FETCHER_METRICS = free_port()
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,17 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"fb{uuid.uuid4().hex[:8]}", api_urls={"card": api.url},
                       fetch_parked_after_s=PARKED_AFTER_S, fetch_interval_s=INTERVAL_S)
-    with running_pipeline(s, tmp_path_factory.mktemp("fetch-backoff")) as running:
+    with running_pipeline(s, tmp_path_factory.mktemp("fetch-backoff"), metrics_ports={"fetcher": FETCHER_METRICS}) \
+            as running:
         yield running
+
+
+async def passes() -> int:
+    """The fetcher's passes over parked resources so far (orderly_fetcher_passes_total)."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{FETCHER_METRICS}/metrics") as resp:
+        text = await resp.text()
+    return int(float(next(line.split()[-1] for line in text.splitlines()
+                          if line.startswith("orderly_fetcher_passes_total "))))
 
 
 @pytest.mark.timeout(120)
@@ -62,8 +74,13 @@ async def test_a_payment_answered_404_again_is_asked_after_doubling_waits(pipe: 
         "SELECT state, captured_minor FROM card_payments WHERE payment_ref = $1 AND captured_minor = 3000", fresh))
     assert (row["state"], row["captured_minor"]) == ("captured", 3000)
     # and it is not asked again: the synced base covered its parked capture
-    calls = api.calls[fresh]
-    await asyncio.sleep(3 * INTERVAL_S + PARKED_AFTER_S)  # passes that would ask again, if it were still parked
+    calls, then = api.calls[fresh], await passes()
+    # three passes of the fetcher since (a positive signal, not a sleep): each would ask again if the
+    # payment were still parked
+    deadline = time.monotonic() + 30
+    while await passes() < then + 3:
+        assert time.monotonic() < deadline, "the fetcher made no three passes in 30 s"
+        await asyncio.sleep(0.05)
     assert api.calls[fresh] == calls
 
 
