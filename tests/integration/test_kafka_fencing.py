@@ -140,7 +140,10 @@ async def test_committed_offsets_wait_for_an_open_transaction_that_holds_them(
         with fencing.pinned(group_id, fencing.group_membership(consumer)):
             await producer.send_offsets_to_transaction({TopicPartition(source, 1): 7}, group_id)
         fetch = asyncio.ensure_future(consumer.committed(TopicPartition(source, 1)))
-        await asyncio.sleep(1.0)
+        # a positive signal rather than a sleep: the broker answers later questions about the
+        # group's offsets (a partition no transaction holds, asked again and again) meanwhile
+        for _ in range(5):
+            assert await asyncio.wait_for(consumer.committed(TopicPartition(source, 0)), 10) is None
         assert not fetch.done(), "the committed offset was read while a transaction held its update"
         await producer.commit_transaction()
         assert await asyncio.wait_for(fetch, 10) == 7
@@ -225,7 +228,13 @@ async def test_recovery_reads_a_changelog_only_once_no_transaction_holds_records
         await previous_owner.send_and_wait(changelog.topic, b"still open", partition=0)
         tp = TP(changelog.topic, 0)
         recovery = asyncio.ensure_future(last_committed_offsets(kafka.bootstrap, [tp], stable_first=True))
-        await asyncio.sleep(2.0)
+        # a positive signal rather than a sleep: a recovery of a partition no transaction holds is
+        # answered, twice, while this one still waits
+        free = TopicPartition(f"{namespace}.free", 0)
+        await create_topics(kafka, NewTopic(free.topic, 1, 1))
+        for _ in range(2):
+            assert (await asyncio.wait_for(last_committed_offsets(kafka.bootstrap, [TP(free.topic, 0)],
+                                                                  stable_first=True), 20)) == {TP(free.topic, 0): -1}
         assert not recovery.done(), "recovery read the changelog while a transaction held records of it"
         await previous_owner.commit_transaction()
         assert (await asyncio.wait_for(recovery, 20))[tp] == 2  # the second record (after the first commit marker)
