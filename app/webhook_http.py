@@ -42,7 +42,8 @@ MAX_LINE = 8190  # bytes of a header line (aiohttp's max_field_size)
 MAX_NAME = 256  # bytes of a header name (llhttp counts two names together against MAX_LINE)
 PREFIX = b"POST /webhooks/"
 SUFFIX = b" HTTP/1.1"
-REASONS = {200: b"OK", 401: b"Unauthorized", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+REASONS = {200: b"OK", 401: b"Unauthorized", 415: b"Unsupported Media Type", 500: b"Internal Server Error",
+           503: b"Service Unavailable"}
 # Headers that change how the request is framed or answered: their requests go to aiohttp.
 # Control characters (but tab) and DEL, which llhttp refuses in a header value.
 CONTROL = bytes((*range(0x09), *range(0x0A, 0x20), 0x7F))

@@ -13,9 +13,11 @@ import base64
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
 from app.gateways import adyen, registry
 from app.gateways.base import SignatureError
+from app.ingest.body import encoded
 from tests.unit.test_gateway_contract import EXAMPLES, NOW, SECRETS, adyen_item
 
 BASIC = "orderly:basic-secret"
@@ -75,3 +77,12 @@ def test_a_byte_that_is_not_utf8_in_a_signed_header_is_refused_by_name(name: str
     for header in headers:
         with pytest.raises(SignatureError, match="not ASCII"):
             check(name, raw, {**headers, header: headers[header] + "\udcff"})
+
+
+@pytest.mark.parametrize(("values", "refused"), [
+    ([], False), ([""], False), (["identity"], False), (["Identity "], False), (["gzip"], True), (["GZip"], True),
+    (["identity, gzip"], True), (["identity", "br"], True), (["x-\udcff"], True), (["deflate"], True)])
+def test_a_body_with_a_content_coding_other_than_identity_is_refused(values: list[str], refused: bool) -> None:
+    headers: CIMultiDict[str] = CIMultiDict(("Content-Encoding", v) for v in values)
+    assert encoded(headers) is refused
+    assert encoded(dict(headers)) is (refused and dict(headers)["Content-Encoding"] != "identity")  # a plain Mapping
