@@ -27,7 +27,7 @@ from msgspec import Meta
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
-from app.gateways.limits import ID_MAX, IdText, IsoText, Minor, Text, body_error
+from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text, body_error
 from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "adyen"
@@ -40,7 +40,7 @@ ACCEPTED = b"[accepted]"  # the success answer Adyen's older configurations look
 BASIC_AUTH_SETTING = "adyen_basic_auth"  # the Settings attribute holding `user:password`, when set
 SIGNED = ("pspReference", "originalReference", "merchantAccountCode", "merchantReference")
 
-Reference = Annotated[str, Meta(max_length=ID_MAX)]  # may be empty: Adyen signs a missing field as ""
+Reference = Annotated[str, Meta(max_length=ID_MAX, pattern=NOT_DOTS)]  # may be empty: Adyen signs a missing field as ""
 
 
 def secret_key(secret: str) -> bytes:
