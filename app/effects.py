@@ -18,10 +18,10 @@ import logging
 import random
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-import yarl
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka_client import client_options
@@ -96,10 +96,10 @@ def check_url(settings: Settings) -> None:
     """https, or http to a loopback address (or with ORDERLY_EFFECTS_ALLOW_HTTP): each request carries
     a signed body about money and the Idempotency-Key a replayed copy would be taken under."""
     assert settings.effects_url is not None
-    url = yarl.URL(settings.effects_url)
-    if not url.host or url.scheme not in ("https", "http"):
+    url = urlsplit(settings.effects_url)
+    if not url.hostname or url.scheme not in ("https", "http"):
         raise SettingsError(f"ORDERLY_EFFECTS_URL: not an http(s) URL with a host: {settings.effects_url!r}")
-    if url.scheme == "http" and not (is_loopback(url.host) or settings.effects_allow_http):
+    if url.scheme == "http" and not (is_loopback(url.hostname) or settings.effects_allow_http):
         raise SettingsError("ORDERLY_EFFECTS_URL is http:// to a host that is not a loopback address: effects "
                             "are delivered over https (or set ORDERLY_EFFECTS_ALLOW_HTTP=true for a network "
                             "you trust, e.g. a sidecar)")
