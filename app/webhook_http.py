@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
 from typing import cast
@@ -30,9 +31,21 @@ from typing import cast
 from aiohttp import web
 from multidict import CIMultiDict
 
+from app.logs import SampledLog
 from app.seams.aiohttp import ProtocolSite, hand_over
 
 log = logging.getLogger("orderly.ingest")
+# A request that makes the receiver raise is a bug, but one any client may repeat at will: its
+# traceback is written at most 5 times a minute per gateway and exception type, not once per request.
+UNEXPECTED = SampledLog(log, first=5, window_s=60.0)
+
+
+def log_unexpected(gateway: str, exc: BaseException) -> None:
+    """The traceback of an error answering a ``gateway`` webhook, sampled (UNEXPECTED); escaped, since
+    its text may hold a header's bytes that are not UTF-8 (lone surrogates no log encoder takes)."""
+    text = "".join(traceback.format_exception(exc)).encode("utf-8", "backslashreplace").decode("utf-8")
+    UNEXPECTED.log(logging.ERROR, (gateway, type(exc).__name__), "unhandled error answering a %s webhook: %s",
+                   gateway, text)
 
 Receive = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
@@ -319,8 +332,8 @@ class WebhookConnection(asyncio.Protocol):
         close = head.close
         try:
             status, body = await self.path.receive(head.gateway, raw, head.headers)
-        except Exception:
-            log.exception("unhandled error answering a %s webhook", head.gateway)
+        except Exception as exc:
+            log_unexpected(head.gateway, exc)
             status, body, close = 500, b'{"error":"internal error"}', True
         close = close or self.path.closing  # a shutdown that began while deciding: this is the last answer
         self.task = None

@@ -20,6 +20,7 @@ from app.ingest.deliveries import next_delivery_id
 from app.logs import SampledLog, bound
 from app.metrics import IngestMetrics
 from app.settings import Settings
+from app.webhook_http import log_unexpected
 from topics.catalog import TopicNames
 from topics.records import H_CHECKED, quarantine_headers, raw_headers
 
@@ -151,5 +152,9 @@ class Receiver:
         except BodyRefused as refused:
             self.metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
             return await refuse_body(request, refused)
-        status, body = await self.webhook(gateway, raw, request.headers)
+        try:
+            status, body = await self.webhook(gateway, raw, request.headers)
+        except Exception as exc:  # as the fast path does: a sampled traceback, not aiohttp's one per request
+            log_unexpected(gateway, exc)
+            return json_response(500, error="internal error")
         return web.Response(status=status, body=body, content_type="application/json")
