@@ -9,10 +9,14 @@ STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hash
 
 .PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools dev demo test test-unit lint typecheck docs bench clean
 
-$(STAMP): pyproject.toml
+# Every package (the build backend included) from requirements.lock, each checked against its hashes;
+# then Orderly itself, whose dependencies the lock already holds. Regenerate the lock after changing
+# pyproject.toml's dependencies: see requirements-build.in.
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --require-hashes -r requirements.lock
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP) kafka-jars

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import random
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -40,6 +42,9 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 300.0
 PENDING_EVERY_S = 5.0  # how often the backlog gauges are read from PostgreSQL
 STOP_GRACE_S = 5.0  # deliveries in flight at stop get this long to finish and be marked
+# Of a refusing merchant's answer, this much is read and kept in last_error (the rest is never read:
+# an endless answer costs one bounded read, within the request's 10 s).
+ANSWER_BYTES = 300
 
 EFFECTS = unnest_insert("effects", "dedupe_key text, type text, gateway text, resource_id text, payload text::jsonb, "
                         "caused_by text", "ON CONFLICT (dedupe_key) DO NOTHING")
@@ -76,14 +81,40 @@ def backoff_s(attempts: int, draw: float) -> float:
     return half + half * min(max(draw, 0.0), 1.0)
 
 
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(settings: Settings) -> None:
+    """https, or http to a loopback address (or with ORDERLY_EFFECTS_ALLOW_HTTP): each request carries
+    a signed body about money and the Idempotency-Key a replayed copy would be taken under."""
+    assert settings.effects_url is not None
+    url = urlsplit(settings.effects_url)
+    if not url.hostname or url.scheme not in ("https", "http"):
+        raise SettingsError(f"ORDERLY_EFFECTS_URL: not an http(s) URL with a host: {settings.effects_url!r}")
+    if url.scheme == "http" and not (is_loopback(url.hostname) or settings.effects_allow_http):
+        raise SettingsError("ORDERLY_EFFECTS_URL is http:// to a host that is not a loopback address: effects "
+                            "are delivered over https (or set ORDERLY_EFFECTS_ALLOW_HTTP=true for a network "
+                            "you trust, e.g. a sidecar)")
+
+
 def delivery_key(settings: Settings) -> bytes | None:
-    """The signing key when effects are delivered; never an unsigned delivery (DESIGN.md §3.2)."""
+    """The signing key when effects are delivered; never an unsigned delivery (DESIGN.md §3.2), nor
+    one in the clear across a network (:func:`check_url`)."""
     if settings.effects_url is None:
         return None
     if not settings.effects_secret:
         raise SettingsError("ORDERLY_EFFECTS_URL is set but ORDERLY_EFFECTS_SECRET is not: effects are only "
                             "delivered signed; set ORDERLY_EFFECTS_SECRET=whsec_<base64 key> (the secret the "
                             "merchant verifies with), or unset ORDERLY_EFFECTS_URL to record without delivering")
+    check_url(settings)
     try:
         return signing_key(settings.effects_secret.reveal())
     except ValueError as exc:
@@ -94,6 +125,18 @@ def request_body(row: Any) -> bytes:
     return orjson.dumps({"dedupe_key": row["dedupe_key"], "type": row["type"], "gateway": row["gateway"],
                          "resource_id": row["resource_id"], "payload": orjson.loads(row["payload"]),
                          "caused_by": row["caused_by"]})
+
+
+async def refusal(resp: aiohttp.ClientResponse) -> str:
+    """A failed attempt's reason: the status, where a redirect pointed, and the answer's first bytes."""
+    if 300 <= resp.status < 400:
+        return f"HTTP {resp.status}: a redirect (to {resp.headers.get('Location', '?')[:200]!r}), not followed"
+    try:
+        head = await resp.content.read(ANSWER_BYTES)
+    except (aiohttp.ClientError, TimeoutError):
+        head = b""
+    text = head.decode("utf-8", "replace").strip()
+    return f"HTTP {resp.status}: {text}" if text else f"HTTP {resp.status}"
 
 
 async def record(conn: Conn, messages: list[ConsumerRecord]) -> None:
@@ -189,8 +232,10 @@ class EffectsWorker:
                     # against its clock (Standard Webhooks allow five minutes)
                     headers = {"Idempotency-Key": row["dedupe_key"], "Content-Type": "application/json",
                                **signed_headers(self.key, row["dedupe_key"], int(time.time()), body)}
-                    async with self.http.post(url, data=body, headers=headers) as resp:
-                        return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
+                    # no redirect followed: it would re-send the signed body and its Idempotency-Key
+                    # wherever the answer points, and a 2xx there would mark the effect delivered
+                    async with self.http.post(url, data=body, headers=headers, allow_redirects=False) as resp:
+                        return None if 200 <= resp.status < 300 else await refusal(resp)
                 finally:
                     self.metrics.in_flight.dec()
                     self.metrics.request_seconds.observe(time.monotonic() - started)

@@ -102,12 +102,12 @@ class Settings:
             Maybe(Hidden(Text(r"whsec_[A-Za-z0-9+/]{16,}={0,2}", "`whsec_` and a base64 key of 12+ bytes"))), None,
             "Standard Webhooks signing secret of delivered effects (required with `ORDERLY_EFFECTS_URL`)",
             dev="whsec_ZGV2LWVmZmVjdHMtc2lnbmluZy1zZWNyZXQ=")
+    effects_allow_http = Setting("ORDERLY_EFFECTS_ALLOW_HTTP", Flag(), False, "deliver effects over `http://` to a "
+            "host that is not loopback (off: `https://`, or `http://` to 127.0.0.1, ::1 or localhost only)")
     effects_concurrency = Setting("ORDERLY_EFFECTS_CONCURRENCY", Integer(minimum=1), 32,
             "effect deliveries in flight at most")
-    partitions = Setting("ORDERLY_PARTITIONS", Integer(minimum=1), 12,
-            "partitions of every co-partitioned topic")
-    replication_factor = Setting("ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1,
-            "topic replication factor")
+    partitions = Setting("ORDERLY_PARTITIONS", Integer(minimum=1), 12, "partitions of every co-partitioned topic")
+    replication_factor = Setting("ORDERLY_REPLICATION_FACTOR", Integer(minimum=1), 1, "topic replication factor")
     min_insync_replicas = Setting("ORDERLY_MIN_INSYNC_REPLICAS", Maybe(Integer(minimum=1)), None,
             "replicas that must hold a write before Kafka acknowledges it, for every Orderly topic and the "
             "worker's changelog (unset: `2` with 3+ replicas, else `1`)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
 from typing import cast
@@ -30,9 +31,21 @@ from typing import cast
 from aiohttp import web
 from multidict import CIMultiDict
 
+from app.logs import SampledLog
 from app.seams.aiohttp import ProtocolSite, hand_over
 
 log = logging.getLogger("orderly.ingest")
+# A request that makes the receiver raise is a bug, but one any client may repeat at will: its
+# traceback is written at most 5 times a minute per gateway and exception type, not once per request.
+UNEXPECTED = SampledLog(log, first=5, window_s=60.0)
+
+
+def log_unexpected(gateway: str, exc: BaseException) -> None:
+    """The traceback of an error answering a ``gateway`` webhook, sampled (UNEXPECTED); escaped, since
+    its text may hold a header's bytes that are not UTF-8 (lone surrogates no log encoder takes)."""
+    text = "".join(traceback.format_exception(exc)).encode("utf-8", "backslashreplace").decode("utf-8")
+    UNEXPECTED.log(logging.ERROR, (gateway, type(exc).__name__), "unhandled error answering a %s webhook: %s",
+                   gateway, text)
 
 Receive = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
@@ -42,7 +55,8 @@ MAX_LINE = 8190  # bytes of a header line (aiohttp's max_field_size)
 MAX_NAME = 256  # bytes of a header name (llhttp counts two names together against MAX_LINE)
 PREFIX = b"POST /webhooks/"
 SUFFIX = b" HTTP/1.1"
-REASONS = {200: b"OK", 401: b"Unauthorized", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+REASONS = {200: b"OK", 401: b"Unauthorized", 415: b"Unsupported Media Type", 500: b"Internal Server Error",
+           503: b"Service Unavailable"}
 # Headers that change how the request is framed or answered: their requests go to aiohttp.
 # Control characters (but tab) and DEL, which llhttp refuses in a header value.
 CONTROL = bytes((*range(0x09), *range(0x0A, 0x20), 0x7F))
@@ -318,8 +332,8 @@ class WebhookConnection(asyncio.Protocol):
         close = head.close
         try:
             status, body = await self.path.receive(head.gateway, raw, head.headers)
-        except Exception:
-            log.exception("unhandled error answering a %s webhook", head.gateway)
+        except Exception as exc:
+            log_unexpected(head.gateway, exc)
             status, body, close = 500, b'{"error":"internal error"}', True
         close = close or self.path.closing  # a shutdown that began while deciding: this is the last answer
         self.task = None

@@ -12,6 +12,7 @@ per generated body. ``signed_headers`` signs an item as its gateway would.
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -520,3 +521,102 @@ def every_mutation() -> list[Item]:
     """Each mutation of each full body: a deterministic sweep of every path and hostile value."""
     serial = itertools.count(1)
     return [apply(gw, body, m, next(serial)) for gw, body in full_bodies() for m in mutations(gw, body)]
+
+
+# --- raw header bytes (issue #45, item 5) ------------------------------------------------------------
+# What no HTTP client library sends: bytes that are not UTF-8, NUL, header lines past aiohttp's 8 KiB,
+# repeated and too many headers, in a signed request of every gateway, framed with a Content-Length (the
+# ingest's fast path, app/webhook_http.py) and chunked (aiohttp's parser). Every answer is under 500;
+# one whose gateway's proof was broken is a 4xx.
+
+HEADER_GATEWAYS = ("pg", "card", "paymos", "stripe", "adyen")
+ADYEN_BASIC = "orderly:hostile-basic"  # the ORDERLY_ADYEN_BASIC_AUTH the hostile stack runs with
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    gateway: str
+    data: bytes  # the whole request, as written to the socket
+    what: str  # for failure messages
+    refused: bool  # a proof (signature, Basic auth) or the head itself is broken: a 4xx, never a 2xx
+
+
+def header_bodies(serial: int) -> dict[str, bytes]:
+    """A valid, unsigned body of every gateway, about resources of their own (``serial`` keeps ids apart)."""
+    t = "2026-11-29T10:02:15.123Z"
+    pi = f"pi_hdr{serial}"
+    return {
+        "pg": encode({"id": f"evt_hdr{serial}", "object": "event", "type": "deposit.pending", "sequence": 1,
+                      "created": t, "data": {"object": {"id": f"dep_hdr{serial}", "object": "deposit", "version": 1,
+                                                        "status": "pending"}}}),
+        "card": encode({"id": f"evt_hdr{serial}", "type": "payment.authorised", "payment_ref": f"pay_hdr{serial}",
+                        "sequence": 1, "occurred_at": t, "amount_minor": 8000, "currency": "EUR"}),
+        "paymos": encode({"event_id": f"evt_hdr{serial}", "event_type": "invoice.confirming",
+                          "created_at": 1_796_000_000_000, "data": {"id": f"inv_hdr{serial}", "object": "invoice",
+                                                                    "status": "confirming",
+                                                                    "updated_at": 1_796_000_000_000}}),
+        "stripe": encode({"id": f"evt_hdr{serial}", "object": "event", "type": "payment_intent.succeeded",
+                          "created": 1_796_000_000, "data": {"object": {
+                              "id": pi, "object": "payment_intent", "status": "succeeded", "amount": 2000,
+                              "amount_received": 2000, "currency": "eur"}}}),
+        "adyen": encode({"live": "false", "notificationItems": [{"NotificationRequestItem": {
+            "pspReference": f"PSPHDR{serial}", "eventCode": "AUTHORISATION", "success": "true", "eventDate": t,
+            "amount": {"value": 8000, "currency": "EUR"}, "merchantAccountCode": "Shop",
+            "merchantReference": f"order-hdr{serial}"}}]}),
+    }
+
+
+def _head(gateway: str, headers: list[tuple[bytes, bytes]], body: bytes, chunked: bool) -> bytes:
+    framing = [(b"Transfer-Encoding", b"chunked")] if chunked else [(b"Content-Length", b"%d" % len(body))]
+    lines = [b"POST /webhooks/%s HTTP/1.1" % gateway.encode(), b"Host: 127.0.0.1", b"Connection: close",
+             *(name + b": " + value for name, value in [*headers, *framing])]
+    wire = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if chunked and body else (b"0\r\n\r\n" if chunked else body)
+    return b"\r\n".join(lines) + b"\r\n\r\n" + wire
+
+
+def header_requests(gateway: str, body: bytes, proof: dict[str, str]) -> list[RawRequest]:
+    """Every raw-header attack on one signed request: ``proof`` is what proves ``body`` (its signature
+    headers, adyen's Authorization), each broken in turn, then headers beside it, in both framings."""
+    out: list[RawRequest] = []
+    good = [(k.encode(), v.encode()) for k, v in proof.items()]
+    for chunked in (False, True):
+        framing = "chunked" if chunked else "content-length"
+
+        def add(what: str, headers: list[tuple[bytes, bytes]], refused: bool, framing: str = framing,
+                chunked: bool = chunked) -> None:
+            out.append(RawRequest(gateway, _head(gateway, headers, body, chunked), f"{what} ({framing})", refused))
+
+        add("the proof untouched", good, False)
+        for i, (name, value) in enumerate(good):
+            others = good[:i] + good[i + 1:]
+            label = name.decode()
+            add(f"{label} + byte 0xff", [*others, (name, value + b"\xff")], True)
+            add(f"{label} not UTF-8", [*others, (name, b"\xc3\x28" + value)], True)
+            add(f"{label} latin-1 only", [*others, (name, b"\xe9" * 40)], True)
+            add(f"{label} + NUL", [*others, (name, value + b"\x00")], True)
+            add(f"{label} 9 KiB", [*others, (name, value + b"A" * 9000)], True)
+            add(f"{label} 70 KiB", [*others, (name, value + b"A" * 70_000)], True)
+            add(f"{label} repeated, broken first", [*others, (name, value + b"\xff"), (name, value)], True)
+            add(f"{label} repeated, good first", [*others, (name, value), (name, value + b"\xff")], False)
+        add("an unrelated header not UTF-8", [*good, (b"X-Note", b"\xff\xfe\xc3\x28")], False)
+        add("an unrelated header with NUL", [*good, (b"X-Note", b"a\x00b")], True)
+        add("an unrelated header of 70 KiB", [*good, (b"X-Note", b"\xff" * 70_000)], True)
+        add("a header name not ASCII", [*good, (b"X-\xff\xfe", b"1")], True)
+        add("a gzip Content-Encoding", [*good, (b"Content-Encoding", b"gzip")], True)  # 415 on both paths
+        add("200 repeated headers", [*good, *[(b"X-Many", b"\xff%d" % n) for n in range(200)]], True)
+    return out
+
+
+def every_header_request(settings: Settings) -> list[RawRequest]:
+    """``header_requests`` of a signed request of every gateway (ADYEN_BASIC as adyen's Basic auth)."""
+    from app.simulator.deliver import signed_body  # the ingest's modules load only here, as above
+
+    out: list[RawRequest] = []
+    for serial, gateway in enumerate(HEADER_GATEWAYS, 1):
+        secret = settings.secrets[gateway].reveal()[0]
+        body = signed_body(gateway, header_bodies(serial)[gateway], secret)
+        proof = signed_headers(Item(gateway, body, None), settings)
+        if gateway == "adyen":
+            proof["Authorization"] = "Basic " + base64.b64encode(ADYEN_BASIC.encode()).decode()
+        out += header_requests(gateway, body, proof)
+    return out

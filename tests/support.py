@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
-from app.ingest.app import METRICS, create_app, server_options, webhook_site
+from app.ingest.app import METRICS, PROTOCOL_OPTIONS, create_app, server_options, webhook_site
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
@@ -84,7 +84,7 @@ def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIn
     on ``metrics_port`` (0: a free port), apart from the webhook port as in `orderly ingest`."""
     port = metrics_port or free_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
-    with serve_in_thread(app, partial(webhook_site, app=app)) as url:
+    with serve_in_thread(app, partial(webhook_site, app=app), **PROTOCOL_OPTIONS) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
 
 

@@ -26,8 +26,8 @@ import orjson
 from msgspec import Meta
 
 from app.gateways import schema
-from app.gateways.base import Route, SignatureError, any_match, hmac_sha256
-from app.gateways.limits import ID_MAX, IdText, IsoText, Minor, Text, body_error
+from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
+from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text, body_error
 from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "adyen"
@@ -40,7 +40,7 @@ ACCEPTED = b"[accepted]"  # the success answer Adyen's older configurations look
 BASIC_AUTH_SETTING = "adyen_basic_auth"  # the Settings attribute holding `user:password`, when set
 SIGNED = ("pspReference", "originalReference", "merchantAccountCode", "merchantReference")
 
-Reference = Annotated[str, Meta(max_length=ID_MAX)]  # may be empty: Adyen signs a missing field as ""
+Reference = Annotated[str, Meta(max_length=ID_MAX, pattern=NOT_DOTS)]  # may be empty: Adyen signs a missing field as ""
 
 
 def secret_key(secret: str) -> bytes:
@@ -154,7 +154,7 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 
 def check_basic_auth(headers: Mapping[str, str], credential: str) -> None:
     """HTTP Basic auth on the route (optional, ORDERLY_ADYEN_BASIC_AUTH), compared in constant time."""
-    offered = headers.get("Authorization") or ""
+    offered = header(headers, "Authorization") or ""
     expected = "Basic " + base64.b64encode(credential.encode()).decode()
     if not hmac.compare_digest(offered.encode(), expected.encode()):
         raise SignatureError("basic auth missing or wrong")

@@ -71,6 +71,16 @@ def any_match(expected: list[bytes], offered: list[bytes]) -> bool:
     return matched
 
 
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A signature header's value (None when absent). Every scheme's headers are ASCII: a value holding
+    anything else (a byte that is not UTF-8, which the HTTP layers read as a surrogate escape that
+    ``str.encode`` refuses) is refused here, by name, before an adapter encodes or compares it."""
+    value = headers.get(name)
+    if value is not None and not value.isascii():
+        raise SignatureError(f"{name} header is not ASCII")
+    return value
+
+
 def check_timestamp(raw_ts: str | None, now: float) -> None:
     if raw_ts is None or raw_ts == "":
         raise SignatureError("missing timestamp")

@@ -16,7 +16,7 @@ import msgspec
 import orjson
 
 from app.gateways import schema
-from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
+from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error, int64_error
 from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
@@ -63,9 +63,9 @@ def _offered(value: str) -> list[bytes]:
 
 
 def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now: float) -> None:
-    msg_id = headers.get("webhook-id")
-    timestamp = headers.get("webhook-timestamp")
-    value = headers.get("webhook-signature")
+    msg_id = header(headers, "webhook-id")
+    timestamp = header(headers, "webhook-timestamp")
+    value = header(headers, "webhook-signature")
     if not msg_id or not value:
         raise SignatureError("missing webhook-id or webhook-signature header")
     check_timestamp(timestamp, now)

@@ -32,7 +32,11 @@ SmallCount = Annotated[int, Meta(ge=0, le=SMALLINT_MAX)]
 UnixMs = Annotated[int, Meta(ge=UNIX_MS_MIN, le=UNIX_MS_MAX)]
 UnixS = Annotated[int, Meta(ge=UNIX_MS_MIN // 1000, le=UNIX_MS_MAX // 1000)]
 Text = Annotated[str, Meta(min_length=1, max_length=ID_MAX)]  # a type, a status, a currency
-IdText = Annotated[str, Meta(min_length=1, max_length=ID_MAX)]  # and printable: see id_error
+# Not "." nor "..": the fetcher builds its gateway API URLs from ids, and such a path segment collapses
+# (a card payment_ref ".." fetched the API's root). An id of other dots, or holding "/", is the fetcher's
+# to percent-encode.
+NOT_DOTS = r"^(?!\.\.?\Z)"
+IdText = Annotated[str, Meta(min_length=1, max_length=ID_MAX, pattern=NOT_DOTS)]  # and printable: see id_error
 DecimalText = Annotated[str, Meta(pattern=r"^-?[0-9]+(\.[0-9]+)?$", max_length=DECIMAL_MAX)]
 IsoText = Annotated[str, Meta(max_length=40)]  # and see time_error
 
@@ -56,6 +60,8 @@ def id_error(field: str, value: Any) -> str | None:
         return f"{field}: an id has 1-{ID_MAX} characters, got {len(value)}"
     if not value.isprintable():  # NUL, other control characters, line breaks
         return f"{field}: an id has printable characters only"
+    if value in (".", ".."):
+        return f"{field}: an id may not be {value!r} (a URL path segment built from it would collapse)"
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from app.gateways import schema
-from app.gateways.base import Route, SignatureError, any_match, hmac_sha256
+from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
 from app.gateways.limits import DECIMAL_MAX, IdText, Text, UnixMs, UnixS, body_error
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, valid_id
 
@@ -52,7 +52,7 @@ def sign(raw: bytes, secret: str) -> str:
 
 def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now: float) -> None:
     # Paymos signs no timestamp: a replayed delivery is harmless because of dedupe and ordering.
-    value = headers.get(SIGNATURE_HEADER)
+    value = header(headers, SIGNATURE_HEADER)
     if not value:
         raise SignatureError("missing X-Paymos-Signature header")
     offered = []

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from app.gateways import schema
-from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
+from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text, body_error
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
@@ -58,7 +58,7 @@ def sign(raw: bytes, secret: str, timestamp: int) -> str:
 
 
 def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now: float) -> None:
-    value = headers.get(SIGNATURE_HEADER)
+    value = header(headers, SIGNATURE_HEADER)
     if not value:
         raise SignatureError("missing PG-Signature header")
     timestamp, offered = parse_signature_header(value)

@@ -16,7 +16,7 @@ import msgspec
 import orjson
 
 from app.gateways import schema
-from app.gateways.base import Route, SignatureError, any_match, check_timestamp, hmac_sha256
+from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Text, UnixS, body_error
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
@@ -79,7 +79,7 @@ def parse_header(value: str) -> tuple[str | None, list[bytes]]:
 
 
 def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now: float) -> None:
-    value = headers.get(SIGNATURE_HEADER)
+    value = header(headers, SIGNATURE_HEADER)
     if not value:
         raise SignatureError("missing Stripe-Signature header")
     timestamp, offered = parse_header(value)

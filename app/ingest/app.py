@@ -91,11 +91,17 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
+# aiohttp's protocol never decodes a body: one with a Content-Encoding is refused 415 by the receiver
+# before it is read (app/ingest/body.py), and aiohttp's own decoder would otherwise answer some codings
+# (br without Brotli, a deflate body that is not) 400 itself, with a traceback in the log per request.
+PROTOCOL_OPTIONS = {"auto_decompress": False}
+
+
 def server_options(settings: Settings) -> dict[str, Any]:
     """aiohttp's per-connection limits. Its keep-alive timer also runs from the moment a connection
     opens until its first request's headers are complete, so it bounds a slow header sender
     (slowloris) as the read timeout bounds a slow body."""
-    return {"keepalive_timeout": settings.read_timeout_s}
+    return {"keepalive_timeout": settings.read_timeout_s, **PROTOCOL_OPTIONS}
 
 
 def webhook_site(runner: web.AppRunner, host: str, port: int, app: web.Application) -> WebhookSite:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from multidict import MultiMapping
 
 from app.ingest.answers import json_response
 from app.seams.aiohttp import close_connection
 
 MAX_BODY = 1024 * 1024  # 1 MiB; larger bodies are refused before any HMAC work
-OUTCOMES = {400: "bad_request", 408: "timeout", 413: "too_large"}  # a refusal's metric outcome
+OUTCOMES = {400: "bad_request", 408: "timeout", 413: "too_large", 415: "encoded"}  # a refusal's metric outcome
+# One body, one stored byte string whatever the framing: aiohttp decompresses a gzip, deflate or br
+# body as it reads it (a chunked or Expect request), the fast path would store the bytes as sent, and
+# the signature is over the bytes as sent. Gateways never compress webhooks, so a body with any
+# Content-Encoding but identity is refused with 415 on every path, before it is read.
+ENCODED_REASON = "Content-Encoding other than identity is not accepted: send the body as is"
 
 
 class BodyRefused(Exception):
@@ -66,3 +73,11 @@ async def refuse_body(request: web.Request, refused: BodyRefused) -> web.StreamR
         await resp.write_eof()
         close_connection(request)  # after the answer is written: the transport flushes it first
     return resp
+
+
+def encoded(headers: Mapping[str, str]) -> bool:
+    """True when the request's body is sent with a content coding other than identity (any of its
+    Content-Encoding headers, any coding listed in one)."""
+    values = headers.getall("Content-Encoding", ()) if isinstance(headers, MultiMapping) else (
+        [headers["Content-Encoding"]] if "Content-Encoding" in headers else [])
+    return any(coding.strip().lower() not in ("", "identity") for value in values for coding in value.split(","))

@@ -18,7 +18,7 @@ from aiohttp import web
 from app.gateways.limits import id_error
 from app.ingest.answers import Unavailable, json_response
 from app.ingest.appender import Appender
-from app.ingest.body import OUTCOMES, BodyRefused, read_body, refuse_body
+from app.ingest.body import ENCODED_REASON, OUTCOMES, BodyRefused, encoded, read_body, refuse_body
 from app.ingest.deliveries import next_delivery_id
 from app.metrics import IngestMetrics
 from app.settings import Settings
@@ -143,6 +143,8 @@ class CorrelationRoute:
             return json_response(401, error="missing or wrong bearer token")
         deposit_id = request.match_info["deposit_id"]
         try:
+            if encoded(request.headers):  # as on the webhook route: aiohttp decodes no body (app.py)
+                raise BodyRefused(415, ENCODED_REASON)
             raw = await read_body(request, MAX_CORRELATION_BODY, settings.read_timeout_s)
         except BodyRefused as refused:
             metrics.requests.labels("correlations", OUTCOMES[refused.status]).inc()

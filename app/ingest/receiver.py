@@ -15,11 +15,12 @@ from app.gateways import registry
 from app.gateways.base import Route, SignatureError
 from app.ingest.answers import Unavailable, json_response
 from app.ingest.appender import Appender
-from app.ingest.body import MAX_BODY, OUTCOMES, BodyRefused, read_body, refuse_body
+from app.ingest.body import ENCODED_REASON, MAX_BODY, OUTCOMES, BodyRefused, encoded, read_body, refuse_body
 from app.ingest.deliveries import next_delivery_id
 from app.logs import SampledLog, bound
 from app.metrics import IngestMetrics
 from app.settings import Settings
+from app.webhook_http import log_unexpected
 from topics.catalog import TopicNames
 from topics.records import H_CHECKED, quarantine_headers, raw_headers
 
@@ -54,6 +55,9 @@ class Receiver:
     async def webhook(self, gateway: str, raw: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
         """(status, JSON body) for a body of a gateway this receiver serves."""
         metrics = self.metrics
+        if encoded(headers):  # the fast path's: aiohttp's path refused it before reading (receive)
+            metrics.requests.labels(gateway, OUTCOMES[415]).inc()
+            return 415, orjson.dumps({"error": ENCODED_REASON})
         found = registry.find(gateway)
         assert found is not None
         adapter: Any = found.adapter  # its optional capabilities are looked up by name (Batched)
@@ -142,9 +146,15 @@ class Receiver:
             self.metrics.requests.labels("unknown", "not_found").inc()
             return json_response(404, error=f"unknown gateway {gateway!r}")
         try:
+            if encoded(request.headers):  # before aiohttp decompresses a byte of it
+                raise BodyRefused(415, ENCODED_REASON)
             raw = await read_body(request, MAX_BODY, self.settings.read_timeout_s)
         except BodyRefused as refused:
             self.metrics.requests.labels(gateway, OUTCOMES[refused.status]).inc()
             return await refuse_body(request, refused)
-        status, body = await self.webhook(gateway, raw, request.headers)
+        try:
+            status, body = await self.webhook(gateway, raw, request.headers)
+        except Exception as exc:  # as the fast path does: a sampled traceback, not aiohttp's one per request
+            log_unexpected(gateway, exc)
+            return json_response(500, error="internal error")
         return web.Response(status=status, body=body, content_type="application/json")

@@ -3,7 +3,10 @@ end to end: over 2,000 validly signed hostile requests across the three gateways
 every field path and hostile value of tests/hostile.py, a seeded draw of its Hypothesis strategies
 with bodies just under 1 MiB, and one deposit whose parked bodies outgrow the worker's state limit),
 then hostile records the ingest would refuse appended straight to orderly.raw (as an older log or a
-bug would hold them). After every batch a canary lifecycle on the partition of a hostile resource
+bug would hold them), and requests of all five gateways with raw header bytes no client library sends
+(not UTF-8, NUL, past 8 KiB, repeated, too many: tests/hostile.py's header_requests) in both framings,
+the fast path's and aiohttp's: each answered under 500, and 4xx where the gateway's proof was
+broken (issue #45). After every batch a canary lifecycle on the partition of a hostile resource
 and one on another partition are decided within a bound. At the end: no answer was a 5xx, no
 process restarted, and every record was either decided (a row in webhook_events) or set aside with
 a reason (a row in the quarantine table)."""
@@ -11,6 +14,7 @@ a reason (a row in the quarantine table)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -20,15 +24,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 from hypothesis import HealthCheck, Phase, given, settings
 
 from app.producer import KeyedProducer
+from app.settings import Secret
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.hostile import MAX_BODY, Item, bodies, every_mutation, padded, signed_headers
+from tests.hostile import (
+    ADYEN_BASIC,
+    MAX_BODY,
+    Item,
+    RawRequest,
+    bodies,
+    every_header_request,
+    every_mutation,
+    padded,
+    signed_headers,
+)
 from tests.pg_events import deposit, withdrawal
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings
@@ -97,6 +113,34 @@ class Tally:
     raw: dict[str, str] = field(default_factory=dict)  # delivery id -> what was appended to orderly.raw directly
     canaries: list[float] = field(default_factory=list)
     sending_s: float = 0.0
+    header_statuses: Counter[int] = field(default_factory=Counter)  # raw-header requests' answers
+    header_wrong: list[tuple[str, str, int]] = field(default_factory=list)  # (gateway, what, status)
+
+
+async def send_raw(pipe: Running, request: RawRequest, tally: Tally) -> None:
+    """One raw-header request on a connection of its own; its answer's status (0: the connection
+    closed with no answer, which counts as wrong as a 5xx does)."""
+    url = urlsplit(pipe.ingest.url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(request.data)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 30)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    parts = line.split(b" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    tally.header_statuses[status] += 1
+    if not 200 <= status < 500 or (request.refused and not 400 <= status < 500):
+        tally.header_wrong.append((request.gateway, request.what, status))
+
+
+async def send_raw_headers(pipe: Running, tally: Tally) -> None:
+    requests = every_header_request(pipe.settings)
+    for first in range(0, len(requests), CONNECTIONS):
+        await asyncio.gather(*(send_raw(pipe, r, tally) for r in requests[first:first + CONNECTIONS]))
 
 
 async def send(pipe: Running, http: aiohttp.ClientSession, item: Item, tally: Tally) -> None:
@@ -220,7 +264,7 @@ def test_hostile_requests_never_stop_stall_or_loop_the_pipeline(
     items = hostile_requests()
     assert len(items) >= MIN_REQUESTS
     assert sum(len(item.body) > MAX_BODY - 4096 for item in items) >= PARKED_BIG, "bodies just under 1 MiB"
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"h{uuid.uuid4().hex[:8]}")
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"h{uuid.uuid4().hex[:8]}", adyen_basic_auth=Secret(ADYEN_BASIC))
     tally = Tally()
     with running_pipeline(s, tmp_path) as pipe:
         pids = {name: proc.pid for name, proc in pipe.pipeline.procs.items()}
@@ -234,6 +278,8 @@ def test_hostile_requests_never_stop_stall_or_loop_the_pipeline(
                 await send_batch(pipe, items[first:first + BATCH], tally)
                 await canaries(pipe, round_, tally)
                 no_restart()
+            await send_raw_headers(pipe, tally)
+            no_restart()
             await append_raw(pipe, tally)
             await canaries(pipe, len(items) // BATCH + 1, tally)
             no_restart()
@@ -271,6 +317,7 @@ def test_hostile_requests_never_stop_stall_or_loop_the_pipeline(
               f" stored {len(tally.stored)}, quarantined at the ingest {len(tally.quarantined)},"
               f" refused 4xx {len(tally.refused)}; appended to orderly.raw directly {len(tally.raw)};"
               f" quarantine rows by stage {stages};"
+              f" raw-header requests by status {dict(sorted(tally.header_statuses.items()))};"
               f" canaries {len(tally.canaries)}, slowest {max(tally.canaries):.1f} s;"
               f" pids {pids}")
         for delivery_id, outcome in outcomes.items():
@@ -278,6 +325,8 @@ def test_hostile_requests_never_stop_stall_or_loop_the_pipeline(
 
         assert not any(status >= 500 for status in tally.statuses), tally.statuses
         assert not tally.wrong, tally.wrong[:5]
+        assert not tally.header_wrong, tally.header_wrong[:10]  # a 5xx, no answer, or a broken proof taken
+        assert sum(tally.header_statuses.values()) >= 5 * 2 * 10, tally.header_statuses
         assert sum(tally.statuses.values()) == len(items)
         no_restart()
         assert not undecided, ("neither decided nor set aside", [

@@ -99,7 +99,7 @@ def test_delivery_without_a_secret_is_refused() -> None:
 def test_recording_only_needs_no_secret() -> None:
     settings = make_settings("127.0.0.1:9092", "postgresql://localhost/x", "ns", effects_secret=None)
     assert settings.effects_url is None and delivery_key(settings) is None
-    signed = settings.with_overrides(effects_url="http://merchant.test/effects", effects_secret=Secret(SECRET))
+    signed = settings.with_overrides(effects_url="https://merchant.test/effects", effects_secret=Secret(SECRET))
     assert delivery_key(signed) == signing_key(SECRET)
 
 

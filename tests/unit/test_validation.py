@@ -239,14 +239,15 @@ def test_a_canonical_timestamp_with_a_matching_signature_passes() -> None:
 
 # Each is signed correctly over its own spelling: only the spelling is refused. (A trailing space
 # before pg's comma is header syntax: the parser strips it and the signature covers the digits.)
+# A spelling with characters past ASCII is refused with its header, before its digits are read.
 @pytest.mark.parametrize("stamp", ["1_796_100_000", " 1796100000", "+1796100000",
                                    "\u0661\u0667\u0669\u0666\u0661\u0660\u0660\u0660\u0660\u0660",
                                    "\uff11\uff17\uff19\uff16\uff11\uff10\uff10\uff10\uff10\uff10",
                                    "-1796100000", "0001796100000", "1796100000.0", "1e9", "0x6b0e1d20"])
 def test_timestamps_are_one_to_twelve_ascii_digits(stamp: str) -> None:
-    with pytest.raises(SignatureError, match="ASCII digits"):
+    with pytest.raises(SignatureError, match=r"ASCII digits|header is not ASCII"):
         pg.verify(b"{}", pg_headers(stamp, b"{}"), ("s",), NOW)
-    with pytest.raises(SignatureError, match="ASCII digits"):
+    with pytest.raises(SignatureError, match=r"ASCII digits|header is not ASCII"):
         card.verify(b"{}", card_headers(stamp, b"{}"), (CARD_SECRET,), NOW)
-    with pytest.raises(SignatureError, match="ASCII digits"):
+    with pytest.raises(SignatureError, match=r"ASCII digits|header is not ASCII"):
         card.verify(b"{}", card_headers(stamp + "\n", b"{}"), (CARD_SECRET,), NOW)

@@ -15,7 +15,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from app.webhook_http import WebhookSite
+from app.webhook_http import UNEXPECTED, WebhookSite, log_unexpected
 
 
 class Receiver:
@@ -328,3 +328,19 @@ async def test_a_failed_hand_over_closes_the_connection() -> None:
             assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, not left open without a timer
             assert not site.fast.connections
 
+
+
+async def test_an_error_answering_is_logged_sampled_and_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    """A 500 any client can repeat writes its traceback at most 5 times a minute, not once per request
+    (issue #45: a header byte that is not UTF-8 wrote a full traceback per request), and a lone
+    surrogate in the error's text is escaped."""
+    UNEXPECTED._windows.clear()
+    with caplog.at_level("ERROR", logger="orderly.ingest"):
+        for _ in range(50):
+            try:
+                "msg_\udcff".encode()
+            except UnicodeEncodeError as exc:
+                log_unexpected("card", exc)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5 and all("UnicodeEncodeError" in line and "\\udcff" in line for line in lines)
+    assert all(line.encode() for line in lines)  # no lone surrogate left: every encoder takes it

@@ -1,0 +1,108 @@
+"""The effects worker's HTTP client against a merchant on a loopback port (issue #45, item 5): no
+redirect followed (a 307 re-sent the signed body and its Idempotency-Key to wherever it pointed, and
+the 2xx there marked the effect delivered), a refusing answer read only up to ANSWER_BYTES, and
+ORDERLY_EFFECTS_URL over https unless it is a loopback address or ORDERLY_EFFECTS_ALLOW_HTTP is set."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from app.effects import ANSWER_BYTES, EffectsWorker, delivery_key
+from app.settings import Secret, Settings, SettingsError
+from tests.support import make_settings
+
+SECRET = "whsec_ZGV2LWVmZmVjdHMtc2lnbmluZy1zZWNyZXQ="
+ROW = {"dedupe_key": "deposit:dep_1:credit_user", "type": "credit_user", "gateway": "pg", "resource_id": "dep_1",
+       "payload": '{"amount_minor": 100}', "caused_by": "evt_1"}
+
+
+def settings(url: str, **overrides: Any) -> Settings:
+    return make_settings("127.0.0.1:9092", "postgresql://localhost/x", "ns", effects_url=url,
+                         effects_secret=Secret(SECRET), **overrides)
+
+
+@asynccontextmanager
+async def merchant() -> AsyncIterator[tuple[str, list[str]]]:
+    """A merchant whose /moved redirects to /elsewhere (which takes anything), whose /endless refuses
+    with an answer that never ends; yields its URL and the paths that received a POST."""
+    seen: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(status=307, headers={"Location": "/elsewhere"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(status=204)
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        seen.append(request.path)
+        resp = web.StreamResponse(status=500)
+        await resp.prepare(request)
+        chunk = b"merchant says no " * 4096
+        for _ in range(4096):  # 272 MiB if read to the end
+            await resp.write(chunk)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/moved", moved)
+    app.router.add_post("/elsewhere", elsewhere)
+    app.router.add_post("/endless", endless)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+async def post(url: str) -> str | None:
+    worker = EffectsWorker(settings(url))
+    worker.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    try:
+        return await worker._post(url, ROW)
+    finally:
+        await worker.http.close()
+
+
+async def test_a_redirect_is_a_failed_attempt_with_its_reason_and_never_followed() -> None:
+    async with merchant() as (url, seen):
+        error = await post(f"{url}/moved")
+    assert error == "HTTP 307: a redirect (to '/elsewhere'), not followed"  # the old client: None (delivered)
+    assert seen == ["/moved"]  # the old client: ["/moved", "/elsewhere"], the signed body re-sent
+
+
+async def test_a_refusing_answer_is_read_only_up_to_the_cap() -> None:
+    async with merchant() as (url, seen):
+        started = time.monotonic()
+        error = await post(f"{url}/endless")
+    assert error is not None and error.startswith("HTTP 500: merchant says no")
+    assert len(error) <= len("HTTP 500: ") + ANSWER_BYTES
+    assert time.monotonic() - started < 5 and seen == ["/endless"]
+
+
+@pytest.mark.parametrize(("url", "allowed"), [
+    ("https://merchant.example/effects", True), ("http://127.0.0.1:8080/effects", True),
+    ("http://[::1]/effects", True), ("http://localhost/effects", True), ("http://127.8.9.10/e", True),
+    ("http://merchant.example/effects", False), ("http://10.0.0.5/effects", False),
+    ("ftp://merchant.example/effects", False), ("merchant.example/effects", False), ("https:///x", False)])
+def test_the_url_is_https_unless_loopback_or_allowed(url: str, allowed: bool) -> None:
+    if allowed:
+        assert delivery_key(settings(url)) is not None
+    else:
+        with pytest.raises(SettingsError, match="ORDERLY_EFFECTS_URL"):
+            delivery_key(settings(url))
+    if url.startswith("http://"):  # the explicit setting allows any http host
+        assert delivery_key(settings(url, effects_allow_http=True)) is not None
