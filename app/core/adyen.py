@@ -6,11 +6,14 @@ Ordering key, stated here in code:
 - ties by the lifecycle :data:`RANK` (an authorisation and its auto-capture can share a second);
 - the event id last, so the order is total and a replay sorts identically.
 
-The reducer restarts from the lowest key after every applied item; an item that cannot apply yet
-(anything before the authorisation, a CAPTURE_FAILED before its capture, a refund above what is
-captured) stays parked, never dropped. Captures and refunds are held by their own pspReference, so
-totals are derived (never ``+=``), a repeated capture of one pspReference counts once, and
-CAPTURE_FAILED / REFUND_FAILED undo exactly the modification they name. Effects are those earned by
+One pass in key order; after an item that changed something the lowest parked item that applies
+now goes first (as restarting from the lowest key would), so the cost is the items plus the parked
+ones re-tried after each change; at most MAX_EVENTS items per payment are kept. An item that cannot
+apply yet (anything before the authorisation, a CAPTURE_FAILED before its capture, a refund above
+what is captured, a modification in another currency) stays parked, never dropped. Captures and
+refunds are held by their own pspReference, so totals are derived (never ``+=``); one repeating a
+pspReference with another amount never applies (the read model's CHECKs), captures never pass what
+was authorised, and CAPTURE_FAILED / REFUND_FAILED undo exactly the modification they name. Effects are those earned by
 any state the sorted history passes through, so every arrival order emits the same set. No fetch:
 Adyen has no API to read a payment; a parked item waits for the item it needs.
 """
@@ -22,7 +25,18 @@ from typing import TypedDict
 
 import msgspec
 
-from app.core.model import APPLIED, DUPLICATE, PARKED, UNPARKED, Decision, Delivery, Effect, Recent, numbered
+from app.core.model import (
+    APPLIED,
+    DUPLICATE,
+    PARKED,
+    QUARANTINED,
+    UNPARKED,
+    Decision,
+    Delivery,
+    Effect,
+    Recent,
+    numbered,
+)
 from app.core.model import decide as _decide
 from app.core.reducer import Reducer, state_codec
 from app.gateways.adyen import Item, Notification, read
@@ -32,6 +46,7 @@ RANK = {"AUTHORISATION": 0, "CAPTURE": 1, "CANCELLATION": 1, "CANCEL_OR_REFUND":
         "CHARGEBACK_REVERSED": 7, "SECOND_CHARGEBACK": 8}
 STATES = ("authorised", "refused", "cancelled", "captured", "refunded", "chargeback")
 TABLE = "adyen_payments"
+MAX_EVENTS = 100  # items kept per payment: beyond, quarantined (the state stays far below a record's limit)
 
 
 class AdyenEvent(msgspec.Struct, frozen=True, gc=False):
@@ -45,18 +60,27 @@ class AdyenEvent(msgspec.Struct, frozen=True, gc=False):
     amount_minor: int = 0
     delivery_id: str = ""
     received_at_ms: int = 0
+    currency: str = ""
+    merchant_reference: str = ""
+    recapture: bool = False  # Adyen's CAPTURE re-capturing a failed capture of the same pspReference
 
 
 class Reduced(msgspec.Struct, gc=False):
     state: str = "created"
     authorised_minor: int = 0
+    merchant_reference: str | None = None  # the (earliest) authorisation's
+    currency: str | None = None  # the (earliest) authorisation's: every modification must be in it
     captures: dict[str, int] = msgspec.field(default_factory=dict)  # capture pspReference -> amount
+    failed: dict[str, int] = msgspec.field(default_factory=dict)  # captures undone by CAPTURE_FAILED
     refunds: dict[str, int] = msgspec.field(default_factory=dict)  # refund pspReference -> amount
     before_chargeback: str = ""
     applied: list[str] = msgspec.field(default_factory=list)
     parked: list[str] = msgspec.field(default_factory=list)
+    why: dict[str, str] = msgspec.field(default_factory=dict)  # a parked item's reason, when it has one
     earned: list[str] = msgspec.field(default_factory=list)  # effects, in the order first earned
     updated_ms: int = 0  # the eventDate of the latest applied item
+    moves: int = 0  # changes made: a parked item is looked at again only after one
+    steps: int = 0  # items tried: the reducer's cost (tests/unit/test_adyen_core.py bounds it)
 
     @property
     def captured_minor(self) -> int:
@@ -78,7 +102,8 @@ def parse_time_ms(value: str) -> int:
 def event_of(item: Item, d: Delivery | None = None) -> AdyenEvent:
     return AdyenEvent(item.event_id, item.eventCode, item.success == "true", item.pspReference,
                       parse_time_ms(item.eventDate), item.amount.value,
-                      *((d.delivery_id, d.received_at_ms) if d is not None else ()))
+                      d.delivery_id if d is not None else "", d.received_at_ms if d is not None else 0,
+                      item.amount.currency, item.merchantReference, item.recapture)
 
 
 def order_key(e: AdyenEvent) -> tuple[int, int, str]:
@@ -89,16 +114,20 @@ def _settle(out: Reduced) -> None:
     """The money state from the totals (a partial refund stays captured)."""
     captured, refunded = out.captured_minor, out.refunded_minor
     out.state = "authorised" if captured == 0 else "refunded" if refunded >= captured else "captured"
+    out.moves += 1
 
 
 def step(out: Reduced, ev: AdyenEvent) -> bool:
     """Apply ``ev`` to ``out`` if it can apply now (True), else leave ``out`` as it is (False)."""
+    out.steps += 1
     state = out.state
     if state == "created":  # nothing but the authorisation applies before it
         if ev.code != "AUTHORISATION":
             return False
         out.state = "authorised" if ev.success else "refused"
         out.authorised_minor = ev.amount_minor if ev.success else 0
+        out.merchant_reference, out.currency = ev.merchant_reference, ev.currency
+        out.moves += 1
         return True
     if ev.code == "AUTHORISATION" or not ev.success:
         return True  # a second authorisation, or a modification Adyen did not carry out: no change
@@ -108,15 +137,31 @@ def step(out: Reduced, ev: AdyenEvent) -> bool:
     if code in ("NOTIFICATION_OF_CHARGEBACK", "CHARGEBACK", "SECOND_CHARGEBACK"):
         if code != "NOTIFICATION_OF_CHARGEBACK" and state != "chargeback":
             out.before_chargeback, out.state = state, "chargeback"
+            out.moves += 1
         return True
     if code == "CHARGEBACK_REVERSED":
         if state != "chargeback":
             return False
         out.state = out.before_chargeback
+        out.moves += 1
         return True
     if state == "chargeback":
         return False  # a money movement during a chargeback waits for its reversal (shown as parked)
+    if ev.currency != out.currency:
+        out.why[ev.id] = f"amount.currency: {ev.currency} is not the payment's {out.currency}"
+        return False
     return _money(out, ev)
+
+
+def _held(out: Reduced, ev: AdyenEvent, held: int | None, what: str) -> bool | None:
+    """A modification repeating a pspReference already held: no change with the same amount; with
+    another it never applies (a row the read model's CHECKs refuse otherwise), parked with why."""
+    if held is None:
+        return None
+    if held != ev.amount_minor:
+        out.why[ev.id] = f"amount.value: {what} {ev.psp} is held at {held} already"
+        return False
+    return True
 
 
 def _money(out: Reduced, ev: AdyenEvent) -> bool:
@@ -124,13 +169,24 @@ def _money(out: Reduced, ev: AdyenEvent) -> bool:
     if state == "cancelled":
         return code in ("CANCELLATION", "CANCEL_OR_REFUND")  # a repeat: no change
     if code == "CAPTURE":
+        if ev.recapture:
+            if ev.psp not in out.failed:
+                return False  # waits for the failure it re-captures
+            del out.failed[ev.psp]
+        elif (repeat := _held(out, ev, out.captures.get(ev.psp, out.failed.get(ev.psp)), "capture")) is not None:
+            return repeat
+        if out.captured_minor + ev.amount_minor > out.authorised_minor:  # so never past 2^63-1 either
+            out.why[ev.id] = f"amount.value: captures would pass the {out.authorised_minor} authorised"
+            return False
         out.captures[ev.psp] = ev.amount_minor
     elif code == "CAPTURE_FAILED":
         if ev.psp not in out.captures or out.captured_minor - out.captures[ev.psp] < out.refunded_minor:
             return False
-        del out.captures[ev.psp]
+        out.failed[ev.psp] = out.captures.pop(ev.psp)
     elif code == "REFUND":
-        if ev.psp not in out.refunds and out.refunded_minor + ev.amount_minor > out.captured_minor:
+        if (repeat := _held(out, ev, out.refunds.get(ev.psp), "refund")) is not None:
+            return repeat
+        if out.refunded_minor + ev.amount_minor > out.captured_minor:
             return False  # above what is captured: waits for a capture (or a refund's failure)
         out.refunds[ev.psp] = ev.amount_minor
     elif code == "REFUND_FAILED":
@@ -141,23 +197,28 @@ def _money(out: Reduced, ev: AdyenEvent) -> bool:
         if out.captured_minor:
             return False
         out.state = "cancelled"
+        out.moves += 1
         return True
     elif code == "CANCEL_OR_REFUND":
         if not out.captured_minor:
             out.state = "cancelled"
+            out.moves += 1
             return True
         rest = out.captured_minor - out.refunded_minor
         if rest > 0:
-            out.refunds[ev.psp] = rest
+            out.refunds[ev.psp] = out.refunds.get(ev.psp, 0) + rest
     _settle(out)
     return True
 
 
 def _earn(out: Reduced, ev: AdyenEvent) -> None:
+    """Effects earned by the state ``ev`` left. ``mark_order_refunded`` only once all that was
+    authorised is refunded (or on CANCEL_OR_REFUND): against the captures seen so far, a refund
+    arriving before an earlier partial capture would read as a full one."""
     due = []
     if out.captured_minor > 0:
         due.append("mark_order_paid")
-    if out.state == "refunded":
+    if out.state == "refunded" and (out.refunded_minor >= out.authorised_minor or ev.code == "CANCEL_OR_REFUND"):
         due.append("mark_order_refunded")
     if out.state == "refused":
         due.append("mark_order_failed")
@@ -168,24 +229,35 @@ def _earn(out: Reduced, ev: AdyenEvent) -> None:
             out.earned.append(kind)
 
 
+def _applied(out: Reduced, ev: AdyenEvent) -> None:
+    out.applied.append(ev.id)
+    out.why.pop(ev.id, None)
+    out.updated_ms = max(out.updated_ms, ev.at_ms)
+    _earn(out, ev)
+
+
 def reduce(events: list[AdyenEvent]) -> Reduced:
-    """The payment's state from all its items in Adyen's order (see the module docstring)."""
+    """The payment's state from all its items in Adyen's order (see the module docstring): one pass
+    in key order; after an item that changed something, the lowest parked item that applies now
+    goes first, then the next lowest, until none does (what restarting from the lowest key did)."""
     by_id = {e.id: e for e in events}  # a redelivered item is one item
-    pending = sorted(by_id.values(), key=order_key)
     out = Reduced()
-    progressed = True
-    while progressed and pending:
-        progressed = False
-        for ev in pending:
-            if not step(out, ev):
-                continue  # not yet: stays pending, never dropped
-            out.applied.append(ev.id)
-            out.updated_ms = max(out.updated_ms, ev.at_ms)
-            _earn(out, ev)
-            pending.remove(ev)
-            progressed = True
-            break  # restart from the lowest key after every change
-    out.parked = [p.id for p in pending]
+    parked: list[AdyenEvent] = []
+    for ev in sorted(by_id.values(), key=order_key):
+        moves = out.moves
+        if not step(out, ev):
+            parked.append(ev)  # not yet: stays pending, never dropped
+            continue
+        _applied(out, ev)
+        while parked and out.moves != moves:
+            moves = out.moves
+            freed = next((p for p in parked if step(out, p)), None)
+            if freed is None:
+                break
+            parked.remove(freed)
+            _applied(out, freed)
+            moves = -1  # re-check the rest after any applied item, as the restart did
+    out.parked = [p.id for p in parked]
     return out
 
 
@@ -236,20 +308,20 @@ def apply_event(state: State | None, n: Notification, d: Delivery) -> tuple[Stat
     state = State() if state is None else state
     item = n.item
     event = event_of(item, d)
-    for e in state.events:
-        if e.id == event.id:
-            return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=item.eventCode,
-                                            payload=n.body)])
+    if any(e.id == event.id for e in state.events):
+        return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=item.eventCode,
+                                        payload=n.body)])
+    psp = d.resource_key.partition(":")[2]
+    if len(state.events) >= MAX_EVENTS:  # the state (one record of the changelog) stays bounded
+        return numbered(state, [_decide(d, QUARANTINED, event_id=event.id, event_type=item.eventCode,
+                                        payload=n.body, error=f"originalReference: payment {psp} holds "
+                                        f"{MAX_EVENTS} notification items, the most one payment keeps")])
     state.events.append(event)
-    if item.eventCode == "AUTHORISATION" or state.merchant_reference is None:
-        # the payment's own reference and currency are the authorisation's
-        state.merchant_reference = item.merchantReference or state.merchant_reference
-        state.currency = item.amount.currency
     reduced = reduce(state.events)
+    state.merchant_reference, state.currency = reduced.merchant_reference, reduced.currency
     before = set(state.applied)
     state.applied = reduced.applied
     newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
-    psp = d.resource_key.partition(":")[2]
     row: AdyenPaymentRow | None = None
     if newly:
         row = {"psp_reference": psp, "merchant_reference": state.merchant_reference, "state": reduced.state,
@@ -268,7 +340,8 @@ def apply_event(state: State | None, n: Notification, d: Delivery) -> tuple[Stat
         state.emitted.append(kind)
     outcome = APPLIED if event.id in reduced.applied else PARKED
     decisions = [_decide(d, outcome, row=row, table=TABLE if row is not None else None, effects=effects,
-                         event_id=event.id, event_type=item.eventCode, payload=n.body)]
+                         error=reduced.why.get(event.id), event_id=event.id, event_type=item.eventCode,
+                         payload=n.body)]
     for e in newly:  # items that were parked and apply now: their own deliveries move to "unparked"
         if e.id != event.id:
             original = Delivery(e.delivery_id, "adyen", d.resource_key, e.received_at_ms, d.seq)

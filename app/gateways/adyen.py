@@ -8,8 +8,8 @@ merchantReference:amount.value:amount.currency:eventCode:success"))``. The inges
 item's ``NotificationRequestItem`` object, the exact bytes it had in the body, so its signature can be
 checked again at replay. :func:`route` and :func:`read` take such an item record.
 
-Resource: the payment's ``pspReference`` — a modification or a dispute item carries it as
-``originalReference``; an item without one is keyed by its own ``pspReference``. Ordering: see
+Resource: the payment's ``pspReference`` — an ``AUTHORISATION``'s own; every other item must carry it
+as ``originalReference`` (quarantined without it). Ordering: see
 app/core/adyen.py.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -41,6 +42,9 @@ BASIC_AUTH_SETTING = "adyen_basic_auth"  # the Settings attribute holding `user:
 SIGNED = ("pspReference", "originalReference", "merchantAccountCode", "merchantReference")
 
 Reference = Annotated[str, Meta(max_length=ID_MAX, pattern=NOT_DOTS)]  # may be empty: Adyen signs a missing field as ""
+Reason = Annotated[str, Meta(max_length=1000)]
+MAX_ITEMS = 6  # Adyen's JSON/HTTP POST webhooks carry one item, SOAP ones at most six [W]
+RECAPTURED = "recaptured"  # in the reason of Adyen's CAPTURE that re-captures a failed one [F]
 
 
 def secret_key(secret: str) -> bytes:
@@ -140,7 +144,10 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
     """Every item's signature (any of the keys); one that fails refuses the whole request."""
     keys = _keys(secrets)
     try:
-        body = _SIGNED.decode(raw)
+        try:
+            body = _SIGNED.decode(raw)
+        except RecursionError:  # an unsigned field nested past what the decoder reads: the signed
+            body = _SIGNED.decode(pruned(raw))  # ones are shallow, split() quarantines the body
     except (msgspec.DecodeError, RecursionError):
         raise SignatureError("not an Adyen notification: no notificationItems to verify") from None
     if not body.notificationItems:
@@ -150,6 +157,30 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
         message = signing_string(item)
         if not any_match([hmac_sha256(k, message) for k in keys], _offered(item)):
             raise SignatureError(f"notificationItems[{i}]: no hmacSignature matches")
+
+
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')  # a JSON string (skipped) or a bracket
+PRUNE_DEPTH = 64
+
+
+def pruned(raw: bytes) -> bytes:
+    """``raw`` with every value nested deeper than PRUNE_DEPTH replaced by ``null``, without
+    recursion (a regular expression finds the strings and brackets), so the shallow signed fields
+    of a body nested past any decoder's recursion can still be read."""
+    parts, depth, start, last = [], 0, -1, 0
+    for match in _TOKEN.finditer(raw):
+        char = raw[match.start()]
+        if char in b"[{":
+            depth += 1
+            if depth == PRUNE_DEPTH + 1:
+                start = match.start()
+        elif char in b"]}":
+            if depth == PRUNE_DEPTH + 1 and start >= 0:
+                parts += [raw[last:start], b"null"]
+                last, start = match.end(), -1
+            depth -= 1
+    parts.append(raw[last:])
+    return b"".join(parts)
 
 
 def check_basic_auth(headers: Mapping[str, str], credential: str) -> None:
@@ -213,6 +244,7 @@ class Item(Body):
     merchantAccountCode: Reference
     merchantReference: Reference
     originalReference: Reference | None = None
+    reason: Reason | None = None  # unsigned: only marks Adyen's re-capture of a failed capture
     additionalData: Extra | None = None
 
     def __post_init__(self) -> None:
@@ -225,13 +257,21 @@ class Item(Body):
     @property
     def payment(self) -> str:
         """The payment this item is about (docs/gateways/adyen.md, Resource key)."""
-        return self.originalReference or self.pspReference
+        return self.originalReference or self.pspReference  # none: an AUTHORISATION (else quarantined)
+
+    @property
+    def recapture(self) -> bool:
+        """Adyen's re-capture of a capture that failed ("Transaction Recaptured" / "Auto-recaptured" [F])."""
+        return self.eventCode == "CAPTURE" and RECAPTURED in (self.reason or "").lower()
 
     @property
     def event_id(self) -> str:
-        """The dedupe key: a resend is the same item, so it carries the same four (eventDate keeps a
-        re-capture, a new CAPTURE of the same pspReference, apart from the first; docs/gateways/adyen.md)."""
-        return f"{self.pspReference}:{self.eventCode}:{self.success}:{self.eventDate}"
+        """The dedupe key, from signed fields only: a resend is the same item. Not ``eventDate``
+        (unsigned: one captured item replayed with other dates would be as many items); a re-capture of
+        the same pspReference is told apart by its reason (docs/gateways/adyen.md, Dedupe)."""
+        amount = self.amount
+        key = f"{self.pspReference}:{self.eventCode}:{self.success}:{amount.value}:{amount.currency}"
+        return f"{key}:{RECAPTURED}" if self.recapture else key
 
 
 class _Wrapper(Body):
@@ -263,10 +303,19 @@ HEAD = msgspec.json.Decoder(_Head)
 
 
 def split(raw: bytes) -> list[tuple[bytes, Route]]:
-    """A verified body as its records: each item's own bytes and where they go."""
-    envelope = schema.decode(ENVELOPE, raw)
-    if isinstance(envelope, Refusal):
-        return [(raw, Route.quarantine(envelope.code, envelope.reason))]
+    """A verified body as its records: each item's own bytes and where they go. The limits (depth,
+    64-bit integers, NUL) apply to each item on its own (route()): one bad item is quarantined alone."""
+    try:
+        envelope = ENVELOPE.decode(raw)
+    except msgspec.ValidationError as exc:
+        return [(raw, Route.quarantine("invalid", schema.readable(str(exc))))]
+    except RecursionError:
+        return [(raw, Route.quarantine("invalid", "body: JSON nests deeper than its items can be read"))]
+    except msgspec.DecodeError:
+        return [(raw, Route.quarantine("not_json", "body is not JSON"))]
+    if (count := len(envelope.notificationItems)) > MAX_ITEMS:
+        return [(raw, Route.quarantine("too_many_items",
+                                       f"notificationItems: {count} items, at most {MAX_ITEMS} in one request"))]
     parts = []
     for i, wrapper in enumerate(envelope.notificationItems):
         item = bytes(wrapper.NotificationRequestItem)
@@ -291,6 +340,11 @@ def accept(item: Item) -> Route:
     key = f"{name}:{item.payment}"
     if item.eventCode not in EVENT_CODES:
         return Route.quarantine("unknown_type", f"eventCode: {item.eventCode!r} is not handled", item.event_id,
+                                item.eventCode, key)
+    if item.eventCode != "AUTHORISATION" and not item.originalReference:
+        # its own pspReference is the modification's or the dispute's: keyed by it, it would park
+        # for ever under a payment that never comes (docs/gateways/adyen.md, Resource key)
+        return Route.quarantine("invalid", f"originalReference: required for {item.eventCode}", item.event_id,
                                 item.eventCode, key)
     return Route(key, item.event_id, item.eventCode)
 

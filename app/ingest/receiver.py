@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Coroutine, Mapping
@@ -25,6 +26,11 @@ from topics.catalog import TopicNames
 from topics.records import H_CHECKED, quarantine_headers, raw_headers
 
 CHECKED = (H_CHECKED, b"1")  # the body passed its adapter's typed schema here
+
+
+def part_id(gateway: str, value: bytes) -> str:
+    """A delivery id derived from a quarantined part's bytes (as long as next_delivery_id's)."""
+    return hashlib.sha256(gateway.encode() + b"\0" + value).hexdigest()[:28]
 
 
 class Batched(Protocol):
@@ -100,7 +106,9 @@ class Receiver:
         received_at = int(time.time() * 1000)
         appends: list[Coroutine[Any, Any, object]] = []
         for value, route in adapter.split(raw):
-            delivery_id = next_delivery_id()
+            # a part set aside gets an id from its bytes: the gateway's resend of the request (after a
+            # 503) quarantines it again under the same id, one row in the quarantine table, not one more
+            delivery_id = next_delivery_id() if route.resource_key is not None else part_id(gateway, value)
             headers_out = raw_headers(gateway, delivery_id, received_at)
             if route.resource_key is None:
                 appends.append(self._quarantine(gateway, value, route, delivery_id, headers_out, request=False))

@@ -105,13 +105,18 @@ class Truth:
             self.state = ("authorised" if not self.captured else "refunded" if self.refunded >= self.captured
                           else "captured")
         self.earned |= {"mark_order_paid"} if self.captured else set()
-        self.earned |= {"mark_order_refunded"} if self.state == "refunded" else set()
+        # refunded only once all that was authorised is (or on CANCEL_OR_REFUND): partial captures
+        # may still come, so a refund of what is captured so far is not the order's refund
+        whole = self.refunded >= self.authorised or code == "CANCEL_OR_REFUND"
+        self.earned |= {"mark_order_refunded"} if self.state == "refunded" and whole else set()
         self.earned |= {"mark_order_failed"} if self.state == "refused" else set()
         self.earned |= {"open_dispute"} if success and code in DISPUTES else set()
 
 
 def steps(rng: random.Random, amount: int) -> list[tuple[str, str, int, bool]]:
-    """(eventCode, the item's own pspReference suffix, value, success) in Adyen's order."""
+    """(eventCode, the item's own pspReference suffix, value, success) in Adyen's order. A recapture
+    is a CAPTURE of the failed one's pspReference with ``"reason": "Transaction Recaptured"`` [F]:
+    its suffix ends in ``+``."""
     if rng.random() < 0.12:
         return [("AUTHORISATION", "", amount, False)]
     out = [("AUTHORISATION", "", amount, True)]
@@ -122,24 +127,20 @@ def steps(rng: random.Random, amount: int) -> list[tuple[str, str, int, bool]]:
         return [*out, ("CANCELLATION", "CN", amount, True)]
     if roll < 0.2:
         return [*out, ("CANCEL_OR_REFUND", "CR", amount, True)]
-    captured = amount if rng.random() < 0.7 else rng.randrange(1, amount + 1)
-    out.append(("CAPTURE", "C1", captured, True))
-    if rng.random() < 0.15:
-        out.append(("CAPTURE_FAILED", "C1", captured, True))
-        if rng.random() < 0.4:
-            return out
-        out.append(("CAPTURE", "C1", captured, True))  # "Transaction Recaptured"
-    refunded = 0
-    for n in range(rng.choice([0, 0, 1, 2, 3])):
-        value = captured - refunded if rng.random() < 0.4 else rng.randrange(1, captured + 1)
-        if refunded + value > captured:
-            out.append(("REFUND", f"RX{n}", value, False))  # above what is left: Adyen refuses it
-            continue
-        out.append(("REFUND", f"R{n}", value, True))
-        refunded += value
-        if rng.random() < 0.15:
-            out.append(("REFUND_FAILED", f"R{n}", value, True))
-            refunded -= value
+    refunded = captured = 0
+    parts = 1 if rng.random() < 0.7 else rng.choice([2, 3])  # partial captures, each its own reference
+    for c in range(parts):
+        value = amount - captured if c == parts - 1 and rng.random() < 0.7 else rng.randrange(1, amount - captured + 1)
+        out.append(("CAPTURE", f"C{c}", value, True))
+        captured += value
+        if rng.random() < 0.15 and captured - value >= refunded:
+            out.append(("CAPTURE_FAILED", f"C{c}", value, True))
+            if rng.random() < 0.4:
+                return out
+            out.append(("CAPTURE", f"C{c}+", value, True))  # "Transaction Recaptured"
+        refunded, failed = _refunds(rng, out, c, captured, refunded)
+        if failed or captured == amount:
+            break
     if rng.random() < 0.1:
         return [*out, ("CANCEL_OR_REFUND", "CR", amount, True)]
     if refunded < captured and rng.random() < 0.2:
@@ -151,6 +152,23 @@ def steps(rng: random.Random, amount: int) -> list[tuple[str, str, int, bool]]:
             if rng.random() < 0.4:
                 out.append(("SECOND_CHARGEBACK", "D1", captured - refunded, True))
     return out
+
+
+def _refunds(rng: random.Random, out: list[tuple[str, str, int, bool]], c: int, captured: int,
+             refunded: int) -> tuple[int, bool]:
+    """Up to three partial refunds of what is captured so far (some refused, some failing): the new
+    total, and whether one failed (no refund after it: docs/gateways/adyen.md, Limits)."""
+    for n in range(rng.choice([0, 0, 1, 2, 3])):
+        value = captured - refunded if rng.random() < 0.4 else rng.randrange(1, captured + 1)
+        if refunded + value > captured or value == 0:
+            out.append(("REFUND", f"RX{c}{n}", max(value, 1), False))  # above what is left: refused
+            continue
+        out.append(("REFUND", f"R{c}{n}", value, True))
+        refunded += value
+        if rng.random() < 0.15:
+            out.append(("REFUND_FAILED", f"R{c}{n}", value, True))
+            return refunded - value, True
+    return refunded, False
 
 
 def event_date(ms: int, zone: timezone, millis: bool) -> str:
@@ -169,7 +187,7 @@ def payment(rng: random.Random, stem: str) -> tuple[str, list[tuple[dict[str, An
     for code, suffix, value, success in steps(rng, amount):
         tie = previous and TIE_RANK[code] > TIE_RANK[previous] and rng.random() < 0.3
         clock += 0 if tie else rng.choice([1, 2, 60, 3600, 86_400]) * 1000 + (rng.randrange(1000) if millis else 0)
-        previous, own = code, psp if code == "AUTHORISATION" else f"{psp}{suffix}"
+        previous, own = code, psp if code == "AUTHORISATION" else f"{psp}{suffix.rstrip('+')}"
         truth.take(code, own, value, success)
         item: dict[str, Any] = {
             "pspReference": own, "eventCode": code, "success": "true" if success else "false",
@@ -177,6 +195,8 @@ def payment(rng: random.Random, stem: str) -> tuple[str, list[tuple[dict[str, An
             "merchantAccountCode": "SimShop", "merchantReference": f"order-{stem}"}
         if code != "AUTHORISATION":
             item["originalReference"] = psp
+        if suffix.endswith("+"):
+            item["reason"] = "Transaction Recaptured"
         made.append((item, clock, truth.copy()))
     return psp, made
 

@@ -19,13 +19,16 @@ PSP = "PAY0000000000001"
 T0 = 1_796_000_000_000
 
 
-def item(code: str, at_s: float, value: int, psp: str | None = None, success: bool = True) -> dict[str, Any]:
+def item(code: str, at_s: float, value: int, psp: str | None = None, success: bool = True,
+         reason: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "pspReference": psp or PSP, "eventCode": code, "success": "true" if success else "false",
         "eventDate": datetime.fromtimestamp((T0 / 1000) + at_s, UTC).isoformat(timespec="seconds"),
         "amount": {"value": value, "currency": "EUR"}, "merchantAccountCode": "Shop", "merchantReference": "order-1"}
     if code != "AUTHORISATION":
         body["originalReference"] = PSP
+    if reason is not None:
+        body["reason"] = reason
     return body
 
 
@@ -106,19 +109,20 @@ def test_chargeback_and_its_reversal() -> None:
 
 @st.composite
 def lifecycles(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """A payment's items in the order Adyen made them, as its docs describe the lifecycle: one
-    capture (which may fail and be captured again), partial refunds (which may fail), a
-    cancellation, a chargeback (which may be reversed), failed modifications. Times increase; a
-    tie only where the lifecycle rank agrees with the order of creation."""
+    """A payment's items in the order Adyen made them, as its docs describe the lifecycle: one to
+    three partial captures (one may fail and be captured again), partial refunds of what is captured
+    so far (which may fail), a cancellation, a chargeback (which may be reversed), failed
+    modifications. Times increase; a tie only where the lifecycle rank agrees with the order of
+    creation."""
     amount = draw(st.integers(1, 10_000))
     made: list[dict[str, Any]] = []
     clock = [0.0]
 
-    def add(code: str, value: int, psp: str, success: bool = True) -> None:
+    def add(code: str, value: int, psp: str, success: bool = True, reason: str | None = None) -> None:
         may_tie = bool(made) and core.RANK[code] > core.RANK[made[-1]["eventCode"]]
         tie: bool = may_tie and draw(st.booleans())
         clock[0] += 0 if tie else draw(st.integers(1, 5))
-        made.append(item(code, clock[0], value, psp, success))
+        made.append(item(code, clock[0], value, psp, success, reason))
 
     add("AUTHORISATION", amount, PSP, draw(st.booleans()) or draw(st.booleans()))
     if made[0]["success"] == "false":
@@ -132,26 +136,35 @@ def lifecycles(draw: st.DrawFn) -> list[dict[str, Any]]:
     if path == "cancel_or_refund" and draw(st.booleans()):
         add("CANCEL_OR_REFUND", amount, "COR1")
         return made
-    captured = draw(st.integers(1, amount))
-    add("CAPTURE", captured, "CAP1")
-    if draw(st.booleans()):
-        add("CAPTURE_FAILED", captured, "CAP1")
-        if draw(st.booleans()):
-            return made
-        add("CAPTURE", captured, "CAP1")  # Adyen captured it again ("Transaction Recaptured")
-    refunded = 0
-    for n in range(draw(st.integers(0, 3))):
-        value = draw(st.integers(1, captured))
-        if refunded + value > captured:
+    captured, refunded, refunds, failed = 0, 0, 0, False
+    for c in range(draw(st.integers(1, 3))):
+        if captured == amount:
             break
-        add("REFUND", value, f"REF{n}")
-        refunded += value
-        if draw(st.booleans()):
-            add("REFUND_FAILED", value, f"REF{n}")
-            refunded -= value
+        value = draw(st.integers(1, amount - captured))
+        add("CAPTURE", value, f"CAP{c}")
+        captured += value
+        if draw(st.booleans()) and captured - value >= refunded:
+            add("CAPTURE_FAILED", value, f"CAP{c}")
+            captured -= value
+            if draw(st.booleans()):
+                return made  # not re-captured (a later refund of it: docs/gateways/adyen.md, Limits)
+            add("CAPTURE", value, f"CAP{c}", reason="Transaction Recaptured")  # Adyen captured it again
+            captured += value
+        for _ in range(0 if failed else draw(st.integers(0, 2))):  # refunds of what is captured so far
+            part = draw(st.integers(1, max(1, captured)))
+            if refunded + part > captured:
+                break
+            add("REFUND", part, f"REF{refunds}")
+            refunded += part
+            refunds += 1
+            if draw(st.booleans()):
+                add("REFUND_FAILED", part, f"REF{refunds - 1}")
+                refunded -= part
+                failed = True
+                break  # a later refund may not complete the total: docs/gateways/adyen.md, Limits
     if path == "cancel_or_refund":
         add("CANCEL_OR_REFUND", amount, "COR1")
-    elif draw(st.booleans()):
+    elif captured and draw(st.booleans()):
         if draw(st.booleans()):
             add("NOTIFICATION_OF_CHARGEBACK", captured, "DIS1")
         add("CHARGEBACK", captured, "DIS1")

@@ -110,8 +110,14 @@ def test_adyens_published_examples_parse_and_route(code: str) -> None:
     if code not in adyen.EVENT_CODES:
         assert route.quarantine_code == "unknown_type" and "eventCode" in (route.quarantine_reason or "")
         return
-    assert route.resource_key == f"adyen:{item.get('originalReference') or item['pspReference']}"
-    assert route.event_id == f"{item['pspReference']}:{code}:{item['success']}:{item['eventDate']}"
+    amount = item["amount"]
+    assert route.event_id == f"{item['pspReference']}:{code}:{item['success']}:{amount['value']}:{amount['currency']}"
+    if code in ("CHARGEBACK_REVERSED", "SECOND_CHARGEBACK"):  # published without originalReference
+        assert "originalReference" not in item and route.resource_key is None
+        where = "notificationItems[0].NotificationRequestItem.originalReference"
+        assert route.quarantine_reason == f"{where}: required for {code}"
+        return
+    assert route.resource_key == {"AUTHORISATION": "adyen:QFQTPCQ8HXSKGK82"}.get(code, "adyen:9913140798220028")
     assert isinstance(adyen.read(record, True), adyen.Notification)
 
 

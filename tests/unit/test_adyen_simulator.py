@@ -65,3 +65,26 @@ def test_simulated_requests_are_signed_item_by_item_by_the_deliverer_and_retried
     chaos = Chaos(time_scale=1.0)
     assert [retry_after_s("adyen", n, chaos) for n in (1, 2, 3, 4)] == [9.0, 9.0, 9.0, 120.0]
     assert retry_after_s("adyen", 9, chaos) is None and retry_after_s("pg", 1, chaos) == 0.3
+
+
+def test_the_histories_hold_partial_captures_and_recaptures() -> None:
+    several = recaptured = 0
+    for seed in range(1, 400):
+        bodies = [orjson.loads(e.body) for e in truths.make("adyen", seed).events]
+        several += sum(b["eventCode"] == "CAPTURE" and b["success"] == "true" and "reason" not in b for b in bodies) > 1
+        recaptured += any(b.get("reason") == "Transaction Recaptured" for b in bodies)
+    assert several > 40 and recaptured > 5
+
+
+def test_a_reducer_that_marks_refunded_against_the_captures_seen_so_far_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    earn = core._earn
+
+    def wrong(out: core.Reduced, ev: core.AdyenEvent) -> None:
+        earn(out, ev)
+        if out.state == "refunded" and "mark_order_refunded" not in out.earned:
+            out.earned.append("mark_order_refunded")
+
+    monkeypatch.setattr(core, "_earn", wrong)
+    report = check.check_gateway("adyen", 500, 1, keep=0)
+    assert any("mark_order_refunded" in line for _, _, why in report.mismatches for line in why)
