@@ -1,10 +1,12 @@
 """`orderly demo`: the main job end to end on the embedded stack (I/O shell).
 
-Starts Kafka, PostgreSQL and every Orderly process, lets the gateway simulator drive pg, card and
-paymos resources with out-of-order, duplicated, first-attempt-failing and outage-interrupted
-deliveries (the ingest is killed for a while in the middle), waits for the pipeline to drain, and
-compares every read-model row and every user balance with what the gateways' documents say it must
-hold (app/simulator/expected.py, computed from the generated lifecycles) and with the gateway's truth.
+Starts Kafka, PostgreSQL and every Orderly process, lets the gateway simulator drive every simulated
+gateway's resources (pg, card, paymos, stripe, adyen: each simulator declaration's ``demo``) with
+out-of-order, duplicated, first-attempt-failing and outage-interrupted deliveries (the ingest is
+killed for a while in the middle), waits for the pipeline to drain, and compares every read-model
+row and every user balance with what the gateways' documents say it must hold (each declaration's
+``demo_tables``, computed from the generated lifecycles, never from app/core) and with the
+gateway's truth.
 
 It runs one pass per ``--fetch-api`` mode (default ``404,truth``), each in a fresh namespace with
 the same seeded lifecycles and deliveries. With ``404`` the gateways' GET APIs never answer, so a

@@ -164,6 +164,9 @@ class ProjectorMetrics(_Metrics):
         self.parked_events = Gauge("orderly_parked_events", "Parked deliveries", ["gateway"], registry=self.registry)
         self.parked_oldest_s = Gauge("orderly_parked_oldest_seconds", "Age of the oldest delivery still parked "
                                      "(0 when none)", ["gateway"], registry=self.registry)
+        self.parked_overdue = Gauge("orderly_parked_overdue_resources", "Resources whose oldest parked delivery "
+                                    "waited longer than ORDERLY_PARKED_ALERT_AFTER_S", ["gateway"],
+                                    registry=self.registry)
         self.quarantine_records = Gauge("orderly_quarantine_records", "Records in the quarantine table not "
                                         "redriven, by the stage that set them aside", ["stage"],
                                         registry=self.registry)

@@ -39,7 +39,8 @@ STAGES = ("ingest", "worker", "projector", "effects", "fetcher")  # what sets re
 # partial index webhook_events_parked holds exactly these rows).
 PARKED_BY_GATEWAY = """
 SELECT gateway, count(DISTINCT resource_id) AS resources, count(*) AS events,
-       coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 AS oldest_s
+       coalesce(extract(epoch FROM now() - min(received_at)), 0)::float8 AS oldest_s,
+       count(DISTINCT resource_id) FILTER (WHERE received_at < now() - make_interval(secs => $1)) AS overdue
   FROM webhook_events WHERE outcome = 'parked' GROUP BY gateway"""
 QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE redriven_at IS NULL GROUP BY stage"
 
@@ -202,12 +203,14 @@ class Projector:
         pool = self.sink.pool
         assert pool is not None
         m = self.metrics
-        parked = {r["gateway"]: r for r in await pool.fetch(PARKED_BY_GATEWAY)}
+        parked = {r["gateway"]: r for r in await pool.fetch(PARKED_BY_GATEWAY,
+                                                            float(self.settings.parked_alert_after_s))}
         for gateway in sorted(set(registry.GATEWAYS) | set(parked)):
             row = parked.get(gateway)
             m.parked_resources.labels(gateway).set(row["resources"] if row else 0)
             m.parked_events.labels(gateway).set(row["events"] if row else 0)
             m.parked_oldest_s.labels(gateway).set(row["oldest_s"] if row else 0.0)
+            m.parked_overdue.labels(gateway).set(row["overdue"] if row else 0)
         quarantined = {r["stage"]: r["records"] for r in await pool.fetch(QUARANTINED_BY_STAGE)}
         for stage in sorted(set(STAGES) | set(quarantined)):
             m.quarantine_records.labels(stage).set(quarantined.get(stage, 0))

@@ -208,6 +208,9 @@ class Settings:
     fetch_parked_after_s = Setting("ORDERLY_FETCH_PARKED_AFTER_S", Number(), 60.0,
             "a card payment whose events stay parked longer than this many seconds is fetched from the card "
             "API")
+    parked_alert_after_s = Setting("ORDERLY_PARKED_ALERT_AFTER_S", Number(), 3600.0,
+            "a resource parked longer than this many seconds is shown overdue to the operator (console "
+            "/parked, /api/parked, orderly_parked_overdue_resources): a gateway without a fetch (adyen) waits")
     fetch_interval_s = Setting("ORDERLY_FETCH_INTERVAL_S", Number(), 30.0,
             "seconds between the fetcher's looks for parked card payments")
     fetch_rate_per_s = Setting("ORDERLY_FETCH_RATE_PER_S", Number(), 10.0,

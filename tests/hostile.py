@@ -1,4 +1,4 @@
-"""Hypothesis strategies of well-formed JSON webhook bodies, valid and hostile, for the three gateways.
+"""Hypothesis strategies of well-formed JSON webhook bodies, valid and hostile, for the five gateways.
 
 DESIGN.md §2.4: a gateway, a bug in one, or whoever holds a leaked secret can send a validly signed
 body of any shape. ``mutated()`` takes a valid event and breaks one field path the core or the
@@ -8,6 +8,10 @@ or adds one hostile unknown field; ``valid_events()`` are events of every type, 
 under 1 MiB; ``bodies()`` mixes both. Every item names its gateway, its bytes, the resource key
 it is about while its resource id is valid, and the mutated path. Event and resource ids are unique
 per generated body. ``signed_headers`` signs an item as its gateway would.
+
+stripe: v1 snapshot events (docs/gateways/stripe.md). adyen: one ``NotificationRequestItem``, the
+record the ingest stores for each item (docs/gateways/adyen.md); ``request_body`` wraps it in a
+request and signs it as Adyen would, the signature being inside the body.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from hypothesis import strategies as st
 if TYPE_CHECKING:
     from app.settings import Settings
 
-GATEWAYS = ("pg", "card", "paymos")
+GATEWAYS = ("pg", "card", "paymos", "stripe", "adyen")
 MAX_BODY = 1024 * 1024  # the ingest's limit (app/ingest/body.py): a padded body stays just under it
 Path = tuple[str | int, ...]
 
@@ -53,6 +57,22 @@ def signed_headers(item: Item, settings: Settings, now: float | None = None) -> 
     from tests.support import signed_headers as sign  # the ingest and Kafka client load only here
 
     return sign(item.gateway, item.body, settings, now)
+
+
+def request_body(item: Item, settings: Settings) -> bytes:
+    """What is POSTed for ``item``: its body, or for adyen the item in a request of its own, signed
+    when its signed fields can be signed at all (else sent unsigned: refused with 401, nothing stored)."""
+    if item.gateway != "adyen":
+        return item.body
+    from app.gateways import adyen  # the adapter signs: the strategies above never import app/
+
+    body = json.loads(item.body)
+    if isinstance(body, dict):
+        try:
+            return adyen.sign_body([body], settings.secrets["adyen"].reveal()[0])
+        except Exception:  # a field the HMAC covers has a shape nothing can sign (msgspec's or ours)
+            pass
+    return encode({"live": "false", "notificationItems": [{"NotificationRequestItem": body}]})
 
 
 # --- valid events ---------------------------------------------------------------------------------
@@ -218,8 +238,78 @@ def paymos_events(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
-BUILDERS = {"pg": pg_events, "card": card_events, "paymos": paymos_events}
+# Stripe's v1 event types and the object each carries (API reference, "Types of events"; docs/gateways/stripe.md)
+STRIPE_TYPES = {
+    "payment_intent": ["created", "processing", "requires_action", "amount_capturable_updated", "partially_funded",
+                       "succeeded", "payment_failed", "canceled"],
+    "charge": ["pending", "succeeded", "failed", "captured", "refunded", "updated", "expired"],
+    "refund": ["created", "updated", "failed"],
+    "dispute": ["created", "updated", "closed", "funds_withdrawn", "funds_reinstated"],
+}
+STRIPE_EVENTS = [(("charge." if kind == "dispute" else "") + f"{kind}.{step}", kind)
+                 for kind, steps in STRIPE_TYPES.items() for step in steps] + [("charge.refund.updated", "refund")]
+
+
+@st.composite
+def stripe_events(draw: st.DrawFn) -> dict[str, Any]:
+    event_type, kind = draw(st.sampled_from(STRIPE_EVENTS))
+    obj: dict[str, Any] = {"id": draw(ids({"payment_intent": "pi", "charge": "ch", "refund": "re"}.get(kind, "dp"))),
+                           "object": kind}
+    _maybe(draw, obj, "status", st.sampled_from(["succeeded", "requires_payment_method", "pending", "won"]) | st.none())
+    for name in ("amount", "amount_received", "amount_captured", "amount_refunded"):
+        _maybe(draw, obj, name, money | st.none())
+    _maybe(draw, obj, "currency", st.sampled_from(["eur", "usd", "jpy"]))
+    if kind != "payment_intent":
+        _maybe(draw, obj, "payment_intent", ids("pi") | st.none())
+        _maybe(draw, obj, "charge", ids("ch") | st.none())
+    _maybe(draw, obj, "captured", st.booleans())
+    _maybe(draw, obj, "refunded", st.booleans())
+    body = {"id": draw(ids("evt")), "object": "event", "type": event_type,
+            "created": draw(st.integers(UNIX_MS_MIN // 1000, UNIX_MS_MAX // 1000)), "data": {"object": obj}}
+    _maybe(draw, body, "api_version", st.just("2025-06-30.basil"))
+    _maybe(draw, body, "livemode", st.booleans())
+    return body
+
+
+ADYEN_CODES = ["AUTHORISATION", "CAPTURE", "CAPTURE_FAILED", "REFUND", "REFUND_FAILED", "CANCELLATION",
+               "CANCEL_OR_REFUND", "NOTIFICATION_OF_CHARGEBACK", "CHARGEBACK", "CHARGEBACK_REVERSED",
+               "SECOND_CHARGEBACK"]  # the event codes docs/gateways/adyen.md decides
+
+
+@st.composite
+def adyen_items(draw: st.DrawFn) -> dict[str, Any]:
+    code = draw(st.sampled_from(ADYEN_CODES))
+    item: dict[str, Any] = {"pspReference": draw(ids("PSP")), "eventCode": code,
+                            "success": draw(st.sampled_from(["true", "false"])), "eventDate": draw(iso_times()),
+                            "amount": {"value": draw(money), "currency": draw(st.sampled_from(["EUR", "USD"]))},
+                            "merchantAccountCode": "HostileShop", "merchantReference": draw(ids("order"))}
+    if code != "AUTHORISATION" or draw(st.booleans()):
+        item["originalReference"] = draw(ids("PSP"))
+    _maybe(draw, item, "reason", _printable)
+    return item
+
+
+def _stripe_resource(body: Any) -> Any:
+    """A PaymentIntent's own id; a charge's, refund's or dispute's PaymentIntent, else its charge,
+    else its own id (docs/gateways/stripe.md, the resource key): the first that is an id."""
+    obj = lookup(body, ("data", "object"))
+    if not isinstance(obj, dict):
+        return None
+    steps = ("id",) if obj.get("object") == "payment_intent" else ("payment_intent", "charge", "id")
+    return next((obj.get(step) for step in steps if is_id(obj.get(step))), None)
+
+
+def _adyen_resource(body: Any) -> Any:
+    """The payment: the item's originalReference, else its own pspReference (docs/gateways/adyen.md)."""
+    if not isinstance(body, dict):
+        return None
+    return next((body.get(f) for f in ("originalReference", "pspReference") if is_id(body.get(f))), None)
+
+
+BUILDERS = {"pg": pg_events, "card": card_events, "paymos": paymos_events, "stripe": stripe_events,
+            "adyen": adyen_items}
 RESOURCE_PATH: dict[str, Path] = {"pg": ("data", "object", "id"), "card": ("payment_ref",), "paymos": ("data", "id")}
+RESOURCE_OF: dict[str, Callable[[Any], Any]] = {"stripe": _stripe_resource, "adyen": _adyen_resource}
 
 
 def encode(body: Any) -> bytes:
@@ -234,9 +324,14 @@ def nested(levels: int) -> Any:
     return value
 
 
-def padded(body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` with an unknown field that brings it to just under the ingest's 1 MiB."""
-    room = MAX_BODY - len(encode(body)) - len(',"x_padding":""') - 16
+# an adyen item travels inside a request (its envelope and signature): a padded item leaves room for it
+ENVELOPE_ROOM = {"adyen": 512}
+
+
+def padded(body: dict[str, Any], gateway: str = "") -> dict[str, Any]:
+    """``body`` with an unknown field that brings it (its request, for adyen) to just under the
+    ingest's 1 MiB."""
+    room = MAX_BODY - len(encode(body)) - len(',"x_padding":""') - 16 - ENVELOPE_ROOM.get(gateway, 0)
     return {**body, "x_padding": "p" * max(0, room)}
 
 
@@ -259,7 +354,7 @@ def is_id(value: Any) -> bool:
 
 
 def resource_key(gateway: str, body: Any) -> str | None:
-    rid = lookup(body, RESOURCE_PATH[gateway])
+    rid = RESOURCE_OF[gateway](body) if gateway in RESOURCE_OF else lookup(body, RESOURCE_PATH[gateway])
     return f"{gateway}:{rid}" if is_id(rid) else None
 
 
@@ -278,7 +373,7 @@ def valid_events(draw: st.DrawFn, gateway: str | None = None) -> Item:
     elif shape == "big_int_19_digits":  # 19 digits and still inside 64 bits: allowed
         body["x_big"] = draw(st.sampled_from([INT64_MAX, -(2**63), 1_000_000_000_000_000_000]))
     elif shape == "padded":
-        body = padded(body)
+        body = padded(body, gw)
     return Item(gw, encode(body), resource_key(gw, body))
 
 
@@ -345,10 +440,27 @@ PAYMOS_FIELDS: list[Field] = [
 ]
 
 
+STRIPE_FIELDS: list[Field] = [
+    (("id",), "id", True), (("type",), "stripe_type", True), (("created",), "unix_s", True),
+    (("data",), "object", True), (_O, "object", True), ((*_O, "id"), "id", True),
+    ((*_O, "object"), "stripe_object", True), ((*_O, "status"), "text", False), ((*_O, "amount"), "minor", False),
+    ((*_O, "amount_received"), "minor", False), ((*_O, "amount_captured"), "minor", False),
+    ((*_O, "amount_refunded"), "minor", False), ((*_O, "currency"), "text", False),
+    ((*_O, "payment_intent"), "id", False), ((*_O, "charge"), "id", False), ((*_O, "captured"), "bool", False),
+    ((*_O, "refunded"), "bool", False),
+]
+ADYEN_FIELDS: list[Field] = [
+    (("pspReference",), "id", True), (("eventCode",), "adyen_code", True), (("eventDate",), "iso", True),
+    (("success",), "adyen_success", True), (("amount",), "object", True), (("amount", "value"), "minor", True),
+    (("amount", "currency"), "text", True), (("merchantAccountCode",), "account", True),
+    (("merchantReference",), "reference", True), (("originalReference",), "reference", False),
+]
+
+
 def fields(gateway: str, body: dict[str, Any]) -> list[Field]:
     if gateway == "pg":
         return PG_ENVELOPE + PG_OBJECT.get(str(lookup(body, (*_O, "object"))), [])
-    return CARD_FIELDS if gateway == "card" else PAYMOS_FIELDS
+    return {"card": CARD_FIELDS, "paymos": PAYMOS_FIELDS, "stripe": STRIPE_FIELDS, "adyen": ADYEN_FIELDS}[gateway]
 
 
 _TYPE_OF = {"str": "x", "int": 7, "float": 1.5, "bool": True, "list": [1], "object": {"a": 1}, "null": None}
@@ -403,6 +515,14 @@ _BAD: dict[str, list[tuple[str, Maker]]] = {
     "card_type": [("unknown type", lambda n: "payment.disputed"), *_BAD_ID[:5]],
     "paymos_type": [("unknown type", lambda n: "invoice.refunded"), ("capitalised type", lambda n: "INVOICE.PAID"),
                     *_BAD_ID[:5]],
+    "stripe_type": [("unknown type", lambda n: "payment_intent.exploded"), ("a thin type on a snapshot",
+                                                                             lambda n: "v1.payment_intent.created"),
+                    *_BAD_ID[:5]],
+    "stripe_object": [("foreign object kind", lambda n: "deposit"), ("empty kind", lambda n: "")],
+    "adyen_code": [("unhandled event code", lambda n: "AUTHORISATION_ADJUSTMENT"), *_BAD_ID[:5]],
+    "adyen_success": [("yes for true", lambda n: "yes"), ("capitalised True", lambda n: "True")],
+    "reference": _BAD_ID[1:],  # Adyen signs a missing reference as "": empty is allowed
+    "account": _BAD_ID[1:4],  # signed, stored, never shown or keyed on: only too long or NUL is refused
 }
 
 
@@ -455,7 +575,7 @@ def apply(gateway: str, body: dict[str, Any], mutation: Mutation, serial: int, p
     else:
         _set(body, path, value)
     if pad:
-        body = padded(body)
+        body = padded(body, gateway)
     raw = encode(body)
     assert len(raw) <= MAX_BODY, "a hostile body must still be one the ingest takes"
     return Item(gateway, raw, resource_key(gateway, body), dotted(path), f"{label} at {dotted(path)}")
@@ -514,6 +634,16 @@ def full_bodies() -> list[tuple[str, dict[str, Any]]]:
                     "data": {"id": "inv_full", "object": "invoice", "status": "expired", "is_final": True,
                              "updated_at": 1_796_000_000_000, "paid_late_at": 1_796_000_100, "amount": "125.5",
                              "fee": "0.5", "net_amount": "125.0"}}),
+        ("stripe", {"id": "evt_stripe_full", "object": "event", "type": "charge.refunded", "created": 1_796_000_000,
+                    "api_version": "2025-06-30.basil", "livemode": False,
+                    "data": {"object": {"id": "ch_full", "object": "charge", "status": "succeeded", "amount": 2_000,
+                                        "amount_received": 2_000, "amount_captured": 2_000, "amount_refunded": 500,
+                                        "currency": "eur", "payment_intent": "pi_full", "charge": "ch_full",
+                                        "captured": True, "refunded": False}}}),
+        ("adyen", {"pspReference": "PSPFULLREFUND", "originalReference": "PSPFULL", "eventCode": "REFUND",
+                   "success": "true", "eventDate": "2026-11-29T11:02:40+01:00",
+                   "amount": {"value": 500, "currency": "EUR"}, "merchantAccountCode": "HostileShop",
+                   "merchantReference": "order-full", "reason": ""}),
     ]
 
 

@@ -81,7 +81,8 @@ async def api_search(request: web.Request) -> web.Response:
 
 async def api_parked(request: web.Request) -> web.Response:
     async with request.app[ADMIN].db() as conn:
-        return json_response({"items": await queries.parked(conn, _limit(request, 200))})
+        return json_response({"items": await queries.parked(conn, _limit(request, 200),
+                                                            request.app[ADMIN].settings.parked_alert_after_s)})
 
 
 async def api_gaps(request: web.Request) -> web.Response:

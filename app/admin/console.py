@@ -163,9 +163,10 @@ async def resource(request: web.Request) -> web.Response:
 
 async def parked(request: web.Request) -> web.Response:
     async with request.app[ADMIN].db() as conn:
-        items = await queries.parked(conn)
+        items = await queries.parked(conn, overdue_after_s=request.app[ADMIN].settings.parked_alert_after_s)
     settings = request.app[ADMIN].settings
-    return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s)
+    return render(request, "parked.html", items=items, fetch_after_s=settings.fetch_parked_after_s,
+                  alert_after_s=settings.parked_alert_after_s)
 
 
 async def gaps(request: web.Request) -> web.Response:

@@ -81,7 +81,8 @@ def admin_paths() -> dict[str, Any]:
             "responses": {"200": _json("requested", {"$ref": "#/components/schemas/Done"}), "409": _error(),
                           "422": _error(), "503": _error(), **unauthorized}}},
         "/api/parked": {"get": {
-            "summary": "resources holding parked deliveries, oldest first, with why",
+            "summary": "resources holding parked deliveries, oldest first, with why, and `overdue` once parked "
+                       "longer than ORDERLY_PARKED_ALERT_AFTER_S",
             "parameters": [LIMIT], "responses": {"200": _json("parked resources", ITEMS), **unauthorized}}},
         "/api/gaps": {"get": {
             "summary": "open pg sequence gaps with age and backfill status",

@@ -76,7 +76,8 @@ SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.st
 PARKED = """
 SELECT gateway, resource_id, count(*) AS deliveries, min(received_at) AS parked_since,
        (array_agg(coalesce(error, '') ORDER BY received_at))[1] AS why,
-       (array_agg(event_type ORDER BY received_at))[1] AS first_event_type
+       (array_agg(event_type ORDER BY received_at))[1] AS first_event_type,
+       min(received_at) < now() - make_interval(secs => $2) AS overdue
   FROM webhook_events WHERE outcome = 'parked'
  GROUP BY gateway, resource_id ORDER BY min(received_at) LIMIT $1"""
 GAPS = """
@@ -211,9 +212,12 @@ def parked_because(gateway: str) -> str:
     return found.parked_because if found is not None else ""
 
 
-async def parked(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
+async def parked(conn: Conn, limit: int = 200, overdue_after_s: float = 3600.0) -> list[dict[str, Any]]:
+    """Resources holding parked deliveries, oldest first; ``overdue`` once the oldest has waited
+    longer than ``overdue_after_s`` (ORDERLY_PARKED_ALERT_AFTER_S): for a gateway without a fetch
+    (adyen) nothing but the operator can help it then (DESIGN §2.6)."""
     out = []
-    for r in await conn.fetch(PARKED, limit):
+    for r in await conn.fetch(PARKED, limit, float(overdue_after_s)):
         row = dict(r)
         row["why"] = row["why"] or parked_because(row["gateway"])
         out.append(row)

@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from app.gateways import adyen as adapter
+from app.simulator import lifecycles
 from app.simulator.histories import (
     DAY,
     HOUR,
@@ -38,7 +39,7 @@ from app.simulator.histories import (
 )
 from app.simulator.lifecycles import Emitted
 from app.simulator.oracle import Outcome
-from app.simulator.plugins import GatewaySimulator
+from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 
 T0_MS = 1_796_000_000_000
 KEY = "00112233445566778899AABBCCDDEEFF00112233445566778899AABBCCDDEEFF"  # the registry's dev key
@@ -264,6 +265,99 @@ def expected(history: History) -> dict[str, Any]:
     return {"rows": {psp: row}, "effects": effects, "parked": {psp: 0}}
 
 
+# --- `orderly demo` -------------------------------------------------------------------------------
+DEMO_GAP_MS = 20_000  # the demo's sending clock: an item at most this long after the previous one
+
+
+def demo(rng: random.Random, count: int, truth: lifecycles.Truth) -> list[Emitted]:
+    """`orderly demo`'s Adyen: the requests of ``count`` payments, sent on a compressed clock (a day
+    between two items of the lifecycle would be 36 minutes of the demo); each item keeps its own
+    ``eventDate``, which is what orders it (the sending time is only when it leaves)."""
+    sent: dict[str, int] = {}
+    made: dict[str, int] = {}
+    out = []
+    for psp, body, clock in requests(rng, count, truth.by_gateway.setdefault("adyen", {})):
+        at = (T0_MS + (clock - T0_MS) % 60_000 if psp not in sent
+              else sent[psp] + min(clock - made[psp], DEMO_GAP_MS))
+        sent[psp], made[psp] = at, clock
+        out.append(Emitted("adyen", psp, body, at))
+    return sorted(out, key=lambda e: e.created_ms)
+
+
+def _applies(t: Truth, code: str, psp: str, value: int, success: bool) -> bool:
+    """docs/gateways/adyen.md, Decisions: whether an item can apply to the payment ``t`` now (else it
+    stays parked); a refused modification applies and changes nothing."""
+    if code == "AUTHORISATION" or t.state == "created":
+        return code == "AUTHORISATION"
+    if not success:
+        return True
+    if t.state == "cancelled":
+        return code in ("CANCELLATION", "CANCEL_OR_REFUND")  # a repeat: no change
+    if code == "CAPTURE":  # partial captures may follow a refund; never past what was authorised
+        return t.captured + value <= t.authorised
+    if code == "CAPTURE_FAILED":  # not while what stays captured would be below what is refunded
+        return psp in t.captures and t.captured - t.captures[psp] >= t.refunded
+    if code == "REFUND":
+        return 0 < t.captured and t.refunded + value <= t.captured
+    if code == "REFUND_FAILED":
+        return psp in t.refunds
+    if code == "CANCELLATION":
+        return t.state == "authorised" and not t.captured
+    if code == "CANCEL_OR_REFUND":
+        return t.state in ("authorised", "captured")
+    if code == "CHARGEBACK_REVERSED":
+        return t.state == "chargeback"
+    return True  # a dispute item: after the authorisation
+
+
+def _instant_ms(event_date: str) -> int:
+    return int(datetime.fromisoformat(event_date).timestamp() * 1000)
+
+
+def expected_payments(run: DemoInput) -> dict[str, tuple[str, int, int, int]]:
+    """What docs/gateways/adyen.md says ``adyen_payments`` holds after the delivered items: each
+    payment's items sorted by (``eventDate`` as an instant, the lifecycle rank, the dedupe key),
+    the lowest one that can apply applied, again and again; the others stay parked. A payment
+    whose authorisation never came has no row. (state, authorised, captured, refunded)."""
+    items: dict[str, dict[str, dict[str, Any]]] = {}
+    for e in run.events:
+        for wrapped in orjson.loads(e.body)["notificationItems"]:
+            item = wrapped["NotificationRequestItem"]
+            # the dedupe key of the signed fields, a recapture told apart by Adyen's reason [F]
+            key = (f"{item['pspReference']}:{item['eventCode']}:{item['success']}:{item['amount']['value']}:"
+                   f"{item['amount']['currency']}:{'recaptured' in (item.get('reason') or '').lower()}")
+            items.setdefault(item.get("originalReference") or item["pspReference"], {})[key] = item
+    out = {}
+    for psp, by_key in items.items():
+        pending = sorted(by_key.items(), key=lambda kv: (_instant_ms(kv[1]["eventDate"]),
+                                                         TIE_RANK[kv[1]["eventCode"]], kv[0]))
+        t, authorised = Truth(), False
+        while True:
+            for n, (_, item) in enumerate(pending):
+                code, own, value = item["eventCode"], item["pspReference"], item["amount"]["value"]
+                success = item["success"] == "true"
+                if _applies(t, code, own, value, success):
+                    if not (code == "AUTHORISATION" and authorised):  # a second one changes nothing
+                        t.take(code, own, value, success)
+                    authorised = True
+                    del pending[n]
+                    break
+            else:
+                break
+        if authorised:
+            out[psp] = (t.state, t.authorised, t.captured, t.refunded)
+    return out
+
+
+DEMO_TABLES = (
+    DemoTable("adyen payments",
+              "SELECT psp_reference, state, authorised_minor, captured_minor, refunded_minor FROM adyen_payments",
+              expected_payments,
+              lambda truth: {psp: (r["state"], r["authorised_minor"], r["captured_minor"], r["refunded_minor"])
+                             for psp, r in truth.by_gateway.get("adyen", {}).items()}),
+)
+
+
 # What the simulator knows of adyen (app/simulator/plugins.py): the registry line names this module.
 # Live retries in Adyen's own seconds: three 9 s apart, then its queue at 2, 5, 10, 15, 30 min, ...
 SIMULATOR = GatewaySimulator(
@@ -271,4 +365,5 @@ SIMULATOR = GatewaySimulator(
     rows={"adyen_payments": ("state", "authorised_minor", "captured_minor", "refunded_minor")},
     lifecycles=lambda rng, count, truth: [Emitted("adyen", *r) for r in requests(
         rng, count, truth.by_gateway.setdefault("adyen", {}))],
+    demo=lambda rng, n, truth: demo(rng, n[0], truth), demo_sizes=(150,), demo_tables=DEMO_TABLES,
     retry_s=(9.0, 9.0, 9.0, 120.0, 300.0, 600.0, 900.0, 1800.0))

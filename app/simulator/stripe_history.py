@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from app.gateways.stripe import synced_body
+from app.simulator import lifecycles
 from app.simulator.histories import (
     DAY,
     HOUR,
@@ -39,7 +40,7 @@ from app.simulator.histories import (
 )
 from app.simulator.lifecycles import Emitted
 from app.simulator.oracle import Outcome
-from app.simulator.plugins import GatewaySimulator
+from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.stripe import CLOSED_DISPUTE, T0_S, Lifecycle, emitted, lifecycle
 
 RETRIES = (0, MIN, 5 * MIN, 30 * MIN, 2 * HOUR, 5 * HOUR, 10 * HOUR, DAY, 2 * DAY, 3 * DAY)
@@ -220,7 +221,60 @@ def row(rid: str, latest: dict[tuple[str, str], tuple[float, dict[str, Any], int
             "updated_at": datetime.fromtimestamp(updated, UTC).isoformat().replace("+00:00", "Z")}
 
 
+# --- `orderly demo` -------------------------------------------------------------------------------
+DEMO_COLUMNS = ("status", "amount_received_minor", "amount_refunded_minor", "currency", "dispute_status")
+
+
+def demo(rng: random.Random, count: int, truth: lifecycles.Truth) -> list[Emitted]:
+    """`orderly demo`'s Stripe: ``count`` PaymentIntents' snapshot events in creation order, and what
+    Stripe's API says of each at the end (``truth.by_gateway["stripe"]``). Only lifecycles without an
+    uncertain same-second tie: the demo's Stripe API does not answer yet, and a tie is settled by
+    the fetch it asks for (docs/gateways/stripe.md), so with the payloads alone the reducer's
+    guess could rightly differ from Stripe's own order."""
+    truths = truth.by_gateway.setdefault("stripe", {})
+    out = []
+    for i in range(count):
+        life = lifecycle(rng, f"pi_demo{i}", T0_S + rng.randrange(0, 60))
+        while life.ties:
+            life = lifecycle(rng, f"pi_demo{i}", T0_S + rng.randrange(0, 60))
+        truths[life.resource] = life.truth.row
+        out += [Emitted("stripe", life.resource, raw, second * 1000)
+                for raw, second in zip(life.events, life.created, strict=True)]
+    return sorted(out, key=lambda e: e.created_ms)
+
+
+def _epoch(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
+
+
+def expected_intents(run: DemoInput) -> dict[str, tuple[Any, ...]]:
+    """What docs/gateways/stripe.md says ``stripe_payment_intents`` holds after the delivered snapshot
+    events: each object at its latest snapshot in Stripe's order (the events come in creation
+    order; a lost one is simply not there), the row derived from those as the oracle derives it.
+    (status, received, refunded, currency, dispute status, updated_at in epoch seconds)."""
+    latest: dict[str, dict[tuple[str, str], tuple[float, dict[str, Any], int]]] = {}
+    for n, e in enumerate(run.events):
+        obj = orjson.loads(e.body)["data"]["object"]
+        latest.setdefault(e.resource, {})[(obj["object"], obj["id"])] = (n, obj, e.created_ms // 1000)
+    out = {}
+    for rid, known in latest.items():
+        r = row(rid, known)
+        out[rid] = (*(r[c] for c in DEMO_COLUMNS), _epoch(r["updated_at"]))
+    return out
+
+
+DEMO_TABLES = (
+    DemoTable("stripe payment intents",
+              f"SELECT id, {', '.join(DEMO_COLUMNS)}, extract(epoch FROM updated_at)::bigint "
+              "FROM stripe_payment_intents",
+              expected_intents,
+              lambda truth: {rid: (*(r[c] for c in DEMO_COLUMNS), _epoch(r["updated_at"]))
+                             for rid, r in truth.by_gateway.get("stripe", {}).items()}),
+)
+
+
 # What the simulator knows of stripe (app/simulator/plugins.py): the registry line names this module.
 SIMULATOR = GatewaySimulator(
     history, oracle_with(Outcome), rows={"stripe_payment_intents": ROW},
-    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e) for e in emitted(rng, count)])
+    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e) for e in emitted(rng, count)],
+    demo=lambda rng, n, truth: demo(rng, n[0], truth), demo_sizes=(100,), demo_tables=DEMO_TABLES)

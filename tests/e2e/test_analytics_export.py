@@ -41,7 +41,7 @@ def gateway() -> Iterator[CardApi]:
 @pytest.fixture(scope="module")
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, gateway: CardApi,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"an{uuid.uuid4().hex[:8]}", card_api_url=gateway.url,
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"an{uuid.uuid4().hex[:8]}", api_urls={"card": gateway.url},
                       fetch_parked_after_s=FETCH_AFTER_S, fetch_interval_s=0.5)
     with running_pipeline(s, tmp_path_factory.mktemp("analytics")) as running:
         yield running

@@ -26,7 +26,7 @@ STOPPED = ("projector", "effects", "fetcher")
 @pytest.fixture
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
     # a card API (never asked: nothing parks here) so that the fetcher reads orderly.fetch in its group
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"cs{uuid.uuid4().hex[:8]}", card_api_url="http://127.0.0.1:9")
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"cs{uuid.uuid4().hex[:8]}", api_urls={"card": "http://127.0.0.1:9"})
     with running_pipeline(s, tmp_path) as running:
         yield running
 

@@ -1,4 +1,4 @@
-"""`orderly demo --keep` end to end: the simulator drives all three gateways through outages,
+"""`orderly demo --keep` end to end: the simulator drives all five gateways through outages,
 retries, duplicates and reordering, twice: first with the gateways' GET APIs answering 404, so every
 read model must be what the documents say the reducers alone reach, then answering the truth, when
 the fetcher may sync parked card payments. Then the stack and the console stay up on the demo's data
@@ -86,15 +86,17 @@ def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path
         no_help, helped = passes(out)
         for fetch_api, table in (("404", no_help), ("truth", helped)):
             assert f"all read models match what the documents expect with the fetch API {fetch_api}" in table, table
-            for line in ("pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"):
+            for line in ("pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources",
+                         "stripe payment intents", "adyen payments"):
                 row = next(row for row in table.splitlines() if row.startswith(line))
                 resources, match, at_truth = (int(x) for x in row[len(line):].split()[:3])
                 # every event was delivered in the end, so the documents' expectation is the truth
                 assert resources == match == at_truth > 0 and row.endswith("OK"), (fetch_api, row)
-            # the run really was chaotic: retries and stale deliveries happened
-            pg_row = next(row for row in table.splitlines() if row.startswith("pg "))
-            attempts, accepted, retries = (int(x) for x in pg_row.split()[1:4])
-            assert retries > 0 and attempts > accepted
+            # the run really was chaotic: retries and stale deliveries happened, for every gateway
+            for gw in ("pg", "card", "paymos", "stripe", "adyen"):
+                gw_row = next(row for row in table.splitlines() if row.startswith(f"{gw} "))
+                attempts, accepted, retries = (int(x) for x in gw_row.split()[1:4])
+                assert retries > 0 and attempts > accepted, (fetch_api, gw_row)
         # with the API answering 404 nothing was synced: the card payments are the reducer's alone
         fetched = fetches(no_help)
         assert (fetched["answered"], fetched["synced"]) == (0, 0), fetched

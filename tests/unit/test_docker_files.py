@@ -157,7 +157,7 @@ def test_prometheus_scrapes_every_orderly_process_on_its_metrics_port() -> None:
 def test_every_alert_has_a_for_a_severity_and_says_what_to_do() -> None:
     groups = yaml.safe_load((DOCKER / "alerts.yml").read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 15
+    assert len(rules) == 16
     for rule in rules:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
@@ -208,7 +208,7 @@ def dashboard_exprs() -> dict[str, str]:
 def test_rules_and_dashboard_name_only_metrics_the_code_exports() -> None:
     exported = exported_names()
     assert {"orderly_effects_dead_total", "orderly_ingest_append_seconds_bucket", "process_start_time_seconds",
-            "orderly_parked_oldest_seconds"} <= exported
+            "orderly_parked_oldest_seconds", "orderly_parked_overdue_resources"} <= exported
     for source, exprs in (("alerts.yml", alert_exprs()), ("orderly.json", dashboard_exprs())):
         for name, expr in exprs.items():
             named = set(METRIC.findall(expr)) | ({"up"} if re.search(r"\bup\{", expr) else set())

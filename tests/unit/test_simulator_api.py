@@ -14,7 +14,8 @@ import pytest
 
 from app.demo import Size, demo_events
 from app.gateways.registry import GATEWAYS
-from app.simulator import api, lifecycles, plugins
+from app.simulator import adyen as adyen_simulator
+from app.simulator import api, lifecycles, plugins, stripe_history
 from app.simulator import card as card_simulator
 from app.simulator import paymos as paymos_simulator
 from app.simulator import pg as pg_simulator
@@ -42,20 +43,48 @@ def generated(seed: int) -> tuple[lifecycles.Truth, list[lifecycles.Emitted]]:
     rng = random.Random(seed)
     truth = lifecycles.Truth()
     return truth, (pg_simulator.lifecycle(rng, 60, 20, truth) + card_simulator.lifecycle(rng, 60, truth)
-                   + paymos_simulator.lifecycle(rng, 30, truth))
+                   + paymos_simulator.lifecycle(rng, 30, truth) + stripe_history.demo(rng, 30, truth)
+                   + adyen_simulator.demo(rng, 40, truth))
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_with_every_event_delivered_the_reducers_alone_reach_the_gateways_truth(seed: int) -> None:
     truth, events = generated(seed)
-    shuffled = random.Random(seed).sample(events, len(events))  # arrival order is no input of the reducers
+    # the demo hands each table its events in creation order; those that order by a field of their
+    # own (all but stripe, whose Stripe order needs the creation order within a second) take any
+    shuffled = random.Random(seed).sample(events, len(events))
     tables = {table.name: (name, table) for name in plugins.simulated()
               for table in plugins.simulator_of(name).demo_tables}
-    assert list(tables) == ["pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources"]
+    assert list(tables) == ["pg deposits", "pg withdrawals", "user balances", "card payments", "paymos resources",
+                            "stripe payment intents", "adyen payments"]
     for order in (events, shuffled):
         for name, table in tables.values():
+            if name == "stripe" and order is shuffled:
+                continue
             run = DemoInput([e for e in order if e.gateway == name], truth.correlations)
-            assert table.expected(run) == table.truth(truth), table.name
+            want = table.expected(run)
+            assert want == table.truth(truth) and want, table.name
+
+
+def test_stripe_and_adyen_expectations_leave_out_what_never_came() -> None:
+    truth, events = generated(4)
+    stripe_table = stripe_history.DEMO_TABLES[0]
+    # a refunded PaymentIntent whose refund events were given up on: its row is the payment before them
+    rid = next(k for k, v in truth.by_gateway["stripe"].items() if v["amount_refunded_minor"] > 0)
+    kept = [e for e in events if e.gateway == "stripe" and not (e.resource == rid and b'"refund' in e.body
+                                                                and b"charge.refunded" not in e.body)]
+    kept = [e for e in kept if not (e.resource == rid and b"charge.refunded" in e.body)]
+    row = stripe_table.expected(DemoInput(kept, {}))[rid]
+    assert row[0] == "succeeded" and row[2] == 0 != truth.by_gateway["stripe"][rid]["amount_refunded_minor"]
+    # an adyen payment whose AUTHORISATION never came has no row (its modifications are parked)
+    adyen_table = adyen_simulator.DEMO_TABLES[0]
+    psp = next(k for k, v in truth.by_gateway["adyen"].items() if v["captured_minor"] > 0)
+    lost = [e for e in events if e.gateway == "adyen" and not (e.resource == psp and b"AUTHORISATION" in e.body)]
+    assert psp not in adyen_table.expected(DemoInput(lost, {}))
+    # ... and one whose CAPTURE never came stays authorised, its refunds parked
+    no_capture = [e for e in events if e.gateway == "adyen" and not (e.resource == psp and b'"CAPTURE"' in e.body)]
+    state, authorised, captured, refunded = adyen_table.expected(DemoInput(no_capture, {}))[psp]
+    assert (state, captured, refunded) == ("authorised", 0, 0) and authorised > 0
 
 
 def test_the_playbooks_pay_8c21_parks_the_over_refund_until_the_second_capture() -> None:
@@ -178,10 +207,16 @@ def test_every_registered_gateway_has_lifecycles_found_by_its_registry_line() ->
 
 
 def test_the_demo_takes_each_gateways_lifecycles_from_its_simulator_in_the_registrys_order() -> None:
-    """`orderly demo --scale 0.1`: the same seeded events as the three gateways' lifecycles drawn one
-    after the other (pg's deposits and withdrawals, card's payments, paymos's resources per kind)."""
+    """`orderly demo --scale 0.1`: the same seeded events as the five gateways' lifecycles drawn one
+    after the other (pg's deposits and withdrawals, card's payments, paymos's resources per kind,
+    stripe's PaymentIntents, adyen's payments)."""
     rng, truth = random.Random(7), lifecycles.Truth()
     direct = (pg_simulator.lifecycle(rng, 20, 6, truth) + card_simulator.lifecycle(rng, 20, truth)
-              + paymos_simulator.lifecycle(rng, 8, truth))
-    assert demo_events(random.Random(7), Size(0.1), lifecycles.Truth()) == direct
+              + paymos_simulator.lifecycle(rng, 8, truth) + stripe_history.demo(rng, 10, truth)
+              + adyen_simulator.demo(rng, 15, truth))
+    drawn = lifecycles.Truth()
+    assert demo_events(random.Random(7), Size(0.1), drawn) == direct
+    assert drawn == truth and set(drawn.by_gateway) == {"stripe", "adyen"}
+    assert Size(1.0).of(plugins.simulator_of("stripe")) == (100,)
+    assert Size(1.0).of(plugins.simulator_of("adyen")) == (150,)
     assert Size(1.0).of(plugins.simulator_of("pg")) == (200, 60)

@@ -17,8 +17,9 @@ from app.core import pg as pg_core
 from app.core.model import QUARANTINED, Decision, Delivery
 from app.gateways import card, paymos, pg, registry
 from app.gateways.base import REASON_MAX, Route, SignatureError, hmac_sha256
+from app.simulator import adyen as adyen_simulator
 from app.simulator import card as card_simulator
-from app.simulator import lifecycles
+from app.simulator import lifecycles, stripe_history
 from app.simulator import paymos as paymos_simulator
 from app.simulator import pg as pg_simulator
 from tests import hostile, paymos_events, pg_events
@@ -92,6 +93,10 @@ def known_valid_bodies() -> list[tuple[str, str, bytes]]:
         emitted = (pg_simulator.lifecycle(rng, 30, 10, truth) + card_simulator.lifecycle(rng, 30, truth)
                    + paymos_simulator.lifecycle(rng, 15, truth))
         out += [(e.gateway, f"{e.gateway}:{e.resource}", e.body) for e in emitted]
+        out += [("stripe", f"stripe:{e.resource}", e.body) for e in stripe_history.demo(rng, 15, truth)]
+        # adyen: each request's items, as the ingest stores them
+        out += [("adyen", f"adyen:{e.resource}", orjson.dumps(w["NotificationRequestItem"]))
+                for e in adyen_simulator.demo(rng, 15, truth) for w in orjson.loads(e.body)["notificationItems"]]
     return out
 
 
