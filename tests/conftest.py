@@ -1,8 +1,8 @@
 """Real infrastructure for the tests: one Apache Kafka broker, one PostgreSQL server and (for the
 console's sign-in) one Keycloak per session, each started when a test first needs it.
 
-Kafka and PostgreSQL are started by the project's own helpers, Keycloak by tests/keycloak.py. Nothing here skips: a broker that cannot start is a
-test failure, in CI as anywhere else.
+Kafka and PostgreSQL are started by the project's own helpers, Keycloak by tests/keycloak.py.
+Nothing here skips: a server that cannot start is a test failure, in CI as anywhere else.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from tests.keycloak import Keycloak
 from projections.migrate import connect, migrate
+from tests.keycloak import Keycloak
 
 NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|exit", re.IGNORECASE)
 
