@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.admin import api, console, signin
+from app.admin import api, console, signin, tokens
 from app.admin.context import ADMIN, Admin
 from app.admin.guard import guard
 from app.settings import Settings
@@ -31,6 +31,7 @@ def create_app(settings: Settings) -> web.Application:
     api.add_routes(app)
     console.add_routes(app)
     signin.add_routes(app)
+    tokens.add_routes(app)
 
     async def lifecycle(app: web.Application) -> Any:
         await admin.start()

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import asyncpg
 from aiohttp import web
 
-from app.admin import auth, queries, sessions
+from app.admin import auth, queries, sessions, tokens
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import Refused, form, problem, redirect
 from app.admin.sessions import Identity
@@ -100,6 +100,11 @@ async def _identify(request: web.Request, admin: Admin) -> Identity | web.Respon
     if given is not None:
         if auth.token_ok(admin.token, given):
             return Identity(auth.BREAK_GLASS, "admin", auth.BREAK_GLASS)
+        if given.startswith(tokens.PREFIX):
+            async with admin.db() as conn:
+                personal = await tokens.identify(conn, given)
+            if personal is not None:
+                return personal
         who, now = admin.source(request), time.monotonic()
         if not admin.throttle.allowed(who, now):
             return problem(429, "too many wrong tokens from this address; wait a minute")

@@ -575,7 +575,7 @@ async def test_wrong_bearer_tokens_are_throttled_per_address(scenario: Scenario)
                     answers.append(resp.status)
             assert answers == [401] * 10 + [429]
             async with http.get(f"{url}/api/overview", headers=bearer(pipe)) as resp:
-                assert resp.status == 429  # the right token too, until the failures age out
+                assert resp.status == 200  # a right token is never refused by the throttle (issue #45)
 
 
 async def test_ids_with_braces_are_reachable_and_redrives_at_once_get_distinct_ids(scenario: Scenario) -> None:

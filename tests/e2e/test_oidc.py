@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import html
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -155,6 +158,9 @@ OPERATIONS: list[tuple[str, str, str]] = [
     ("POST", "/api/effects/no-such-effect/retry", "operator"),
     ("GET", "/api/audit", "viewer"),
     ("GET", "/api/me", "viewer"),
+    ("GET", "/api/tokens", "admin"),
+    ("POST", "/api/tokens", "admin"),
+    ("DELETE", "/api/tokens/999999", "admin"),
 ]
 PAGES: list[tuple[str, str]] = [("/", "viewer"), ("/resources", "viewer"), ("/parked", "viewer"),
                                 ("/gaps", "viewer"), ("/quarantine", "viewer"), ("/effects", "viewer"),
@@ -174,7 +180,8 @@ def _canonical(path: str) -> str:
     path = path.split("?")[0]
     for pattern, name in ((r"^/api/resources/card/[^/]+", "/api/resources/{gateway}/{resource_id}"),
                           (r"^/api/quarantine/[^/]+", "/api/quarantine/{delivery_id}"),
-                          (r"^/api/effects/[^/]+", "/api/effects/{dedupe_key}")):
+                          (r"^/api/effects/[^/]+", "/api/effects/{dedupe_key}"),
+                          (r"^/api/tokens/[^/]+", "/api/tokens/{token_id}")):
         path = re.sub(pattern, name, path)
     return path
 
@@ -261,6 +268,73 @@ async def test_break_glass_is_audited_on_every_use_with_a_banner_and_the_audit_i
         await db.execute("UPDATE admin_actions SET result = 'nothing happened'")
     with pytest.raises(asyncpg.PostgresError, match="append-only"):
         await db.execute("DELETE FROM admin_actions")
+
+
+async def test_a_personal_token_acts_as_its_owner_with_its_role_until_revoked(
+        keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    async with serve_admin(keycloak, postgres, namespace) as admin:
+        http, status, _, _ = await sign_in(admin, "ada")
+        async with http:
+            assert status == 303
+            async with http.get(f"{admin.url}/effects") as resp:
+                csrf = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
+            assert csrf is not None
+            headers = {"X-CSRF-Token": csrf.group(1)}
+            for bad in ({"name": "x", "role": "root"}, {"name": "", "role": "viewer"},
+                        {"name": "x", "role": "viewer", "expires_days": 91}):
+                async with http.post(f"{admin.url}/api/tokens", json=bad, headers=headers) as resp:
+                    assert resp.status == 400, bad
+            async with http.post(f"{admin.url}/api/tokens", json={"name": "ci", "role": "viewer", "expires_days": 7},
+                                 headers=headers) as resp:
+                assert resp.status == 201
+                made = await resp.json()
+            token = made["token"]
+            async with http.get(f"{admin.url}/api/tokens") as resp:
+                listed = (await resp.json())["items"]
+                assert [t["name"] for t in listed] == ["ci"] and "token" not in listed[0] and "hash" not in listed[0]
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as robot:
+                async with robot.get(f"{admin.url}/api/me") as resp:
+                    assert await resp.json() == {"person": "ada", "role": "viewer", "via": "token:ci",
+                                                 "source": "127.0.0.1"}
+                async with robot.post(f"{admin.url}/api/effects/no-such-effect/retry") as resp:
+                    assert resp.status == 403  # the token's role, not its owner's
+                async with http.delete(f"{admin.url}/api/tokens/{made['id']}", headers=headers) as resp:
+                    assert resp.status == 200
+                async with robot.get(f"{admin.url}/api/me") as resp:
+                    assert resp.status == 401
+    stored = await db.fetchval("SELECT hash FROM admin_tokens WHERE id = $1", made["id"])
+    assert stored != token and token not in str(await db.fetch("SELECT * FROM admin_tokens"))
+    rows = [(r["actor"], r["action"]) for r in await audit_rows(postgres, namespace)]
+    assert ("ada@127.0.0.1", "token.create") in rows and ("ada@127.0.0.1", "token.revoke") in rows
+
+
+async def test_a_token_made_by_the_command_is_owned_and_audited_as_the_os_user(
+        keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    settings = make_settings("127.0.0.1:1", postgres.dsn, namespace)
+    env = {**os.environ, **settings.to_env()}
+
+    def orderly(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "app.cli", "admin", "token", *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    made = orderly("create", "--name", "nightly", "--role", "operator", "--expires-days", "3")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1]
+    assert token.startswith("oat_") and orderly("create", "--name", "x", "--role", "viewer",
+                                                "--expires-days", "91").returncode == 2
+    async with serve_admin(keycloak, postgres, namespace) as admin, aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {token}"}) as robot:
+        async with robot.get(f"{admin.url}/api/me") as resp:
+            me = await resp.json()
+            assert me["person"].startswith("cli:") and me["role"] == "operator", me
+        listed = orderly("list")
+        assert "nightly" in listed.stdout and "operator" in listed.stdout, listed
+        token_id = made.stdout.split()[1]
+        assert orderly("revoke", token_id).returncode == 0
+        async with robot.get(f"{admin.url}/api/me") as resp:
+            assert resp.status == 401
+    actions = [r["action"] for r in await audit_rows(postgres, namespace) if r["actor"].startswith("cli:")]
+    assert actions == ["token.create", "token.revoke"]
 
 
 def test_the_test_realms_groups_map_to_every_role() -> None:
