@@ -82,6 +82,9 @@ async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> w
     needed = auth.required_role(request.method, request.path)
     if auth.rank(identity.role) < auth.rank(needed):
         text = f"{identity.person} is {identity.role}; this needs {needed}"
+        async with admin.db() as conn:  # a refused attempt is audited like a refused action
+            await queries.audit(conn, admin.actor(request), "forbidden", f"{request.method} {request.path}"[:500],
+                                f"refused: {identity.role}, needs {needed}")
         return problem(403, text) if api else web.Response(status=403, text=text)
     if identity.session is not None and request.method == "POST":  # a bearer token cannot be forged by a page
         given = request.headers.get("X-CSRF-Token")

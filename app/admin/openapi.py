@@ -111,6 +111,13 @@ def admin_paths() -> dict[str, Any]:
             "parameters": [_path_param("dedupe_key", "the effect's dedupe key")],
             "responses": {"200": _json("pending again", {"$ref": "#/components/schemas/Done"}), "404": _error(),
                           "409": _error(), **unauthorized}}},
+        **identity_paths(unauthorized),
+    }
+
+
+def identity_paths(unauthorized: dict[str, Any]) -> dict[str, Any]:
+    """Who asks, their personal tokens and the audit trail (docs/security.md)."""
+    return {
         "/api/audit": {"get": {
             "summary": "the audit trail (admin_actions), newest first",
             "parameters": [_query("actor", "a person, or person@address", {"type": "string", "maxLength": 200}),

@@ -221,6 +221,8 @@ async def test_each_role_can_do_exactly_what_design_gives_it(
                    for a, act, _, res in rows), rows
         assert (f"{user}@127.0.0.1", "quarantine.view", "no-such-delivery", "not found") in rows
     assert not any(a.startswith("vera@") and act in ("effects.retry", "quarantine.view") for a, act, _, _ in rows)
+    assert ("vera@127.0.0.1", "forbidden", "POST /api/effects/no-such-effect/retry",
+            "refused: viewer, needs operator") in rows
 
 
 async def test_an_idle_session_ends_and_a_signed_out_one_stays_ended(
