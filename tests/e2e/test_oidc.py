@@ -339,5 +339,20 @@ async def test_a_token_made_by_the_command_is_owned_and_audited_as_the_os_user(
     assert actions == ["token.create", "token.revoke"]
 
 
+async def test_the_cookie_is_secure_behind_a_trusted_proxy_that_took_tls_and_only_then(
+        keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "198.51.100.7"}
+    for proxies, secure, source in ((None, False, "127.0.0.1"), ("127.0.0.1", True, "198.51.100.7")):
+        async with serve_admin(keycloak, postgres, namespace, admin_token=Secret(BREAK_GLASS),
+                               admin_trusted_proxies=proxies) as admin, aiohttp.ClientSession() as http:
+            async with http.post(f"{admin.url}/login", data={"token": BREAK_GLASS, "next": "/"}, headers=forwarded,
+                                 allow_redirects=False) as resp:
+                set_cookie = "".join(resp.headers.getall("Set-Cookie", []))
+                assert resp.status == 303 and ("; Secure" in set_cookie) == secure, (proxies, set_cookie)
+            async with http.get(f"{admin.url}/api/me", headers={**forwarded, "Authorization": f"Bearer {BREAK_GLASS}"}
+                                ) as resp:
+                assert (await resp.json())["source"] == source
+
+
 def test_the_test_realms_groups_map_to_every_role() -> None:
     assert set(auth.parse_role_map(ROLE_MAP).values()) == set(auth.ROLES)
