@@ -253,6 +253,20 @@ async def test_an_idle_session_ends_and_a_signed_out_one_stays_ended(
     assert ("otto@127.0.0.1", "console.logout", "signed out") in rows
 
 
+async def test_a_session_ends_at_its_absolute_limit_however_busy(
+        keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    async with serve_admin(keycloak, postgres, namespace, admin_session_max_s=4) as admin:
+        http, status, _, _ = await sign_in(admin, "ada")
+        async with http:
+            assert status == 303
+            answers = []
+            for _ in range(6):
+                async with http.get(f"{admin.url}/api/me") as resp:
+                    answers.append(resp.status)
+                await asyncio.sleep(1)
+            assert answers[0] == 200 and answers[-1] == 401 and answers == sorted(answers), answers  # 200s, then 401s
+
+
 async def test_break_glass_is_audited_on_every_use_with_a_banner_and_the_audit_is_append_only(
         keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
     async with serve_admin(keycloak, postgres, namespace, admin_token=Secret(BREAK_GLASS)) as admin:
