@@ -166,6 +166,10 @@ def cmd_effects(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
+    if getattr(args, "action", None) == "token":
+        from app.admin import commands, token_commands
+
+        return commands.main(token_commands.run, _operator_settings(), args)
     from app.admin.app import run
     from app.admin.context import Admin
 
@@ -272,7 +276,8 @@ COMMANDS = {
                                "seeded histories through the pure core (or --target's stack) against an oracle "
                                "built from the gateway documents"),
     "admin": (cmd_admin, "the admin API and the browser console on their own port (ORDERLY_ADMIN_PORT), "
-                         "behind ORDERLY_ADMIN_TOKEN"),
+                         "people signed in through OpenID Connect (docs/security.md); `admin token create|list|revoke` "
+                         "manage personal API tokens"),
     "inspect": (cmd_inspect, "one resource: its state, its decision timeline and its effects"),
     "parked": (cmd_parked, "resources holding parked deliveries, oldest first, with why"),
     "gaps": (cmd_gaps, "open pg sequence gaps with their age and backfill status"),
@@ -319,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                                  help="one pass per mode, comma-separated, of how the gateways' GET APIs answer the "
                                       "fetcher: 404 (never: the reducers alone), truth (the final state), stale (one "
                                       "event behind); default 404,truth")
+        if name == "admin":
+            from app.admin.token_commands import add_token
+
+            add_token(command)
         if name == "inspect":
             from app.admin.commands import add_inspect
 

@@ -40,6 +40,7 @@ from app.setting_kinds import (
     SettingsError,
     Text,
 )
+from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN.md §3.1)
 
 # exactly-once: the broker aborts a worker's transaction open this long (app/seams/faust/producer.py;
 # Kafka Streams' value, Kafka's default is 60 s): a worker lost for good holds its partitions that long
@@ -90,9 +91,8 @@ class Settings:
             None, "HTTP Basic credentials Adyen sends on `/webhooks/adyen` (unset: not asked; HMAC always checked)")
     api_token = Setting("ORDERLY_API_TOKEN", Hidden(Text()), REQUIRED,
             "bearer token of the correlation API", dev="dev-api-token")
-    admin_token = Setting("ORDERLY_ADMIN_TOKEN", Maybe(Hidden(Text())), None,
-            "bearer token of the admin API and the console's login (`orderly admin` refuses to start without "
-            "it); keep it apart from the correlation token", dev="dev-admin-token")
+    (admin_token, admin_oidc_issuer, admin_oidc_client_id, admin_oidc_client_secret, admin_oidc_redirect_url,
+     admin_roles_claim, admin_role_map, admin_session_idle_s, admin_session_max_s, admin_trusted_proxies) = IDENTITY
     admin_host = Setting("ORDERLY_ADMIN_HOST", Text(what="a host name or address"), "127.0.0.1",
             "admin API and console bind address (never expose it to the gateways)")
     admin_port = Setting("ORDERLY_ADMIN_PORT", Integer(minimum=0), 8070, "admin API and console port")

@@ -1,7 +1,8 @@
-"""Real infrastructure for the tests: one Apache Kafka broker and one PostgreSQL server per session.
+"""Real infrastructure for the tests: one Apache Kafka broker, one PostgreSQL server and (for the
+console's sign-in) one Keycloak per session, each started when a test first needs it.
 
-Both are started by the project's own helpers. Nothing here skips: a broker that cannot start is a
-test failure, in CI as anywhere else.
+Kafka and PostgreSQL are started by the project's own helpers, Keycloak by tests/keycloak.py.
+Nothing here skips: a server that cannot start is a test failure, in CI as anywhere else.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
+from tests.keycloak import Keycloak
 
 NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|exit", re.IGNORECASE)
 
@@ -55,6 +57,16 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
 @pytest.fixture(scope="session")
 def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     server = PostgresServer(tmp_path_factory.mktemp("postgres"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def keycloak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keycloak]:
+    """Keycloak with the test realm (tests/data/keycloak-realm.json); its start-up cost shows as this
+    fixture's setup in ``--durations``."""
+    server = Keycloak(tmp_path_factory.mktemp("keycloak"))
     server.start()
     yield server
     server.stop()

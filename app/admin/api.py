@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from app.admin import actions, queries
-from app.admin.context import ADMIN, Admin
+from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, problem, text_param
 from app.admin.openapi import document
 from app.gateways import registry
@@ -99,8 +99,11 @@ async def api_quarantine(request: web.Request) -> web.Response:
 
 async def api_quarantined(request: web.Request) -> web.Response:
     delivery_id = path_id(request, "delivery_id")
-    async with request.app[ADMIN].db() as conn:
+    admin = request.app[ADMIN]
+    async with admin.db() as conn:
         found = await quarantine.one(conn, delivery_id)
+        await queries.audit(conn, admin.actor(request), "quarantine.view", delivery_id,
+                            "shown" if found is not None else "not found")
     if found is None:
         return problem(404, f"no quarantined record {delivery_id!r}")
     body = bytes(found.pop("body"))
@@ -161,8 +164,16 @@ async def api_fetch(request: web.Request) -> web.Response:
 
 
 async def api_audit(request: web.Request) -> web.Response:
+    """The audit trail, newest first; ``actor`` (a person, or ``person@address``), ``action`` filter."""
+    actor, action = text_param(request, "actor"), text_param(request, "action")
     async with request.app[ADMIN].db() as conn:
-        return json_response({"items": await queries.audit_log(conn, _limit(request))})
+        return json_response({"items": await queries.audit_log(conn, _limit(request), actor, action)})
+
+
+async def api_me(request: web.Request) -> web.Response:
+    identity = request[IDENTITY]
+    return json_response({"person": identity.person, "role": identity.role, "via": identity.via,
+                          "source": request.app[ADMIN].source(request)})
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -192,6 +203,7 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/effects", api_effects)
     r.add_post(f"/api/effects/{{dedupe_key:{ID}}}/retry", api_retry, name="effects.retry")
     r.add_get("/api/audit", api_audit)
+    r.add_get("/api/me", api_me)
     r.add_get("/openapi.json", openapi)
     r.add_get("/healthz", healthz)
     r.add_get("/metrics", metrics_endpoint)

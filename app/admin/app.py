@@ -1,7 +1,9 @@
 """`orderly admin`: the admin API and the console on their own port (I/O shell; DESIGN.md §3.1).
 
-Never on the webhook port. Every route needs ``ORDERLY_ADMIN_TOKEN`` (app/admin/auth.py, enforced by
-app/admin/guard.py): without it ``/api/*`` answers 401 JSON and a page redirects to ``/login``. Reads
+Never on the webhook port. People sign in through OpenID Connect (app/admin/signin.py, oidc.py) into
+server-side sessions (sessions.py) with a role; the shared ``ORDERLY_ADMIN_TOKEN`` is break-glass.
+app/admin/guard.py enforces it on every route: without a credential ``/api/*`` answers 401 JSON and
+a page redirects to ``/login``; a role too low gets 403 (app/admin/auth.py says which role a route needs). Reads
 go through app/admin/queries.py, actions through app/admin/actions.py (each one audited), the same
 functions the operator commands call. The API is app/admin/api.py's, the console's pages
 app/admin/console.py's.
@@ -14,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.admin import api, console
+from app.admin import api, console, signin, tokens
 from app.admin.context import ADMIN, Admin
 from app.admin.guard import guard
 from app.settings import Settings
@@ -28,6 +30,8 @@ def create_app(settings: Settings) -> web.Application:
     app[ADMIN] = admin
     api.add_routes(app)
     console.add_routes(app)
+    signin.add_routes(app)
+    tokens.add_routes(app)
 
     async def lifecycle(app: web.Application) -> Any:
         await admin.start()

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from app.admin import actions, auth, queries
 from app.admin.api import overview_body
-from app.admin.context import ADMIN, END_SESSION, SESSION, Admin
+from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
 from app.gateways import registry
 from app.settings import Settings
@@ -67,58 +67,18 @@ def fetching(settings: Settings) -> dict[str, list[str]]:
 
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     admin = request.app[ADMIN]
-    session = request.get(SESSION)
+    identity = request.get(IDENTITY)
     mac = request.query.get("m")
     shown = {kind: text for kind in ("done", "refused")
-             if (text := request.query.get(kind)) and auth.flash_ok(admin.token, f"{kind}:{text}", mac)}
+             if (text := request.query.get(kind)) and auth.flash_ok(admin.flash_key, f"{kind}:{text}", mac)}
     settings = admin.settings
     page = ENV.get_template(template).render(
-        csrf=auth.csrf_token(admin.token, session) if session else "", path=request.path_qs,
+        csrf=identity.csrf or "" if identity else "", path=request.path_qs, identity=identity,
+        break_glass_on=identity is not None and identity.via == auth.BREAK_GLASS,
         flash=shown.get("done"), refused=shown.get("refused"), gateways=list(registry.GATEWAYS),
-        namespace=settings.namespace, signed_in=bool(session), delivering=settings.effects_url is not None,
-        **fetching(settings), **context)
+        namespace=settings.namespace, signed_in=identity is not None and identity.session is not None,
+        delivering=settings.effects_url is not None, **fetching(settings), **context)
     return web.Response(text=page, status=status, content_type="text/html")
-
-
-# --- sign in and out ------------------------------------------------------------------------
-
-async def login_page(request: web.Request) -> web.Response:
-    return render(request, "login.html", next=safe_next(request.query.get("next")), error=None)
-
-
-async def login(request: web.Request) -> web.StreamResponse:
-    admin = request.app[ADMIN]
-    posted = await form(request)
-    who, now = request.remote or "?", time.monotonic()
-    target = safe_next(str(posted.get("next", "/")))
-    if not admin.throttle.allowed(who, now):
-        return render(request, "login.html", status=429, next=target,
-                      error="too many wrong tokens from this address; wait a minute")
-    if not auth.token_ok(admin.token, str(posted.get("token", ""))):
-        admin.throttle.failed(who, now)
-        admin.metrics.login_failures.labels("console").inc()
-        async with admin.db() as conn:
-            await actions.audit_login(conn, f"console@{who}", ok=False)
-        return render(request, "login.html", status=401, next=target, error="wrong token")
-    cookie = auth.new_session(admin.token)
-    async with admin.db() as conn:
-        await actions.audit_login(conn, f"console:{auth.session_name(cookie)}@{who}", ok=True)
-    response = redirect(target)
-    response.set_cookie(auth.SESSION_COOKIE, cookie, max_age=auth.SESSION_S, httponly=True, samesite="Strict",
-                        secure=request.secure, path="/")
-    return response
-
-
-async def logout(request: web.Request) -> web.StreamResponse:
-    """Ends the session here too: its nonce is recorded, so a copy of the cookie is refused."""
-    admin = request.app[ADMIN]
-    session = request.get(SESSION)
-    if session is not None:  # signed in with a bearer token instead: no session to end
-        async with admin.db() as conn:
-            await conn.execute(END_SESSION, auth.session_name(session))
-    response = redirect("/login")
-    response.del_cookie(auth.SESSION_COOKIE, path="/")
-    return response
 
 
 # --- pages ------------------------------------------------------------------------------------
@@ -185,8 +145,11 @@ async def quarantine_list(request: web.Request) -> web.Response:
 
 async def quarantine_one(request: web.Request) -> web.Response:
     delivery_id = path_id(request, "delivery_id")
-    async with request.app[ADMIN].db() as conn:
+    admin = request.app[ADMIN]
+    async with admin.db() as conn:
         found = await quarantine.one(conn, delivery_id)
+        await queries.audit(conn, admin.actor(request), "quarantine.view", delivery_id,
+                            "shown" if found is not None else "not found")
     if found is None:
         return render(request, "message.html", status=404, title="Not found",
                       message=f"no quarantined record {delivery_id!r}")
@@ -232,7 +195,7 @@ async def _acted(request: web.Request, admin: Admin, run: Any) -> web.StreamResp
 def _with(admin: Admin, target: str, kind: str, text: str) -> str:
     """``target`` with a message the page shows (only with its MAC: a link cannot forge one)."""
     path = target.split("?", 1)[0]
-    return f"{path}?{urlencode({kind: text, 'm': auth.flash_mac(admin.token, f'{kind}:{text}')})}"
+    return f"{path}?{urlencode({kind: text, 'm': auth.flash_mac(admin.flash_key, f'{kind}:{text}')})}"
 
 
 async def redrive(request: web.Request) -> web.StreamResponse:
@@ -265,9 +228,6 @@ async def fetch(request: web.Request) -> web.StreamResponse:
 
 def add_routes(app: web.Application) -> None:
     r = app.router
-    r.add_get("/login", login_page)
-    r.add_post("/login", login)
-    r.add_post("/logout", logout)
     r.add_get("/", overview)
     r.add_get("/resources", resources)
     r.add_post(f"/resources/{{gateway}}/{{resource_id:{ID}}}/fetch", fetch, name="console.fetch")

@@ -13,7 +13,9 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.admin import auth, queries
+from app.admin import auth, queries, sessions
+from app.admin.oidc import Issuer
+from app.admin.sessions import Identity
 from app.kafka_client import client_options
 from app.metrics import AdminMetrics
 from app.producer import KeyedProducer
@@ -32,16 +34,33 @@ class Admin:
     admin serves PostgreSQL's view while Kafka is away), metrics and the login throttle."""
 
     @staticmethod
-    def check(settings: Settings) -> str:
-        """The admin token; none (or a blank one) stops the process before it serves anything."""
-        if not settings.admin_token or not settings.admin_token.reveal().strip():
-            raise SettingsError("ORDERLY_ADMIN_TOKEN is not set: the admin API and console refuse to run "
-                                "without their own token")
-        return settings.admin_token.reveal()
+    def check(settings: Settings) -> str | None:
+        """The break-glass token (None when off). Without an issuer and without the token nobody could
+        sign in: the process stops before it serves anything."""
+        token = settings.admin_token.reveal() if settings.admin_token else None
+        if token is not None and len(token.strip()) < 12:
+            raise SettingsError("ORDERLY_ADMIN_TOKEN is shorter than 12 characters: choose a long random one")
+        if settings.admin_oidc_issuer and not (settings.admin_oidc_client_id and settings.admin_oidc_redirect_url):
+            raise SettingsError("ORDERLY_ADMIN_OIDC_ISSUER needs ORDERLY_ADMIN_OIDC_CLIENT_ID and "
+                                "ORDERLY_ADMIN_OIDC_REDIRECT_URL")
+        if settings.admin_oidc_issuer and not auth.parse_role_map(settings.admin_role_map):
+            raise SettingsError("ORDERLY_ADMIN_ROLE_MAP is empty: no one signing in would get a role")
+        if not settings.admin_oidc_issuer and token is None:
+            raise SettingsError("neither ORDERLY_ADMIN_OIDC_ISSUER nor ORDERLY_ADMIN_TOKEN is set: the admin API "
+                                "and console refuse to run when no one could sign in")
+        return token
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.token: str = self.check(settings)
+        self.token: str | None = self.check(settings)
+        self.issuer: Issuer | None = None
+        if settings.admin_oidc_issuer and settings.admin_oidc_client_id and settings.admin_oidc_redirect_url:
+            secret = settings.admin_oidc_client_secret.reveal() if settings.admin_oidc_client_secret else None
+            self.issuer = Issuer(settings.admin_oidc_issuer, settings.admin_oidc_client_id, secret,
+                                 settings.admin_oidc_redirect_url)
+        self.role_map = auth.parse_role_map(settings.admin_role_map)
+        self.proxies = auth.trusted(settings.admin_trusted_proxies)
+        self.flash_key = b""  # the random server key, read at start (app/admin/sessions.py)
         self.names: TopicNames = names(settings.namespace)
         self.metrics = AdminMetrics()
         self.throttle = auth.LoginThrottle()
@@ -57,6 +76,8 @@ class Admin:
         self.pool = await asyncpg.create_pool(
             self.settings.postgres_dsn.reveal(), min_size=1, max_size=ACTIONS_AT_ONCE + 4, timeout=POSTGRES_DEADLINE_S,
             command_timeout=POSTGRES_DEADLINE_S, server_settings={"search_path": quote_ident(self.settings.namespace)})
+        async with self.db() as conn:
+            self.flash_key = await sessions.server_key(conn)
         self._lag_task = asyncio.create_task(self._measure_lag_forever())
 
     async def stop(self) -> None:
@@ -151,18 +172,17 @@ class Admin:
         """The gateway API the fetcher asks for this gateway's resources, as configured here."""
         return self.settings.api_urls.get(gateway)
 
-    async def session_ended(self, cookie: str) -> bool:
-        async with self.db() as conn:
-            return bool(await conn.fetchval(ENDED, auth.session_name(cookie)))
+    def source(self, request: web.Request) -> str:
+        """The client's address (behind ORDERLY_ADMIN_TRUSTED_PROXIES: the one they forwarded)."""
+        return auth.source(request.remote, request.headers.get("X-Forwarded-For"), self.proxies)
+
+    def secure(self, request: web.Request) -> bool:
+        return auth.secure(request.secure, request.remote, request.headers.get("X-Forwarded-Proto"), self.proxies)
 
     def actor(self, request: web.Request) -> str:
-        via = request.get(VIA, "api")
-        who = request.remote or "?"
-        return f"{via}@{who}"
-
-
-ENDED = "SELECT EXISTS (SELECT 1 FROM admin_ended_sessions WHERE nonce = $1)"
-END_SESSION = "INSERT INTO admin_ended_sessions (nonce) VALUES ($1) ON CONFLICT DO NOTHING"
+        """``person@address`` for the audit: the signed-in person, or ``break-glass``."""
+        identity = request.get(IDENTITY)
+        return f"{identity.person if identity else '?'}@{self.source(request)}"
 
 
 class Pooled:
@@ -181,5 +201,4 @@ class Pooled:
 
 
 ADMIN: web.AppKey[Admin] = web.AppKey("admin", Admin)
-VIA = web.RequestKey("via", str)  # who asks: "api" or "console:<session>"
-SESSION = web.RequestKey("session", str)  # the console's session cookie, when signed in
+IDENTITY = web.RequestKey("identity", Identity)  # who asks (set by app/admin/guard.py)

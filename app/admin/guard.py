@@ -10,15 +10,17 @@ from urllib.parse import quote
 import asyncpg
 from aiohttp import web
 
-from app.admin import auth
-from app.admin.context import ADMIN, SESSION, VIA, Admin
+from app.admin import auth, queries, sessions, tokens
+from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import Refused, form, problem, redirect
+from app.admin.sessions import Identity
 
 log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # The API document and /metrics hold no resource data; the admin port is never internet-facing.
-PUBLIC = {"/login", "/openapi.json", "/static/console.css", "/static/console.js", "/healthz", "/metrics"}
+PUBLIC = {"/login", "/auth/start", "/auth/callback", "/openapi.json", "/static/console.css", "/static/console.js",
+          "/healthz", "/metrics"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -62,33 +64,61 @@ async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> w
     if request.path in PUBLIC:
         return await handler(request)
     api = request.path.startswith("/api/")
-    header = request.headers.get("Authorization")
-    if header is not None and header.startswith("Bearer "):
-        who, now = request.remote or "?", time.monotonic()
+    identity = await _identify(request, admin)
+    if isinstance(identity, web.Response):
+        return identity
+    if identity is None:
+        if api:
+            admin.metrics.login_failures.labels("api").inc()
+            return problem(401, "sign in first: Authorization: Bearer <token>, or a console session")
+        if request.method != "GET":
+            return web.Response(status=401, text="sign in first")
+        return redirect(f"/login?next={quote(request.path_qs, safe='')}")
+    request[IDENTITY] = identity
+    if identity.via == auth.BREAK_GLASS:  # every use of the shared token is audited
+        async with admin.db() as conn:
+            await queries.audit(conn, admin.actor(request), "break-glass", f"{request.method} {request.path}"[:500],
+                                "used")
+    needed = auth.required_role(request.method, request.path)
+    if auth.rank(identity.role) < auth.rank(needed):
+        text = f"{identity.person} is {identity.role}; this needs {needed}"
+        async with admin.db() as conn:  # a refused attempt is audited like a refused action
+            await queries.audit(conn, admin.actor(request), "forbidden", f"{request.method} {request.path}"[:500],
+                                f"refused: {identity.role}, needs {needed}")
+        return problem(403, text) if api else web.Response(status=403, text=text)
+    if identity.session is not None and request.method == "POST":  # a bearer token cannot be forged by a page
+        given = request.headers.get("X-CSRF-Token")
+        if given is None and request.content_type == "application/x-www-form-urlencoded":
+            given = str((await form(request)).get("csrf", ""))
+        if not auth.csrf_ok(identity.csrf or "", given):
+            return (problem(403, "missing or wrong CSRF token") if api
+                    else web.Response(status=403, text="missing or wrong CSRF token: reload the page"))
+    return await handler(request)
+
+
+async def _identify(request: web.Request, admin: Admin) -> Identity | web.Response | None:
+    """Who asks: a bearer token (break-glass), else a live console session; a 429 for an address
+    that sent too many wrong tokens (never for a right one)."""
+    given = auth.bearer(request.headers.get("Authorization"))
+    if given is not None:
+        if auth.token_ok(admin.token, given):
+            return Identity(auth.BREAK_GLASS, "admin", auth.BREAK_GLASS)
+        if given.startswith(tokens.PREFIX):
+            async with admin.db() as conn:
+                personal = await tokens.identify(conn, given)
+            if personal is not None:
+                return personal
+        who, now = admin.source(request), time.monotonic()
         if not admin.throttle.allowed(who, now):
             return problem(429, "too many wrong tokens from this address; wait a minute")
-        if auth.bearer_ok(admin.token, header):
-            request[VIA] = "api"
-            return await handler(request)
         admin.throttle.failed(who, now)
+        return None
     cookie = request.cookies.get(auth.SESSION_COOKIE)
-    if cookie and auth.session_ok(admin.token, cookie) and not await admin.session_ended(cookie):
-        request[VIA] = f"console:{auth.session_name(cookie)}"
-        request[SESSION] = cookie
-        if request.method == "POST":
-            given = request.headers.get("X-CSRF-Token")
-            if given is None and request.content_type == "application/x-www-form-urlencoded":
-                given = str((await form(request)).get("csrf", ""))
-            if not auth.csrf_ok(admin.token, cookie, given):
-                return (problem(403, "missing or wrong CSRF token") if api
-                        else web.Response(status=403, text="missing or wrong CSRF token: reload the page"))
-        return await handler(request)
-    if api:
-        admin.metrics.login_failures.labels("api").inc()
-        return problem(401, "Authorization: Bearer ORDERLY_ADMIN_TOKEN required")
-    if request.method != "GET":
-        return web.Response(status=401, text="sign in first")
-    return redirect(f"/login?next={quote(request.path_qs, safe='')}")
+    if not cookie or len(cookie) > 100:
+        return None
+    async with admin.db() as conn:
+        return await sessions.find(conn, cookie, admin.settings.admin_session_idle_s,
+                                   admin.settings.admin_session_max_s)
 
 
 def _answer(request: web.Request, exc: web.HTTPException) -> web.Response:

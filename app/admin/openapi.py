@@ -53,7 +53,7 @@ def admin_paths() -> dict[str, Any]:
     gateways = list(registry.GATEWAYS)
     gateway = _path_param("gateway", "the gateway", gateways)
     resource = _path_param("resource_id", "the gateway's id of the resource")
-    unauthorized = {"401": _error()}
+    unauthorized = {"401": _error(), "403": _error()}  # no credential; a role too low (DESIGN.md §3.1)
     return {
         "/api/overview": {"get": {
             "summary": "counts now: deliveries by outcome, parked, gaps, quarantine, effects, consumer lag",
@@ -112,9 +112,41 @@ def admin_paths() -> dict[str, Any]:
             "parameters": [_path_param("dedupe_key", "the effect's dedupe key")],
             "responses": {"200": _json("pending again", {"$ref": "#/components/schemas/Done"}), "404": _error(),
                           "409": _error(), **unauthorized}}},
+        **identity_paths(unauthorized),
+    }
+
+
+def identity_paths(unauthorized: dict[str, Any]) -> dict[str, Any]:
+    """Who asks, their personal tokens and the audit trail (docs/security.md)."""
+    return {
         "/api/audit": {"get": {
-            "summary": "the newest operator actions (admin_actions)",
-            "parameters": [LIMIT], "responses": {"200": _json("actions", ITEMS), **unauthorized}}},
+            "summary": "the audit trail (admin_actions), newest first",
+            "parameters": [_query("actor", "a person, or person@address", {"type": "string", "maxLength": 200}),
+                           _query("action", "e.g. console.login, effects.retry, break-glass, quarantine.view",
+                                  {"type": "string", "maxLength": 200}), LIMIT],
+            "responses": {"200": _json("actions", ITEMS), "400": _error(), **unauthorized}}},
+        "/api/me": {"get": {
+            "summary": "who is asking: the person, their role and how they signed in",
+            "responses": {"200": _json("the identity", {
+                "type": "object", "required": ["person", "role", "via", "source"],
+                "properties": {"person": {"type": "string"},
+                               "role": {"type": "string", "enum": ["viewer", "operator", "admin"]},
+                               "via": {"type": "string", "enum": ["oidc", "break-glass"]},
+                               "source": {"type": "string"}}}), **unauthorized}}},
+        "/api/tokens": {
+            "get": {"summary": "your personal API tokens, with last use (never the tokens themselves)",
+                    "responses": {"200": _json("tokens", ITEMS), **unauthorized}},
+            "post": {"summary": "a personal API token: shown once, role at most your own, expiry at most 90 days",
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                         "type": "object", "required": ["name", "role"],
+                         "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 100},
+                                        "role": {"type": "string", "enum": ["viewer", "operator", "admin"]},
+                                        "expires_days": {"type": "integer", "minimum": 1, "maximum": 90}}}}}},
+                     "responses": {"201": _json("the token, shown this once"), "400": _error(), **unauthorized}}},
+        "/api/tokens/{token_id}": {"delete": {
+            "summary": "revoke one of your personal API tokens",
+            "parameters": [_path_param("token_id", "the token's id")],
+            "responses": {"200": _json("revoked"), "404": _error(), **unauthorized}}},
     }
 
 

@@ -95,7 +95,11 @@ SELECT dedupe_key, type, gateway, resource_id, caused_by, created_at, delivered_
  ORDER BY created_at DESC, dedupe_key LIMIT $2"""
 EFFECT_STATES = ("pending", "dead", "delivered")
 
-AUDIT = "SELECT id, at, actor, action, target, result FROM admin_actions ORDER BY id DESC LIMIT $1"
+AUDIT = """
+SELECT id, at, actor, action, target, result FROM admin_actions
+ WHERE ($2::text IS NULL OR actor = $2 OR split_part(actor, '@', 1) = $2) AND ($3::text IS NULL OR action = $3)
+ ORDER BY id DESC LIMIT $1
+"""
 AUDIT_WRITE = "INSERT INTO admin_actions (actor, action, target, result) VALUES ($1, $2, $3, $4) RETURNING id"
 JSON_COLUMNS = {"payload", "fee_breakdown", "overpayment", "snapshot"}
 
@@ -239,8 +243,10 @@ async def effects(conn: Conn, state: str, limit: int = 100) -> list[dict[str, An
     return [{**dict(r), "status": state} for r in await conn.fetch(EFFECTS, state, limit)]
 
 
-async def audit_log(conn: Conn, limit: int = 50) -> list[dict[str, Any]]:
-    return [dict(r) for r in await conn.fetch(AUDIT, limit)]
+async def audit_log(conn: Conn, limit: int = 50, actor: str | None = None,
+                    action: str | None = None) -> list[dict[str, Any]]:
+    """Newest first; ``actor`` matches ``person@address`` whole or the person alone."""
+    return [dict(r) for r in await conn.fetch(AUDIT, limit, actor, action)]
 
 
 async def audit(conn: Conn, actor: str, action: str, target: str, result: str) -> int:

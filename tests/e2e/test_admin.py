@@ -168,8 +168,8 @@ async def test_every_api_route_refuses_a_request_without_the_token(scenario: Sce
         async with http.get(f"{pipe.admin}/resources/card/{CARD}", allow_redirects=False) as resp:
             assert resp.status == 303
             assert resp.headers["Location"] == f"/login?next={quote('/resources/card/' + CARD, safe='')}"
-    audit = (await pipe.admin_get("/api/audit"))[1]["items"]
-    assert not [a for a in audit if a["action"] != "console.login"]  # nothing refused was done
+    audit = (await pipe.admin_get("/api/audit?limit=500"))[1]["items"]
+    assert not [a for a in audit if a["action"] not in ("console.login", "break-glass")]  # nothing refused was done
 
 
 async def test_the_openapi_document_is_valid_openapi_3_1_and_covers_the_ingest(scenario: Scenario) -> None:
@@ -303,13 +303,13 @@ async def test_quarantine_lists_shows_and_redrives_with_an_audit_row(scenario: S
     await pipe.wait_for(lambda c: c.fetchval(
         "SELECT outcome = 'quarantined' FROM webhook_events WHERE delivery_id = 'poison-a~r1'"))
     assert (await pipe.admin_get("/api/quarantine/poison-a"))[1]["redrives"] == 1
-    rows = (await pipe.admin_get("/api/audit"))[1]["items"]
+    rows = (await pipe.admin_get("/api/audit?limit=500"))[1]["items"]
     audit = [(a["action"], a["target"], a["result"].split(":")[0]) for a in rows if a["action"] == "quarantine.redrive"]
     appended = f"appended to {names(pipe.settings.namespace).raw} as delivery poison-a~r1"
     assert ("quarantine.redrive", "poison-a", appended) in audit
     assert ("quarantine.redrive", ingest_id, "refused") in audit
-    assert all(a["actor"].startswith("api@") for a in (await pipe.admin_get("/api/audit"))[1]["items"]
-               if a["action"] == "quarantine.redrive")
+    assert all(a["actor"].startswith("break-glass@") for a in rows if a["action"] == "quarantine.redrive")
+    assert ("quarantine.view", "poison-a", "shown") in [(a["action"], a["target"], a["result"]) for a in rows]
 
 
 async def test_a_dead_effect_retried_through_the_api_is_delivered_once(scenario: Scenario) -> None:
@@ -377,7 +377,7 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
             token = re.search(r'name="csrf" value="([^"]+)"', page)
             assert token is not None
         target = f"{pipe.admin}/effects/no-such-effect/retry"
-        for form in ({}, {"csrf": "forged"}, {"csrf": auth.csrf_token(admin_token(pipe.settings), "another")}):
+        for form in ({}, {"csrf": "forged"}, {"csrf": "another-sessions-token-" + "x" * 20}):
             async with http.post(target, data=form, allow_redirects=False) as resp:
                 assert resp.status == 403, form
         async with http.post(target, data={"csrf": token.group(1), "next": "/effects"}, allow_redirects=False) as resp:
@@ -392,11 +392,12 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
             async with http.get(f"{pipe.admin}{path}", allow_redirects=False,
                                 headers={"Cookie": f"{auth.SESSION_COOKIE}={cookie.value}"}) as resp:
                 assert resp.status in (401, 303), (path, resp.status)
-    audit = (await pipe.admin_get("/api/audit"))[1]["items"]
+    audit = (await pipe.admin_get("/api/audit?limit=500"))[1]["items"]
     logins = [a["result"] for a in audit if a["action"] == "console.login"]
-    assert "signed in" in logins and "refused: wrong token" in logins
+    assert "signed in with the break-glass token" in logins and "refused: wrong token" in logins
+    assert "signed out" in [a["result"] for a in audit if a["action"] == "console.logout"]
     refused = [a for a in audit if a["action"] == "effects.retry" and a["target"] == "no-such-effect"]
-    assert refused and all(a["actor"].startswith(("console:", "api@")) for a in refused)
+    assert refused and all(a["actor"].startswith("break-glass@") for a in refused)
 
 
 def orderly(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -436,7 +437,7 @@ def test_operator_commands_print_the_same_and_find_a_running_dev_stack(scenario:
     assert pipe.stub.deliveries[key] == 1
     again = orderly(env, "effects", "retry", key)
     assert again.returncode == 1 and "already delivered" in again.stderr
-    audit = asyncio.run(pipe.admin_get("/api/audit"))[1]["items"]
+    audit = asyncio.run(pipe.admin_get("/api/audit?action=effects.retry"))[1]["items"]
     assert any(a["action"] == "effects.retry" and a["target"] == key and a["actor"].startswith("cli:") for a in audit)
 
     # nothing to find: a clear configuration error, not a traceback
@@ -574,7 +575,7 @@ async def test_wrong_bearer_tokens_are_throttled_per_address(scenario: Scenario)
                     answers.append(resp.status)
             assert answers == [401] * 10 + [429]
             async with http.get(f"{url}/api/overview", headers=bearer(pipe)) as resp:
-                assert resp.status == 429  # the right token too, until the failures age out
+                assert resp.status == 200  # a right token is never refused by the throttle (issue #45)
 
 
 async def test_ids_with_braces_are_reachable_and_redrives_at_once_get_distinct_ids(scenario: Scenario) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -76,7 +77,8 @@ def test_the_parked_page_marks_the_overdue_resources_and_names_the_setting() -> 
               "first_event_type": "REFUND", "why": "waits for the AUTHORISATION", "overdue": False}]
     frame = {"csrf": "", "path": "/parked", "flash": None, "refused": None, "gateways": list(registry.GATEWAYS),
              "namespace": "orderly", "signed_in": True, "delivering": False, "fetched": [], "sequenced": [],
-             "fetchable": [], "backfilled": []}  # what console.render gives every page
+             "fetchable": [], "backfilled": [], "identity": SimpleNamespace(person="ada", role="viewer"),
+             "break_glass_on": False}  # what console.render gives every page
     page = ENV.get_template("parked.html").render(items=items, fetch_after_s=60, alert_after_s=7200, **frame)
     rows = {line.split("PSP_")[1][:4]: line for line in page.splitlines() if "PSP_" in line}
     assert 'class="overdue">overdue' in rows["LATE"] and "overdue" not in rows["FRES"]

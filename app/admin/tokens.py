@@ -1,0 +1,97 @@
+"""Personal API tokens: created by a signed-in admin for themselves, stored hashed (I/O shell; DESIGN.md §3.1).
+
+A token is ``oat_`` and 256 random bits, shown once; ``admin_tokens`` keeps its SHA-256, its name,
+its owner, a role at most the owner's, an expiry at most 90 days away, its last use and its
+revocation. A request with ``Authorization: Bearer oat_…`` acts as the owner with the token's role.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from app.admin import auth, queries
+from app.admin.context import ADMIN, IDENTITY
+from app.admin.http import Refused, form, json_response, problem
+from app.admin.sessions import Identity
+from projections.bulk import Conn
+
+PREFIX = "oat_"
+MOST_DAYS = 90
+
+CREATE = """
+INSERT INTO admin_tokens (name, owner, role, hash, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(days => $5))
+RETURNING id, name, owner, role, created_at, expires_at
+"""
+LIST = """
+SELECT id, name, owner, role, created_at, expires_at, last_used_at, revoked_at FROM admin_tokens
+ WHERE owner = $1 ORDER BY id DESC
+"""
+REVOKE = ("UPDATE admin_tokens SET revoked_at = now() WHERE id = $1 AND owner = $2 AND revoked_at IS NULL "
+          "RETURNING name")
+USE = """
+UPDATE admin_tokens SET last_used_at = now()
+ WHERE hash = $1 AND revoked_at IS NULL AND expires_at > now()
+RETURNING owner, role, name
+"""
+
+
+async def identify(conn: Conn, given: str) -> Identity | None:
+    """The owner and role of a live personal token (its use recorded), or None."""
+    if not given.startswith(PREFIX) or len(given) > 100:
+        return None
+    row = await conn.fetchrow(USE, auth.digest(given))
+    return Identity(row["owner"], row["role"], f"token:{row['name']}") if row is not None else None
+
+
+def _row(record: Any) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in dict(record).items()}
+
+
+async def create(request: web.Request) -> web.Response:
+    identity: Identity = request[IDENTITY]
+    if identity.via != "oidc":
+        return problem(403, "a personal token is created by a person signed in through the issuer")
+    posted = await request.json() if request.content_type == "application/json" else dict(await form(request))
+    name, role, days = str(posted.get("name", "")).strip(), str(posted.get("role", "")), posted.get("expires_days", 30)
+    if not name or len(name) > 100 or "\x00" in name:
+        raise Refused(400, "name: 1 to 100 characters")
+    if role not in auth.ROLES or auth.rank(role) > auth.rank(identity.role):
+        raise Refused(400, f"role: one of {', '.join(auth.ROLES[:auth.rank(identity.role) + 1])} (at most your own)")
+    if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= MOST_DAYS:
+        raise Refused(400, f"expires_days: an integer from 1 to {MOST_DAYS}")
+    admin = request.app[ADMIN]
+    token = PREFIX + secrets.token_urlsafe(32)
+    async with admin.db() as conn:
+        made = await conn.fetchrow(CREATE, name, identity.person, role, auth.digest(token), days)
+        await queries.audit(conn, admin.actor(request), "token.create", f"{made['id']} {name}",
+                            f"{role} until {made['expires_at'].isoformat()}")
+    return json_response({**_row(made), "token": token}, 201)
+
+
+async def listing(request: web.Request) -> web.Response:
+    async with request.app[ADMIN].db() as conn:
+        rows = await conn.fetch(LIST, request[IDENTITY].person)
+    return json_response({"items": [_row(r) for r in rows]})
+
+
+async def revoke(request: web.Request) -> web.Response:
+    raw = request.match_info["token_id"]
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        return problem(404, "no such token")
+    admin = request.app[ADMIN]
+    async with admin.db() as conn:
+        name = await conn.fetchval(REVOKE, int(raw), request[IDENTITY].person)
+        await queries.audit(conn, admin.actor(request), "token.revoke", raw, "revoked" if name else "refused: unknown")
+    return json_response({"id": int(raw), "revoked": True}) if name else problem(404, "no such token of yours")
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/api/tokens", create)
+    r.add_get("/api/tokens", listing)
+    r.add_delete("/api/tokens/{token_id}", revoke)
