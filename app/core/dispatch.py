@@ -110,6 +110,36 @@ def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: 
                     int(get("received_at") or 0), offset, get("source", "webhook"))
 
 
+def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
+    """What :func:`decide_record` reads of a record's headers (its Delivery, whether it is a
+    correlation, whether the ingest checked it), without a dict of them: about 6 k instructions
+    less per record. It fails where that dict would have (a value that is not UTF-8: the careful
+    pass takes the batch then), and the same header given twice counts as the last, as there."""
+    delivery_id = gateway = received = None
+    source, correlation, checked = "webhook", False, False
+    for name, value in record.headers:
+        if name == "delivery_id":
+            delivery_id = value.decode()
+        elif name == "received_at":
+            received = value.decode()
+        elif name == "gateway":
+            gateway = value.decode()
+        elif name == "source":
+            source = value.decode()
+        elif name == H_CHECKED:
+            checked = value == b"1"  # the only bytes that decode to "1"
+            if not checked:
+                value.decode()  # a value that is not UTF-8 fails here, as it did in the dict
+        else:
+            text = value.decode()
+            if name == H_RECORD:
+                correlation = text == CORRELATION
+    resource_key = record.key.decode()
+    return Delivery(delivery_id or f"{record.topic}:{record.partition}:{record.offset}",
+                    gateway or resource_key.partition(":")[0], resource_key,
+                    int(received) if received else 0, record.offset, source), correlation, checked
+
+
 def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value: bytes,
                   headers: dict[str, str], offset: int, partition: int) -> tuple[Any, list[Decision]]:
     """Decide one record on its resource's ``state`` (the state object of the key's gateway, or None)."""
@@ -201,16 +231,8 @@ def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
         else:
             reducer = reducers[key] = reducer_of(gateways, key)
             state = _load(reducer, read(partition, key))
-        headers: dict[str, str] = {}  # a loop, not a comprehension: no frame of its own per record (3.11)
-        for name, value in record.headers:
-            headers[name] = value.decode()
-        # decide_record inline, with delivery_of: two calls fewer per record
-        get, resource_key, offset = headers.get, key.decode(), record.offset
-        delivery = Delivery(get("delivery_id") or f"{record.topic}:{partition}:{offset}",
-                            get("gateway") or resource_key.partition(":")[0], resource_key,
-                            int(get("received_at") or 0), offset, get("source", "webhook"))
-        state, decisions = decide_delivery(gateways, state, record.value, delivery, get(H_RECORD) == CORRELATION,
-                                           get(H_CHECKED) == "1")
+        delivery, correlation, checked = read_headers(record)
+        state, decisions = decide_delivery(gateways, state, record.value, delivery, correlation, checked)
         overlay[key] = state
         last[key] = index
         outputs = records.get(partition)
