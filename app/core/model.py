@@ -128,10 +128,15 @@ def redecided(state: Numbered | None, d: Delivery) -> list[Decision] | None:
 
 def remember(before: Recent, after: Numbered, d: Delivery, decisions: list[Decision]) -> None:
     """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
-    recent = before[1 - RECENT:]  # a copy: ``before`` may be the state's own list
+    if after.recent is before:  # nearly always: the reducer kept its state's list, which nothing else holds
+        recent = before
+        if len(recent) >= RECENT:
+            del recent[:len(recent) + 1 - RECENT]
+    else:
+        recent = before[1 - RECENT:]  # a copy: ``before`` may be another state's own list
+        after.recent = recent
     if len(decisions) == 1:  # nearly always: without a comprehension's frame
         x = decisions[0]
         recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type)]))
     else:
         recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
-    after.recent = recent
