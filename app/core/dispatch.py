@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -71,6 +72,7 @@ class BatchPlan:
     set_aside: list[tuple[str, str]] = field(default_factory=list)  # (gateway, reason)
 
 
+_FIRST = itemgetter(0)  # a recent delivery's id
 TOUCHING = frozenset({"parked", "applied", "unparked"})  # outcomes that change what orderly.state shows
 
 
@@ -152,7 +154,8 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
                     checked: bool) -> tuple[Any, list[Decision]]:
     """:func:`decide_record` once its headers are read: ``correlation``, whether the record is the
     merchant's correlation; ``checked``, whether the ingest's adapter took it."""
-    if state is not None and state.recent:
+    # the recent deliveries' ids compared in C first: a delivery decided before is rare
+    if state is not None and delivery.delivery_id in map(_FIRST, state.recent):
         again = redecided(state, delivery)
         if again is not None:  # decided before, but its offsets were not committed: the same outcome again
             return state, again
