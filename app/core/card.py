@@ -16,7 +16,7 @@ gateway's GET answer) replaces the working state and totals; later events apply 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -37,6 +37,7 @@ from app.core.model import (
 from app.core.model import decide as _decide
 from app.core.reducer import Reducer, state_codec
 from app.core.rows import CardPaymentRow
+from app.core.times import iso_ms
 from app.gateways.card import Fetched, Stored, Webhook, read, synced_totals
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
@@ -187,10 +188,6 @@ load, dump = state_codec(State)
 _encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
-
-
 def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
     """Store the event with the payment's others, rerun the reducer, and decide what changed."""
     state = State() if state is None else state
@@ -208,10 +205,10 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state.applied = reduced.applied
     newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
     payment_ref = d.resource_key.partition(":")[2]
-    applied_at = _iso(d.received_at_ms)
+    applied_at = iso_ms(d.received_at_ms)
     facts = [Fact("card_event", event.id, {
         "gateway_event_id": event.id, "payment_ref": payment_ref, "event_type": body.type,
-        "sequence": event.sequence, "occurred_at": _iso(event.occurred_at_ms), "received_at": applied_at,
+        "sequence": event.sequence, "occurred_at": iso_ms(event.occurred_at_ms), "received_at": applied_at,
         "payload": w.raw.decode(), "source": "fetch" if event.kind == "synced" else "webhook"})]
     row: CardPaymentRow | None = None
     if newly:

@@ -49,9 +49,28 @@ def decide(delivery: Delivery, outcome: str, *, event_id: str | None = None, eve
     """The decision about ``delivery`` (its ordinal is set by :func:`numbered`). Keywords, passed on
     by position: a dataclass's __init__ takes positions for less than keywords, on every decision."""
     gateway, _, resource_id = delivery.resource_key.partition(":")
-    return Decision(delivery.delivery_id, gateway, resource_id, outcome, delivery.received_at_ms, delivery.seq,
-                    event_id, event_type, sequence, row, table, [] if effects is None else effects,
-                    [] if facts is None else facts, payload, error)
+    # What Decision.__init__ does, field by field in its order, without calling it: in 3.11 a class
+    # with a Python __init__ is built through a generic slot, about 3 k instructions a decision.
+    made: Decision = _new(Decision)
+    made.delivery_id = delivery.delivery_id
+    made.gateway = gateway
+    made.resource_id = resource_id
+    made.outcome = outcome
+    made.received_at_ms = delivery.received_at_ms
+    made.seq = delivery.seq
+    made.event_id = event_id
+    made.event_type = event_type
+    made.sequence = sequence
+    made.row = row
+    made.table = table
+    made.effects = [] if effects is None else effects
+    made.facts = [] if facts is None else facts
+    made.payload = payload
+    made.error = error
+    return made
+
+
+_new = object.__new__
 
 
 # What was decided for one recent delivery: (delivery id, outcome, ordinal, event id, event type);
@@ -109,10 +128,15 @@ def redecided(state: Numbered | None, d: Delivery) -> list[Decision] | None:
 
 def remember(before: Recent, after: Numbered, d: Delivery, decisions: list[Decision]) -> None:
     """Record in ``after`` what was decided for ``d`` (keeping ``before``'s recent history)."""
-    recent = before[1 - RECENT:]  # a copy: ``before`` may be the state's own list
+    if after.recent is before:  # nearly always: the reducer kept its state's list, which nothing else holds
+        recent = before
+        if len(recent) >= RECENT:
+            del recent[:len(recent) + 1 - RECENT]
+    else:
+        recent = before[1 - RECENT:]  # a copy: ``before`` may be another state's own list
+        after.recent = recent
     if len(decisions) == 1:  # nearly always: without a comprehension's frame
         x = decisions[0]
         recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type)]))
     else:
         recent.append((d.delivery_id, [(x.delivery_id, x.outcome, x.seq, x.event_id, x.event_type) for x in decisions]))
-    after.recent = recent

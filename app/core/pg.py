@@ -16,7 +16,6 @@ each delivery with these functions. The rules it enforces:
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import cast
 
 import msgspec
@@ -40,6 +39,7 @@ from app.core.model import (
 )
 from app.core.reducer import Reducer, state_codec
 from app.core.rows import PgBalanceTxnRow, PgDepositRow, PgWithdrawalRow
+from app.core.times import iso_ms
 from app.gateways.pg import BalanceTransaction, Deposit, Webhook, Withdrawal, read
 from app.gateways.schema import Document
 from topics.records import Correlation
@@ -127,7 +127,7 @@ def check_deposit_money(obj: Deposit) -> None:
 def _ms_to_iso(ms: int | None) -> str | None:
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+    return iso_ms(ms)
 
 
 def _deposit_row(state: State, o: Deposit, raw: Document, c: Correlation) -> PgDepositRow:
