@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from app.gateways.stripe import synced_body
+from app.simulator import stripe_api
 from app.simulator.histories import (
     DAY,
     HOUR,
@@ -223,4 +224,6 @@ def row(rid: str, latest: dict[tuple[str, str], tuple[float, dict[str, Any], int
 # What the simulator knows of stripe (app/simulator/plugins.py): the registry line names this module.
 SIMULATOR = GatewaySimulator(
     history, oracle_with(Outcome), rows={"stripe_payment_intents": ROW},
-    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e) for e in emitted(rng, count)])
+    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e)
+                                          for e in emitted(rng, count, stripe_api.answers(truth))],
+    api=stripe_api.api)
