@@ -6,6 +6,7 @@ decide: tests/e2e/test_stripe_pipeline.py."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import Iterator
@@ -138,3 +139,17 @@ async def test_the_admins_fetch_now_asks_stripe_for_a_payment_intent(pipe: Runni
     assert got["amount_received_minor"] == 2000
     await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM effects WHERE dedupe_key = $1",
                                              f"stripe:{pi}:mark_order_paid"))
+
+
+async def test_a_tie_under_a_terminal_payment_intent_is_not_fetched(pipe: Running, stripe: tuple[Stripe, str]) -> None:
+    sim = stripe[0]
+    pi = "pi_e2e_fetch_tie_done"
+    stripe_api.answers(sim.truth)[pi] = [({**intent(pi, "succeeded"), "amount_received": 2000}, None, [])]
+    await pipe.post("stripe", event("payment_intent.succeeded", T + 9, {**intent(pi, "succeeded"),
+                                                                        "amount_received": 2000}))
+    await row(pipe, pi, "succeeded")
+    await pipe.post("stripe", event("payment_intent.payment_failed", T + 1, intent(pi, "requires_payment_method")),
+                    event("payment_intent.requires_action", T + 1, intent(pi, "requires_action")))
+    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 3 FROM webhook_events WHERE resource_id = $1", pi))
+    await asyncio.sleep(3 * pipe.settings.fetch_parked_after_s)  # several of the fetcher's passes
+    assert "synced" not in await outcomes(pipe, pi)  # succeeded is certain: the tie settles nothing
