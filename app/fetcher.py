@@ -107,6 +107,11 @@ class Fetcher:
         if wait > 0:
             await asyncio.sleep(wait)
 
+    def auth(self, gateway: str) -> dict[str, str]:
+        """The gateway's API key as a bearer token, when its ``ORDERLY_<NAME>_API_KEY`` is set."""
+        key = self.settings.api_keys.get(gateway)
+        return {"Authorization": f"Bearer {key.reveal()}"} if key is not None else {}
+
     async def fetch_resource(self, gateway: str, url: str, resource_id: str, attempts: int = 3) -> Any:
         """The gateway's JSON answer for one resource (``url``: its GET URL), or None (a 404 remembered)."""
         assert self.http is not None
@@ -114,7 +119,7 @@ class Fetcher:
         for attempt in range(1, attempts + 1):
             await self._throttle()
             try:
-                async with self.http.get(url) as resp:
+                async with self.http.get(url, headers=self.auth(gateway)) as resp:
                     if resp.status == 200:
                         return await resp.json()
                     if resp.status == 404:
@@ -164,10 +169,14 @@ class Fetcher:
         if fetch is None or fetch.resource is None or fetch.synced is None or not url:
             return 0
         key = f"{name}:{resource_id}"
-        answer = await self.fetch_resource(name, url + fetch.resource.replace("{id}", quote(resource_id, safe="")),
-                                           resource_id)
-        if answer is None:  # a 404 was remembered; an error or a timeout is the API's, not the resource's
-            return 0
+        answers = []
+        for path in (fetch.resource, *((fetch.also,) if fetch.also else ())):
+            answer = await self.fetch_resource(name, url + path.replace("{id}", quote(resource_id, safe="")),
+                                               resource_id)
+            if answer is None:  # a 404 was remembered; an error or a timeout is the API's, not the resource's
+                return 0
+            answers.append(answer)
+        answer = tuple(answers) if fetch.also else answers[0]  # with ``also``: the pair (registry.Fetch)
         try:
             body = fetch.synced(resource_id, answer, int(time.time() * 1000))
         except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
@@ -199,7 +208,8 @@ class Fetcher:
         while since < until:
             await self._throttle()
             try:
-                async with self.http.get(url, params={"since_sequence": str(since), "limit": "100"}) as resp:
+                async with self.http.get(url, params={"since_sequence": str(since), "limit": "100"},
+                                         headers=self.auth(name)) as resp:
                     if resp.status != 200:
                         raise BackfillUnavailable(f"GET {path} answered {resp.status}")
                     page = (await resp.json())["data"]

@@ -205,14 +205,18 @@ class Settings:
     # The API base of each gateway the fetcher can ask (its registry line's ``fetch``).
     api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Text(what="a URL")), None,
                                       g.fetch.api_help) for g in registry.GATEWAYS.values() if g.fetch})
+    # The key each gateway's API takes, for those whose ``fetch`` declares one (``key_help``).
+    api_keys = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_KEY", Maybe(Hidden(Text())), None,
+                                      g.fetch.key_help)
+                      for g in registry.GATEWAYS.values() if g.fetch and g.fetch.key_help})
     fetch_parked_after_s = Setting("ORDERLY_FETCH_PARKED_AFTER_S", Number(), 60.0,
-            "a card payment whose events stay parked longer than this many seconds is fetched from the card "
-            "API")
+            "a resource waiting this many seconds for a fetch (card: a parked event; stripe: a thin event or an "
+            "uncertain same-second tie) is fetched from its gateway's API")
     parked_alert_after_s = Setting("ORDERLY_PARKED_ALERT_AFTER_S", Number(), 3600.0,
             "a resource parked longer than this many seconds is shown overdue to the operator (console "
             "/parked, /api/parked, orderly_parked_overdue_resources): a gateway without a fetch (adyen) waits")
     fetch_interval_s = Setting("ORDERLY_FETCH_INTERVAL_S", Number(), 30.0,
-            "seconds between the fetcher's looks for parked card payments")
+            "seconds between the fetcher's looks for resources waiting for a fetch")
     fetch_rate_per_s = Setting("ORDERLY_FETCH_RATE_PER_S", Number(), 10.0,
             "the fetcher's requests per second to the gateways' APIs, at most")
     sweep_after_s = Setting("ORDERLY_SWEEP_AFTER_S", Number(), 120.0,

@@ -68,6 +68,32 @@ REFUND_COUNTED = frozenset({"pending", "requires_action", "succeeded"})  # what 
 ATTEMPT_STEPS = frozenset({"payment_intent.requires_action", "payment_intent.processing",
                            "payment_intent.amount_capturable_updated"})
 FAILED_ATTEMPT = "payment_intent.payment_failed"
+# The fetcher's query (the registry's Fetch.parked): the PaymentIntents waiting longer than $1
+# seconds for a fetch, except the ids in $2 — a parked thin event, or a same-second failure and
+# attempt step (:func:`tie`, read from the timeline's stored payloads) that no fetched answer of
+# that second or later has settled yet, its PaymentIntent not terminal. A superset of what
+# :func:`tie` flags (it also asks when a later snapshot has replaced the tied one): one fetch too
+# many is harmless, its answer one more snapshot.
+# Only ``pi_`` ids: a charge's, refund's or dispute's thin event is keyed by its own id, which the
+# PaymentIntents API cannot answer.
+FETCH_WANTED = f"""
+WITH wanted AS (
+  SELECT resource_id, received_at FROM webhook_events WHERE gateway = '{GATEWAY}' AND outcome = 'parked'
+  UNION ALL
+  SELECT f.resource_id, f.received_at FROM webhook_events f
+   WHERE f.gateway = '{GATEWAY}' AND f.event_type = '{FAILED_ATTEMPT}' AND EXISTS (
+         SELECT 1 FROM webhook_events s WHERE s.gateway = '{GATEWAY}' AND s.resource_id = f.resource_id
+            AND s.event_type IN ({", ".join(f"'{t}'" for t in sorted(ATTEMPT_STEPS))})
+            AND s.payload->>'created' = f.payload->>'created')
+     AND NOT EXISTS (
+         SELECT 1 FROM webhook_events y WHERE y.gateway = '{GATEWAY}' AND y.resource_id = f.resource_id
+            AND y.event_type = 'synced' AND (y.payload->>'created')::bigint >= (f.payload->>'created')::bigint)
+     AND NOT EXISTS (  -- a terminal status is certain (tie): nothing left to settle
+         SELECT 1 FROM {TABLE} p WHERE p.id = f.resource_id
+            AND p.status IN ({", ".join(f"'{t}'" for t in sorted(TERMINAL["payment_intent"]))})))
+SELECT resource_id AS id FROM wanted WHERE resource_id LIKE 'pi\\_%' AND resource_id <> ALL($2::text[])
+ GROUP BY resource_id HAVING min(received_at) < now() - make_interval(secs => $1)
+ ORDER BY min(received_at) LIMIT 500"""
 
 Key = tuple[int, int, int, str]
 

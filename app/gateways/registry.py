@@ -63,7 +63,9 @@ class Fetch:
       parked longer than ``$1`` seconds, except the ids in ``$2``) and when an operator asks (an
       ``orderly.fetch`` request ``{"gateway", "kind": kind, id_field: id}``); ``synced(id, answer,
       now_ms)`` makes the JSON answer the raw body appended as a ``synced`` record (ValueError when
-      the answer is unusable: nothing is appended);
+      the answer is unusable: nothing is appended); with ``also`` (a second GET path, ``{id}``
+      likewise) both are asked and ``synced`` is given the pair of answers, nothing appended unless
+      both are 200;
     - the gateway's event log read by sequence (``backfill``, a GET path taking ``since_sequence``
       and ``limit``, answering ``{"data": [events in sequence order]}``): the projector records the
       gaps of the sequence its decisions carry (``pg_sequence_gaps``, under the gateway's name) and
@@ -73,11 +75,15 @@ class Fetch:
 
     api_help: str  # the description of ORDERLY_<NAME>_API_URL
     resource: str | None = None
+    also: str | None = None
     kind: str = ""
     id_field: str = ""
     synced: Callable[[str, object, int], bytes] | None = None
     parked: str | None = None
     backfill: str | None = None
+    # the description of ORDERLY_<NAME>_API_KEY (a secret sent as ``Authorization: Bearer`` when
+    # set); empty: the gateway's API takes no key, and no such setting exists
+    key_help: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,11 @@ register(Gateway("paymos", paymos, paymos_core.REDUCER, timestamped=False, secre
 register(Gateway("stripe", stripe, stripe_core.REDUCER,
                  secret_help="stripe endpoint secret(s) `whsec_…`, comma-separated (both while a rolled one lasts)",
                  dev_secret="whsec_dev0stripe0endpoint0secret0key0123", simulator="app.simulator.stripe_history",
+                 fetch=Fetch("Stripe's API base, `https://api.stripe.com` (`GET /v1/payment_intents/{id}`, "
+                             "`GET /v1/refunds`); unset: the payloads alone decide",
+                             resource=stripe.INTENT_PATH, also=stripe.REFUNDS_PATH, kind="payment_intent",
+                             id_field="payment_intent", synced=stripe.synced, parked=stripe_core.FETCH_WANTED,
+                             key_help="Stripe secret key `sk_…`, sent as `Authorization: Bearer` (unset: none sent)"),
                  parked_because="a thin event waits for its PaymentIntent fetched from Stripe's API", tables=(
     Table("stripe_payment_intents", "id, status, amount_minor, amount_received_minor, amount_refunded_minor, "
           "currency, dispute_status, updated_at", key="id", kind="payment_intent"),

@@ -298,11 +298,28 @@ def synced_id(payment_intent: Obj, charge: Obj | None, refunds: list[Obj]) -> st
     return f"sync_{payment_intent.id[:100]}_" + hashlib.sha256(orjson.dumps(said)).hexdigest()[:24]
 
 
+# What the fetcher asks Stripe's API for a PaymentIntent (``{id}``: its quoted id; the registry's
+# Fetch): the PaymentIntent with its latest charge expanded (it has no ``charges`` list since API
+# version 2022-11-15), and its refunds.
+INTENT_PATH = "/v1/payment_intents/{id}?expand[]=latest_charge"
+REFUNDS_PATH = "/v1/refunds?payment_intent={id}&limit=100"
+
+
 def fetch_paths(payment_intent_id: str) -> tuple[str, str]:
-    """What the fetcher asks Stripe's API for a PaymentIntent: the PaymentIntent with its latest
-    charge expanded (it has no ``charges`` list since API version 2022-11-15), and its refunds."""
+    """The two GET paths for one PaymentIntent, as the fetcher builds them."""
     pi = quote(payment_intent_id, safe="")
-    return f"/v1/payment_intents/{pi}?expand[]=latest_charge", f"/v1/refunds?payment_intent={pi}&limit=100"
+    return INTENT_PATH.replace("{id}", pi), REFUNDS_PATH.replace("{id}", pi)
+
+
+def synced(payment_intent_id: str, answers: object, now_ms: int) -> bytes:
+    """The fetcher's record for the pair of answers to :func:`fetch_paths` (the registry's
+    ``Fetch.synced``); raises ValueError naming the field when they are unusable."""
+    if not isinstance(answers, tuple) or len(answers) != 2:
+        raise ValueError("answer: expected the PaymentIntent and its refunds")
+    intent_answer, refunds_answer = answers
+    if isinstance(intent_answer, dict) and intent_answer.get("id") != payment_intent_id:
+        raise ValueError(f"answer.id: asked for {payment_intent_id!r}, got {intent_answer.get('id')!r}"[:300])
+    return synced_from(intent_answer, refunds_answer, now_ms // 1000)
 
 
 def synced_from(intent_answer: object, refunds_answer: object, now_s: int) -> bytes:
@@ -313,6 +330,8 @@ def synced_from(intent_answer: object, refunds_answer: object, now_s: int) -> by
     refunds = refunds_answer.get("data") if isinstance(refunds_answer, dict) else None
     if not isinstance(refunds_answer, dict) or refunds_answer.get("object") != "list" or not isinstance(refunds, list):
         raise ValueError("answer: the refunds are not a list object")
+    if refunds_answer.get("has_more") is True:  # a partial list would under-count what is refunded
+        raise ValueError("answer.has_more: more than 100 refunds, the list is incomplete")
     return synced_body(intent_answer, charge if isinstance(charge, dict) else None,
                        [r for r in refunds if isinstance(r, dict)], now_s)
 
@@ -328,5 +347,9 @@ def synced_body(payment_intent: Document, charge: Document | None, refunds: list
         raise ValueError(schema.readable(str(exc), "answer")) from None
     if pi.object != "payment_intent":
         raise ValueError(f"answer.object: expected 'payment_intent', got {pi.object!r}")
-    return orjson.dumps({"id": synced_id(pi, ch, rs), "object": "orderly.synced", "type": "synced",
-                         "created": now_s, "data": {"object": payment_intent, "charge": charge, "refunds": refunds}})
+    try:  # the answers as given: a field Orderly does not read may still hold what JSON here cannot
+        return orjson.dumps({"id": synced_id(pi, ch, rs), "object": "orderly.synced", "type": "synced",
+                             "created": now_s, "data": {"object": payment_intent, "charge": charge,
+                                                        "refunds": refunds}})
+    except TypeError as exc:  # orjson.JSONEncodeError: e.g. an integer beyond signed 64-bit
+        raise ValueError(f"answer: not storable as JSON ({exc})"[:300]) from None

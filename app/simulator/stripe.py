@@ -213,11 +213,14 @@ def truth(run: _Run) -> Truth:
     return Truth(row, effects)
 
 
-def emitted(rng: random.Random, count: int) -> list[tuple[str, bytes, int]]:
+def emitted(rng: random.Random, count: int, answers: dict[str, Any] | None = None) -> list[tuple[str, bytes, int]]:
     """(resource, body, created ms) of ``count`` PaymentIntents' events in creation order, for
-    `orderly simulate` (its SIMULATOR's lifecycles, app/simulator/stripe_history.py)."""
+    `orderly simulate` (its SIMULATOR's lifecycles, app/simulator/stripe_history.py); ``answers``
+    receives each PaymentIntent's API answers (what its simulated GET API serves)."""
     out = []
     for i in range(count):
         life = lifecycle(rng, f"pi_sim{i}", T0_S + rng.randrange(0, 60))
+        if answers is not None:
+            answers[life.resource] = life.answers
         out += [(life.resource, raw, second * 1000) for raw, second in zip(life.events, life.created, strict=True)]
     return out

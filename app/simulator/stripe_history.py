@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from app.gateways.stripe import synced_body
-from app.simulator import lifecycles
+from app.simulator import lifecycles, stripe_api
 from app.simulator.histories import (
     DAY,
     HOUR,
@@ -276,5 +276,7 @@ DEMO_TABLES = (
 # What the simulator knows of stripe (app/simulator/plugins.py): the registry line names this module.
 SIMULATOR = GatewaySimulator(
     history, oracle_with(Outcome), rows={"stripe_payment_intents": ROW},
-    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e) for e in emitted(rng, count)],
-    demo=lambda rng, n, truth: demo(rng, n[0], truth), demo_sizes=(100,), demo_tables=DEMO_TABLES)
+    lifecycles=lambda rng, count, truth: [Emitted("stripe", *e)
+                                          for e in emitted(rng, count, stripe_api.answers(truth))],
+    demo=lambda rng, n, truth: demo(rng, n[0], truth), demo_sizes=(100,), demo_tables=DEMO_TABLES,
+    api=stripe_api.api)

@@ -120,6 +120,24 @@ async def test_a_thin_event_is_stored_and_parked_an_unknown_type_quarantined(pip
     assert await outcomes(pipe, pi, 1) == ["parked"]
 
 
+async def test_without_a_stripe_api_an_uncertain_tie_is_decided_by_the_payloads_alone(pipe: Running) -> None:
+    # ORDERLY_STRIPE_API_URL is unset here (tests/e2e/test_stripe_fetch.py sets it): the rank's guess
+    # stands, nothing is fetched, the thin event of the same PaymentIntent stays parked
+    assert pipe.settings.api_urls.get("stripe") is None
+    pi = "pi_e2e_tie_no_api"
+    thin = orjson.dumps({"id": "evt_thin_no_api", "object": "v2.core.event", "type": "v1.payment_intent.created",
+                         "created": "2026-11-29T10:00:00.000Z",
+                         "related_object": {"id": pi, "type": "payment_intent", "url": f"/v1/payment_intents/{pi}"}})
+    await pipe.post("stripe", event("payment_intent.created", T, intent(pi, "requires_payment_method")),
+                    event("payment_intent.requires_action", T + 1, intent(pi, "requires_action")),
+                    event("payment_intent.payment_failed", T + 1, intent(pi, "requires_payment_method")), thin)
+    assert await outcomes(pipe, pi, 4) == ["applied", "applied", "applied", "parked"]
+    await asyncio.sleep(2)  # the fetcher's passes run: with no API for stripe they ask nothing
+    row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM stripe_payment_intents WHERE id = $1", pi))
+    assert row["status"] == "requires_payment_method"  # the failure ranks after the step of its second
+    assert await outcomes(pipe, pi, 4) == ["applied", "applied", "applied", "parked"]
+
+
 async def test_a_bad_or_stale_signature_is_refused_and_nothing_stored(pipe: Running) -> None:
     body = event("payment_intent.succeeded", T, intent("pi_e2e_refused", "succeeded", 2000))
     secret = pipe.settings.secrets["stripe"].reveal()[0]

@@ -1,4 +1,5 @@
-"""The stripe fetch speaks Stripe's real API: its two requests (app/gateways/stripe.py fetch_paths)
+"""The stripe fetch speaks Stripe's real API: its two requests (app/gateways/stripe.py fetch_paths, and
+the fetcher's own, built from the registry's Fetch with the API key as a bearer token)
 against `stripe-mock` v0.203.0 — Stripe's own mock, driven by its OpenAPI document, which refuses a
 parameter or path the API does not have — and the answers, as Stripe shapes them, become a synced
 record the reducer takes as the PaymentIntent's base. The mock is built from the Go module proxy
@@ -17,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from app.core import stripe as core
 from app.core.model import Delivery
+from app.fetcher import Fetcher
 from app.gateways import stripe as adapter
+from app.setting_kinds import Secret
+from tests.support import make_settings
 
 VERSION = "v0.203.0"
 TOOLS = Path.home() / ".cache" / "orderly-tools" / f"stripe-mock-{VERSION}"
@@ -103,3 +108,35 @@ def test_the_mock_refuses_what_stripes_api_does_not_have(mock: str) -> None:
     assert get(mock + "/v1/payment_intents/pi_x/charges")[0] == 404
     status, answer = get(mock + "/v1/refunds?payment_intent_id=pi_x")
     assert status == 400 and "additional properties are not allowed" in answer["error"]["message"]
+
+
+class Appended:
+    """The fetcher's producer: what it appends."""
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+
+    async def send_and_wait(self, topic: str, key: bytes, value: bytes, headers: Any) -> None:
+        self.values.append(value)
+
+
+async def fetched_by_the_fetcher(mock: str, key: str | None) -> tuple[int, list[bytes], Fetcher]:
+    settings = make_settings("127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "mock", api_urls={"stripe": mock},
+                             api_keys={"stripe": Secret(key) if key else None})
+    fetcher = Fetcher(settings)
+    appended = Appended()
+    fetcher.producer = appended  # type: ignore[assignment]
+    async with aiohttp.ClientSession() as fetcher.http:
+        return await fetcher.sync_resource("stripe", "pi_orderly_fetch2"), appended.values, fetcher
+
+
+async def test_the_fetchers_own_requests_with_the_key_are_accepted_and_become_a_synced_record(mock: str) -> None:
+    # the URLs the fetcher builds from the registry's Fetch (aiohttp's encoding of expand[] included)
+    # and the key sent as a bearer token: stripe-mock refuses a request without one
+    count, values, _ = await fetched_by_the_fetcher(mock, KEY)
+    assert count == 1
+    body = json.loads(values[0])
+    assert body["object"] == "orderly.synced" and body["data"]["object"]["id"] == "pi_orderly_fetch2"
+    assert body["data"]["charge"]["object"] == "charge"  # expanded
+    count, values, fetcher = await fetched_by_the_fetcher(mock, None)
+    assert (count, values) == (0, []) and fetcher.metrics.fetches.labels("stripe", "error")._value.get() >= 1
