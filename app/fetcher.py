@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import asyncpg
@@ -26,11 +26,13 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from app.effects import is_loopback
 from app.gateways import registry
 from app.gateways.registry import Fetch, Gateway
 from app.kafka_client import client_options
 from app.metrics import FetcherMetrics, every, serve_metrics
 from app.producer import KeyedProducer
+from app.setting_kinds import SettingsError
 from app.settings import Settings
 from app.sweeper import Sweeper
 from projections import quarantine, sql
@@ -46,6 +48,7 @@ log = logging.getLogger("orderly.fetcher")
 # inventing refs with a leaked secret, say) would otherwise take every pass's 500 places for ever,
 # the newer parked payments behind them never fetched.
 MAX_BACKOFF_S = 3600.0
+MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a gateway's answer about one resource, or one page of its events
 LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
 
 
@@ -119,9 +122,13 @@ class Fetcher:
         for attempt in range(1, attempts + 1):
             await self._throttle()
             try:
-                async with self.http.get(url, headers=self.auth(gateway)) as resp:
+                # no redirect followed: it would carry the API key wherever the answer points
+                async with self.http.get(url, headers=self.auth(gateway), allow_redirects=False) as resp:
                     if resp.status == 200:
-                        return await resp.json()
+                        return await read_answer(resp)
+                    if 300 <= resp.status < 400:
+                        log.warning("the %s API answered %d (to %s) for %s: a redirect is not followed", gateway,
+                                    resp.status, resp.headers.get("Location", "?")[:200], resource_id)
                     if resp.status == 404:
                         fetches.labels(gateway, "not_found").inc()
                         self._answered(f"{gateway}:{resource_id}", "not found")
@@ -209,10 +216,10 @@ class Fetcher:
             await self._throttle()
             try:
                 async with self.http.get(url, params={"since_sequence": str(since), "limit": "100"},
-                                         headers=self.auth(name)) as resp:
-                    if resp.status != 200:
+                                         headers=self.auth(name), allow_redirects=False) as resp:
+                    if resp.status != 200:  # a redirect too: it is not followed
                         raise BackfillUnavailable(f"GET {path} answered {resp.status}")
-                    page = (await resp.json())["data"]
+                    page = (await read_answer(resp))["data"]
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise BackfillUnavailable(f"GET {path} failed: {type(exc).__name__}") from exc
             if not page:
@@ -307,7 +314,36 @@ def _gateway_of(request: Any) -> str:
     return name if isinstance(name, str) and registry.find(name) is not None else "unknown"
 
 
+async def read_answer(resp: aiohttp.ClientResponse) -> Any:
+    """A 200 answer's JSON, read up to MAX_ANSWER_BYTES (ValueError past that, or when it is not
+    JSON). orjson, not the json module: nesting past its limit is a decode error, never a
+    RecursionError that would escape every handler and loop the fetcher."""
+    raw = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        raw += chunk
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise ValueError(f"the answer is over {MAX_ANSWER_BYTES} bytes")
+    return orjson.loads(raw)
+
+
+def check_api_urls(settings: Settings) -> None:
+    """Each gateway API is asked over https, or http to a loopback address (or with
+    ORDERLY_FETCH_ALLOW_HTTP): a request may carry the API key, and its answer becomes a record."""
+    for name, url in settings.api_urls.items():
+        if not url:
+            continue
+        parts = urlsplit(url)
+        variable = f"ORDERLY_{name.upper()}_API_URL"
+        if not parts.hostname or parts.scheme not in ("https", "http"):
+            raise SettingsError(f"{variable}: not an http(s) URL with a host: {url!r}")
+        if parts.scheme == "http" and not (is_loopback(parts.hostname) or settings.fetch_allow_http):
+            raise SettingsError(f"{variable} is http:// to a host that is not a loopback address: the gateway's "
+                                "API is asked over https (or set ORDERLY_FETCH_ALLOW_HTTP=true for a network "
+                                "you trust)")
+
+
 async def run(settings: Settings) -> None:
+    check_api_urls(settings)
     fetcher = Fetcher(settings)
     for name in settings.gateways:
         gateway = registry.find(name)

@@ -215,6 +215,8 @@ class Settings:
     parked_alert_after_s = Setting("ORDERLY_PARKED_ALERT_AFTER_S", Number(), 3600.0,
             "a resource parked longer than this many seconds is shown overdue to the operator (console "
             "/parked, /api/parked, orderly_parked_overdue_resources): a gateway without a fetch (adyen) waits")
+    fetch_allow_http = Setting("ORDERLY_FETCH_ALLOW_HTTP", Flag(), False, "ask a gateway's API over `http://` at "
+            "a host that is not loopback (off: `https://`, or `http://` to 127.0.0.1, ::1 or localhost only)")
     fetch_interval_s = Setting("ORDERLY_FETCH_INTERVAL_S", Number(), 30.0,
             "seconds between the fetcher's looks for resources waiting for a fetch")
     fetch_rate_per_s = Setting("ORDERLY_FETCH_RATE_PER_S", Number(), 10.0,
