@@ -56,7 +56,11 @@ def signed_headers(item: Item, settings: Settings, now: float | None = None) -> 
     """The gateway's own signature headers for ``item.body`` (tests/support.signed_headers)."""
     from tests.support import signed_headers as sign  # the ingest and Kafka client load only here
 
-    return sign(item.gateway, item.body, settings, now)
+    headers = sign(item.gateway, item.body, settings, now)
+    basic = settings.adyen_basic_auth
+    if item.gateway == "adyen" and basic is not None:  # the route's Basic auth, when the stack has one
+        headers["Authorization"] = "Basic " + base64.b64encode(basic.reveal().encode()).decode()
+    return headers
 
 
 def request_body(item: Item, settings: Settings) -> bytes:
