@@ -25,7 +25,7 @@ import orjson
 from aiokafka.structs import ConsumerRecord
 
 from app.kafka_client import client_options
-from app.metrics import EffectsMetrics, every, serve_metrics
+from app.metrics import EffectsMetrics, beside, every, start_service
 from app.producer import KeyedProducer
 from app.setting_kinds import SettingsError
 from app.settings import Settings
@@ -280,13 +280,8 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_EFFECTS_URL is not set: effects are recorded in PostgreSQL but not delivered")
     # stopped in reverse order however the run ends, a SIGTERM during the start included
     async with contextlib.AsyncExitStack() as started:
-        started.push_async_callback(worker.stop)
-        await worker.start()
-        if settings.metrics_port:
-            runner = await serve_metrics(worker.metrics.registry, settings.metrics_port, settings.metrics_host)
-            started.push_async_callback(runner.cleanup)
-        lag = asyncio.create_task(every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
-        started.callback(lag.cancel)
+        await start_service(started, worker, worker.metrics.registry, settings.metrics_port, settings.metrics_host)
+        beside(started, every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
         pending_at = 0.0
         while True:
             recorded = await worker.sink.run_once(timeout_ms=100)

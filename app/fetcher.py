@@ -30,7 +30,7 @@ from app.effects import is_loopback
 from app.gateways import registry
 from app.gateways.registry import Fetch, Gateway
 from app.kafka_client import client_options
-from app.metrics import FetcherMetrics, every, serve_metrics
+from app.metrics import FetcherMetrics, beside, every, start_service
 from app.producer import KeyedProducer
 from app.setting_kinds import SettingsError
 from app.settings import Settings
@@ -352,22 +352,15 @@ async def run(settings: Settings) -> None:
     # stopped in reverse order however the run ends, a SIGTERM during the start included: the
     # requests' consumer leaves its group before the process ends
     async with contextlib.AsyncExitStack() as started:
-        started.push_async_callback(fetcher.stop)
-        await fetcher.start()
-        if settings.metrics_port:
-            runner = await serve_metrics(fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
-            started.push_async_callback(runner.cleanup)
+        await start_service(started, fetcher, fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
         # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
-        requests = asyncio.create_task(_consume_fetch_requests(fetcher, settings)
-                                       if fetching(settings) else asyncio.Event().wait())
-        started.push_async_callback(_cancelled, requests)
+        beside(started, _consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait())
         assert fetcher.pool is not None
         sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                           lambda topic: fetcher.metrics.reappended.labels(topic).inc())
         started.push_async_callback(sweeper.stop)
         await sweeper.start()
-        lag = asyncio.create_task(every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
-        started.callback(lag.cancel)
+        beside(started, every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
         tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
         next_sync = 0.0
         while True:
@@ -377,8 +370,3 @@ async def run(settings: Settings) -> None:
             await sweeper.sweep()
             await asyncio.sleep(tick)
 
-
-async def _cancelled(task: asyncio.Task[Any]) -> None:
-    """Cancel ``task`` and wait until it has cleaned up."""
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)

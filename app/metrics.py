@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import (
@@ -185,6 +186,36 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def start_service(started: contextlib.AsyncExitStack, service: Service, registry: CollectorRegistry,
+                        port: int | None, host: str) -> None:
+    """Start a process's ``service`` and its /metrics endpoint (when ``port``), each stopped by
+    ``started`` in reverse order however the run ends: a SIGTERM during the start included, so a
+    consumer that joined its group leaves it (app/cli.until_terminated)."""
+    started.push_async_callback(service.stop)
+    await service.start()
+    if port:
+        runner = await serve_metrics(registry, port, host)
+        started.push_async_callback(runner.cleanup)
+
+
+def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> None:
+    """Run ``task`` beside the process's main loop until ``started`` closes, then cancel it and wait
+    until it cleaned up."""
+    running = asyncio.ensure_future(task)
+
+    async def cancelled() -> None:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    started.push_async_callback(cancelled)
 
 
 async def every(interval_s: float, read: Callable[[], Awaitable[object]], what: str) -> None:

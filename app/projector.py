@@ -7,7 +7,6 @@ facts), so a record delivered again after a crash or a rebalance changes nothing
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -21,7 +20,7 @@ import orjson
 from app.core.gaps import Gap, due_for_backfill, observe
 from app.gateways import registry
 from app.kafka_client import client_options
-from app.metrics import ProjectorMetrics, every, serve_metrics
+from app.metrics import ProjectorMetrics, beside, every, start_service
 from app.producer import KeyedProducer
 from app.settings import Settings
 from app.sink import PgSink
@@ -246,13 +245,9 @@ async def run(settings: Settings) -> None:
     # Everything started is stopped in reverse order however the run ends, a SIGTERM during the
     # start included: a consumer that joined its group leaves it (app/cli.until_terminated).
     async with contextlib.AsyncExitStack() as started:
-        started.push_async_callback(projector.stop)
-        await projector.start()
-        if settings.metrics_port:
-            runner = await serve_metrics(projector.metrics.registry, settings.metrics_port, settings.metrics_host)
-            started.push_async_callback(runner.cleanup)
-        gauges = asyncio.create_task(every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
-        started.callback(gauges.cancel)
+        await start_service(started, projector, projector.metrics.registry, settings.metrics_port,
+                            settings.metrics_host)
+        beside(started, every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
         last_check = 0.0
         while True:
             await projector.run_once()
