@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TextIO
@@ -60,6 +61,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
     sim = simulator_of(history.gateway)
     batch = records(history)
     sequences: list[tuple[int, int]] = []
+    emitted: Counter[str] = Counter()
     start = 0
     while start < len(batch):
         size = batch_sizes.choice([1, 2, 3, 8, 64])
@@ -82,7 +84,9 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
             for effect in decision["effects"]:
                 amount = effect["payload"].get("amount_minor") if effect["type"] in MONEY_EFFECTS else None
                 got.effects.add((effect["dedupe_key"], effect["type"], amount))
+                emitted[effect["dedupe_key"]] += 1  # a multiset: one effect emitted twice is a mismatch
             got.facts |= {(f["kind"], f["key"]) for f in decision["facts"] if f["kind"] in sim.facts}
+    got.repeated = {f"{key} emitted {n} times" for key, n in emitted.items() if n > 1}
     gateway = GATEWAYS[history.gateway]
     reducer = gateway.reducer
     for key, state in store.items():

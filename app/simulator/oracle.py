@@ -42,10 +42,11 @@ class Outcome:
     gaps: set[tuple[int, int]] = field(default_factory=set)  # (missing sequence, first seen ms)
     transient: set[str] = field(default_factory=set)  # expected effects the end state did not earn
     broken: set[str] = field(default_factory=set)  # rows on the way that break a read model's CHECK
+    repeated: set[str] = field(default_factory=set)  # effects emitted more than once (the core's, never the oracle's)
 
     def differences(self, other: Outcome) -> list[str]:
         out = []
-        for name in ("rows", "effects", "facts", "parked", "gaps", "broken"):
+        for name in ("rows", "effects", "facts", "parked", "gaps", "broken", "repeated"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 if isinstance(mine, set):

@@ -229,3 +229,22 @@ def test_the_simulated_fetch_is_what_the_fetcher_appends() -> None:
                     "refunded_minor": 1, "currency": "USD"}):
         at = 1_796_000_123_456
         assert simulators(str(answer["payment_ref"]), answer, at) == fetchers(str(answer["payment_ref"]), answer, at)
+
+
+def test_an_effect_emitted_twice_is_a_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Effects are counted, not only collected (issue #46): a core that emits one effect twice — the
+    merchant's sink would absorb it, the core is still wrong — is caught, with the key named."""
+    honest = GATEWAYS["card"].reducer
+
+    def twice(state: Any, event: Any, delivery: Any) -> Any:
+        after, decisions = honest.apply_event(state, event, delivery)
+        for decision in decisions:
+            decision.effects = decision.effects + decision.effects[:1]
+        return after, decisions
+
+    assert not check.check_gateway("card", 200, 5, keep=0).mismatches
+    monkeypatch.setitem(GATEWAYS, "card", dataclasses.replace(GATEWAYS["card"],
+                                                               reducer=dataclasses.replace(honest, apply_event=twice)))
+    report = check.check_gateway("card", 200, 5, keep=0)
+    assert report.mismatches
+    assert any("mark_order_paid emitted 2 times" in line for _, _, why in report.mismatches for line in why)
