@@ -103,7 +103,8 @@ def test_the_fetch_after_default_is_the_playbooks_60_s() -> None:
     row = next(r for r in TABLE if r.field == "fetch_parked_after_s")
     assert (row.env, row.default) == ("ORDERLY_FETCH_PARKED_AFTER_S", PLAYBOOK_FETCH_AFTER_S)
     minimal = {"ORDERLY_KAFKA": "k:9092", "ORDERLY_POSTGRES_DSN": "postgresql://x", "ORDERLY_SECRET_PG": "a",
-               "ORDERLY_SECRET_CARD": "whsec_YQ==", "ORDERLY_SECRET_PAYMOS": "c", "ORDERLY_API_TOKEN": "t"}
+               "ORDERLY_SECRET_CARD": "whsec_YQ==", "ORDERLY_SECRET_PAYMOS": "c", "ORDERLY_API_TOKEN": "t",
+               "ORDERLY_GATEWAYS": "pg,card,paymos"}  # only the secrets of the gateways served
     assert Settings.from_env(minimal).fetch_parked_after_s == PLAYBOOK_FETCH_AFTER_S
 
 
