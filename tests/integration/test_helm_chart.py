@@ -47,7 +47,11 @@ MUTUAL_TLS = ["--set", "kafka.securityProtocol=ssl", "--set", "kafka.sasl.mechan
               "--set", "kafka.tls.certKey=tls.crt", "--set", "kafka.tls.keyKey=tls.key",
               "--set", "kafka.tls.keyPasswordSecret.name=orderly-kafka-tls",
               "--set", "kafka.tls.keyPasswordSecret.key=key-password",
-              "--set", "secrets.adyenBasicAuth.name=orderly-adyen", "--set", "secrets.adyenBasicAuth.key=basic-auth"]
+              "--set", "secrets.adyenBasicAuth.name=orderly-adyen", "--set", "secrets.adyenBasicAuth.key=basic-auth",
+              "--set", "secrets.stripeApiKey.name=orderly-stripe", "--set", "secrets.stripeApiKey.key=api-key",
+              "--set", "secrets.adminOidcClientSecret.name=orderly-oidc",
+              "--set", "secrets.adminOidcClientSecret.key=client-secret",
+              "--set-json", 'secrets.adminToken={"name": "orderly-tokens", "key": "admin-token"}']
 RENDERS: dict[str, list[str]] = {
     "default": [],
     "production": ["-f", str(PRODUCTION)],
@@ -165,11 +169,13 @@ def test_the_workers_have_a_stable_id_and_a_volume_each(rendered: dict[str, list
 
 
 def test_what_is_required_only_with_another_setting_comes_with_it(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """The admin refuses to start without its token; effects delivered are signed; each pod of a
+    """The admin refuses to start with neither an OpenID Connect issuer nor the break-glass token
+    (with an issuer, its client's secret comes too); effects delivered are signed; each pod of a
     disruption budget's process is one of two or more."""
     for render, objects in rendered.items():
         env = {name: env_of(c) for name, c in containers(objects)}
-        assert "ORDERLY_ADMIN_TOKEN" in env["admin"], render
+        assert "ORDERLY_ADMIN_TOKEN" in env["admin"] or "ORDERLY_ADMIN_OIDC_ISSUER" in env["admin"], render
+        assert ("ORDERLY_ADMIN_OIDC_ISSUER" in env["admin"]) is ("ORDERLY_ADMIN_OIDC_CLIENT_SECRET" in env["admin"])
         assert ("ORDERLY_EFFECTS_URL" in env["effects"]) is ("ORDERLY_EFFECTS_SECRET" in env["effects"]), render
     budgets = {o["metadata"]["name"]: o["spec"]["maxUnavailable"] for o in of_kind(rendered["production"],
                                                                                    "PodDisruptionBudget")}

@@ -112,11 +112,28 @@ tests/integration/test_helm_chart.py holds each process's list to what its code 
 {{- if has $p (list "fetcher" "admin") }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_CARD_API_URL" "value" $v.fetcher.cardApiUrl) }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_PG_API_URL" "value" $v.fetcher.pgApiUrl) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_STRIPE_API_URL" "value" $v.fetcher.stripeApiUrl) }}
+{{- end }}
+{{- if and (eq $p "fetcher") $v.secrets.stripeApiKey }}
+{{ include "orderly.secretEnv" (dict "name" "ORDERLY_STRIPE_API_KEY" "ref" $v.secrets.stripeApiKey) }}
 {{- end }}
 {{- if eq $p "admin" }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_HOST" "value" "0.0.0.0") }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_PORT" "value" $v.admin.port) }}
+{{- if $v.secrets.adminToken }}{{/* break-glass: off unless given */}}
 {{ include "orderly.secretEnv" (dict "name" "ORDERLY_ADMIN_TOKEN" "ref" $v.secrets.adminToken) }}
+{{- end }}
+{{- with $v.admin.oidc }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_OIDC_ISSUER" "value" .issuer) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_OIDC_CLIENT_ID" "value" .clientId) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_OIDC_REDIRECT_URL" "value" .redirectUrl) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_ROLES_CLAIM" "value" .rolesClaim) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_ROLE_MAP" "value" .roleMap) }}
+{{- include "orderly.plainEnv" (dict "name" "ORDERLY_ADMIN_TRUSTED_PROXIES" "value" .trustedProxies) }}
+{{- end }}
+{{- if $v.secrets.adminOidcClientSecret }}
+{{ include "orderly.secretEnv" (dict "name" "ORDERLY_ADMIN_OIDC_CLIENT_SECRET" "ref" $v.secrets.adminOidcClientSecret) }}
+{{- end }}
 {{- end }}
 {{- if or (eq $p "ingest") $v.everyProcessRequiresEverySecret }}
 {{- /* the ingest checks the signatures and serves the correlation API; the others only while every process requires them */}}
