@@ -92,17 +92,24 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def require_https(variable: str, url: str, purpose: str, allow_http: tuple[str, bool]) -> None:
+    """``url`` is https, or http to a loopback address, or http allowed by the setting
+    ``allow_http`` (its name, its value): what travels there is signed or carries a key. Raises
+    SettingsError naming ``variable``; ``purpose`` says what goes over it."""
+    parts = urlsplit(url)
+    if not parts.hostname or parts.scheme not in ("https", "http"):
+        raise SettingsError(f"{variable}: not an http(s) URL with a host: {url!r}")
+    if parts.scheme == "http" and not (is_loopback(parts.hostname) or allow_http[1]):
+        raise SettingsError(f"{variable} is http:// to a host that is not a loopback address: {purpose} over https "
+                            f"(or set {allow_http[0]}=true for a network you trust, e.g. a sidecar)")
+
+
 def check_url(settings: Settings) -> None:
     """https, or http to a loopback address (or with ORDERLY_EFFECTS_ALLOW_HTTP): each request carries
     a signed body about money and the Idempotency-Key a replayed copy would be taken under."""
     assert settings.effects_url is not None
-    url = urlsplit(settings.effects_url)
-    if not url.hostname or url.scheme not in ("https", "http"):
-        raise SettingsError(f"ORDERLY_EFFECTS_URL: not an http(s) URL with a host: {settings.effects_url!r}")
-    if url.scheme == "http" and not (is_loopback(url.hostname) or settings.effects_allow_http):
-        raise SettingsError("ORDERLY_EFFECTS_URL is http:// to a host that is not a loopback address: effects "
-                            "are delivered over https (or set ORDERLY_EFFECTS_ALLOW_HTTP=true for a network "
-                            "you trust, e.g. a sidecar)")
+    require_https("ORDERLY_EFFECTS_URL", settings.effects_url, "effects are delivered",
+                  ("ORDERLY_EFFECTS_ALLOW_HTTP", settings.effects_allow_http))
 
 
 def delivery_key(settings: Settings) -> bytes | None:

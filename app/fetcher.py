@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import aiohttp
 import asyncpg
@@ -26,13 +26,12 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from app.effects import is_loopback
+from app.effects import require_https
 from app.gateways import registry
 from app.gateways.registry import Fetch, Gateway
 from app.kafka_client import client_options
 from app.metrics import FetcherMetrics, beside, every, start_service
 from app.producer import KeyedProducer
-from app.setting_kinds import SettingsError
 from app.settings import Settings
 from app.sweeper import Sweeper
 from projections import quarantine, sql
@@ -330,16 +329,9 @@ def check_api_urls(settings: Settings) -> None:
     """Each gateway API is asked over https, or http to a loopback address (or with
     ORDERLY_FETCH_ALLOW_HTTP): a request may carry the API key, and its answer becomes a record."""
     for name, url in settings.api_urls.items():
-        if not url:
-            continue
-        parts = urlsplit(url)
-        variable = f"ORDERLY_{name.upper()}_API_URL"
-        if not parts.hostname or parts.scheme not in ("https", "http"):
-            raise SettingsError(f"{variable}: not an http(s) URL with a host: {url!r}")
-        if parts.scheme == "http" and not (is_loopback(parts.hostname) or settings.fetch_allow_http):
-            raise SettingsError(f"{variable} is http:// to a host that is not a loopback address: the gateway's "
-                                "API is asked over https (or set ORDERLY_FETCH_ALLOW_HTTP=true for a network "
-                                "you trust)")
+        if url:
+            require_https(f"ORDERLY_{name.upper()}_API_URL", url, "the gateway's API is asked",
+                          ("ORDERLY_FETCH_ALLOW_HTTP", settings.fetch_allow_http))
 
 
 async def run(settings: Settings) -> None:
