@@ -18,9 +18,11 @@ from app.admin.sessions import Identity
 log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# The API document and /metrics hold no resource data; the admin port is never internet-facing.
-PUBLIC = {"/login", "/auth/start", "/auth/callback", "/openapi.json", "/static/console.css", "/static/console.js",
+# /metrics holds no resource data; the admin port is never internet-facing. The API document is a
+# viewer's like every other route (DESIGN.md §3.1), and refuses like the API (401, not a redirect).
+PUBLIC = {"/login", "/auth/start", "/auth/callback", "/static/console.css", "/static/console.js",
           "/healthz", "/metrics"}
+API_DOCUMENT = "/openapi.json"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -63,7 +65,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def _authorised(request: web.Request, handler: Handler, admin: Admin) -> web.StreamResponse:
     if request.path in PUBLIC:
         return await handler(request)
-    api = request.path.startswith("/api/")
+    api = request.path.startswith("/api/") or request.path == API_DOCUMENT
     identity = await _identify(request, admin)
     if isinstance(identity, web.Response):
         return identity

@@ -11,6 +11,7 @@ from aiohttp import web
 from app.admin import queries
 from app.admin.context import Admin
 from app.gateways.limits import id_error
+from app.problem import CONTENT_TYPE, problem_bytes
 from app.producer import KeyedProducer
 
 BODY_DEADLINE_S = 10.0  # a form body that has not arrived by then: 408
@@ -22,7 +23,8 @@ def json_response(body: Any, status: int = 200) -> web.Response:
 
 
 def problem(status: int, error: str) -> web.Response:
-    return json_response({"error": error}, status)
+    """A refusal as an RFC 9457 problem document (app/problem.py), the status kept as it was."""
+    return web.Response(body=problem_bytes(status, error), status=status, content_type=CONTENT_TYPE)
 
 
 def redirect(location: str) -> web.Response:

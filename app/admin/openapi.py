@@ -1,180 +1,199 @@
-"""The OpenAPI 3.1 document of the ingest's HTTP contract and the admin API (DESIGN.md §3, §3.1),
-served at the admin's ``GET /openapi.json``. A test checks it against the OpenAPI 3.1 schema,
-that every admin route is in it, and fuzzes the running admin API from it (schemathesis).
+"""The OpenAPI 3.1 document of everything Orderly serves and sends (schema layer; DESIGN.md §3, §3.1, §3.2).
+
+Served at the admin's ``GET /openapi.json`` (a viewer's, like every admin route): the admin API,
+the console's pages and sign-in (HTML, tag ``console``), the ingest's routes on the webhook port
+(app/admin/openapi_ingest.py) and, under ``webhooks``, the effect deliveries the merchant receives.
+Every operation has an ``operationId``; every JSON answer a component schema generated from
+app/admin/shapes.py; every refusal is an RFC 9457 problem document. tests/unit/test_openapi.py
+checks it against the OpenAPI 3.1 schema and both apps' routers, the end-to-end tests validate the
+answers and deliveries they see against it, and schemathesis fuzzes the admin API from it.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from app.admin import shapes
+from app.admin.openapi_ingest import INGEST_SERVER, delivery_schema, ingest_paths, webhooks
+from app.admin.openapi_parts import (
+    GUARDED,
+    LIMIT,
+    Json,
+    component_schemas,
+    json_body,
+    ok,
+    operation,
+    path_param,
+    problems,
+    query,
+    text,
+)
 from app.gateways import registry
 
+try:
+    VERSION = version("orderly")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "unknown"
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("orderly")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-VERSION = _version()
+ADMIN_SERVER: Json = {"url": "/", "description": "the admin port (`orderly admin`, ORDERLY_ADMIN_PORT), where "
+                                                 "this document is served; never the webhook port"}
+ADMIN_AUTH: list[Json] = [{"bearer": []}, {"session": []}]
+API = ["admin"]
 
 
-def _error() -> dict[str, Any]:
-    return {"description": "refused, with the reason",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+def _api(operation_id: str, summary: str, answer: Json, *refusals: int, why: dict[int, str] | None = None,
+         parameters: list[Json] | None = None, body: Json | None = None) -> Json:
+    return operation(operation_id, summary, {**answer, **GUARDED, **problems(*refusals, why=why)}, tags=API,
+                     parameters=parameters, body=body)
 
 
-def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": schema or {"type": "object"}}}}
-
-
-def _path_param(name: str, description: str, enum: list[str] | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^/{}?#%]+$"}
-    if enum:
-        schema = {"type": "string", "enum": enum}
-    return {"name": name, "in": "path", "required": True, "description": description, "schema": schema}
-
-
-def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
-
-
-LIMIT = _query("limit", "rows at most", {"type": "integer", "minimum": 1, "maximum": 500})
-ITEMS = {"type": "object", "required": ["items"],
-         "properties": {"items": {"type": "array", "items": {"type": "object"}}}}
-ADMIN_AUTH: list[dict[str, list[str]]] = [{"bearer": []}, {"session": []}]
-
-
-def admin_paths() -> dict[str, Any]:
+def admin_paths() -> dict[str, Json]:
     gateways = list(registry.GATEWAYS)
-    gateway = _path_param("gateway", "the gateway", gateways)
-    resource = _path_param("resource_id", "the gateway's id of the resource")
-    unauthorized = {"401": _error(), "403": _error()}  # no credential; a role too low (DESIGN.md §3.1)
+    gateway = path_param("gateway", "the gateway", gateways)
+    resource = path_param("resource_id", "the gateway's id of the resource")
+    delivery = path_param("delivery_id", "the record's delivery id")
+    bad_limit = {400: "a parameter out of range (e.g. limit), named in detail"}
     return {
-        "/api/overview": {"get": {
-            "summary": "counts now: deliveries by outcome, parked, gaps, quarantine, effects, consumer lag",
-            "responses": {"200": _json("the counts", {"$ref": "#/components/schemas/Overview"}), **unauthorized}}},
-        "/api/resources": {"get": {
-            "summary": "search resources, newest delivery first, cursor-paginated",
-            "parameters": [_query("gateway", "only this gateway", {"type": "string", "enum": gateways}),
-                           _query("status", "the resource's status (e.g. paid, captured), or `parked`",
-                                  {"type": "string", "maxLength": 100}),
-                           _query("q", "part of the resource id, or an exact gateway event id",
-                                  {"type": "string", "maxLength": 200}),
-                           LIMIT, _query("cursor", "next_cursor of the previous page", {"type": "string"})],
-            "responses": {"200": _json("a page", {"type": "object", "required": ["items", "next_cursor"],
-                                                  "properties": {"items": {"type": "array"},
-                                                                 "next_cursor": {"type": ["string", "null"]}}}),
-                          "400": _error(), **unauthorized}}},
-        "/api/resources/{gateway}/{resource_id}": {"get": {
-            "summary": "current state, the decision timeline and the effects emitted",
-            "parameters": [gateway, resource],
-            "responses": {"200": _json("the resource", {"$ref": "#/components/schemas/Resource"}),
-                          "404": _error(), **unauthorized}}},
-        "/api/resources/{gateway}/{resource_id}/fetch": {"post": {
-            "summary": "ask the gateway for the resource now (card payment; pg backfill of open gaps)",
-            "parameters": [gateway, resource],
-            "responses": {"200": _json("requested", {"$ref": "#/components/schemas/Done"}), "409": _error(),
-                          "422": _error(), "503": _error(), **unauthorized}}},
-        "/api/parked": {"get": {
-            "summary": "resources holding parked deliveries, oldest first, with why, and `overdue` once parked "
-                       "longer than ORDERLY_PARKED_ALERT_AFTER_S",
-            "parameters": [LIMIT], "responses": {"200": _json("parked resources", ITEMS), **unauthorized}}},
-        "/api/gaps": {"get": {
-            "summary": "open pg sequence gaps with age and backfill status",
-            "parameters": [LIMIT], "responses": {"200": _json("open gaps", ITEMS), **unauthorized}}},
-        "/api/quarantine": {"get": {
-            "summary": "records set aside by any stage, newest first",
-            "parameters": [_query("stage", "ingest, worker, projector, effects or fetcher",
-                                  {"type": "string", "maxLength": 20}),
-                           _query("gateway", "only this gateway", {"type": "string", "enum": gateways}), LIMIT],
-            "responses": {"200": _json("set-aside records", ITEMS), "400": _error(), **unauthorized}}},
-        "/api/quarantine/{delivery_id}": {"get": {
-            "summary": "one set-aside record with its headers and body",
-            "parameters": [_path_param("delivery_id", "the record's delivery id")],
-            "responses": {"200": _json("the record"), "404": _error(), **unauthorized}}},
-        "/api/quarantine/{delivery_id}/redrive": {"post": {
-            "summary": "append the stored body again where it was set aside from",
-            "parameters": [_path_param("delivery_id", "the record's delivery id")],
-            "responses": {"200": _json("appended", {"$ref": "#/components/schemas/Done"}), "404": _error(),
-                          "409": _error(), "503": _error(), **unauthorized}}},
-        "/api/effects": {"get": {
-            "summary": "effects by delivery state, newest first, with attempts and last error",
-            "parameters": [_query("state", "dead (default), pending or delivered",
-                                  {"type": "string", "enum": ["pending", "dead", "delivered"]}), LIMIT],
-            "responses": {"200": _json("effects", ITEMS), "400": _error(), **unauthorized}}},
-        "/api/effects/{dedupe_key}/retry": {"post": {
-            "summary": "a dead effect back to pending",
-            "parameters": [_path_param("dedupe_key", "the effect's dedupe key")],
-            "responses": {"200": _json("pending again", {"$ref": "#/components/schemas/Done"}), "404": _error(),
-                          "409": _error(), **unauthorized}}},
-        **identity_paths(unauthorized),
+        "/api/overview": {"get": _api("getOverview", "counts now: deliveries by outcome, parked, gaps, quarantine, "
+                                      "effects, consumer lag", ok("the counts", shapes.Overview))},
+        "/api/resources": {"get": _api(
+            "searchResources", "search resources, newest delivery first, cursor-paginated",
+            ok("a page", shapes.ResourcePage), 400, why={400: "an unknown gateway, a parameter too long, or a "
+                                                         "cursor this API did not hand out"},
+            parameters=[query("gateway", "only this gateway", {"type": "string", "enum": gateways}),
+                        query("status", "the resource's status (e.g. paid, captured), or `parked`",
+                              {"type": "string", "maxLength": 200}),
+                        query("q", "part of the resource id, or an exact gateway event id",
+                              {"type": "string", "maxLength": 200}),
+                        LIMIT, query("cursor", "next_cursor of the previous page", {"type": "string"})])},
+        "/api/resources/{gateway}/{resource_id}": {"get": _api(
+            "getResource", "current state, the decision timeline and the effects emitted",
+            ok("the resource", shapes.Resource), 400, 404, parameters=[gateway, resource],
+            why={404: "an unknown gateway or resource"})},
+        "/api/resources/{gateway}/{resource_id}/fetch": {"post": _api(
+            "fetchResource", "ask the gateway for the resource now (a payment's fetch; pg: backfill of open gaps)",
+            ok("requested", shapes.Done), 400, 404, 409, 422,
+            why={409: "nothing to fetch (pg: no open gap)", 422: "the gateway has no API, or none is configured",
+                 503: "Kafka or PostgreSQL is not reachable: nothing was done"}, parameters=[gateway, resource])},
+        "/api/parked": {"get": _api(
+            "listParked", "resources holding parked deliveries, oldest first, with why, and `overdue` once parked "
+            "longer than ORDERLY_PARKED_ALERT_AFTER_S", ok("parked resources", shapes.ParkedList), 400,
+            why=bad_limit, parameters=[LIMIT])},
+        "/api/gaps": {"get": _api("listGaps", "open pg sequence gaps with age and backfill status",
+                                  ok("open gaps", shapes.GapList), 400, why=bad_limit, parameters=[LIMIT])},
+        "/api/quarantine": {"get": _api(
+            "listQuarantine", "records set aside by any stage, newest first", ok("set-aside records",
+                                                                                 shapes.QuarantineList), 400,
+            parameters=[query("stage", "ingest, worker, projector, effects or fetcher",
+                              {"type": "string", "maxLength": 200}),
+                        query("gateway", "only this gateway", {"type": "string", "enum": gateways}), LIMIT])},
+        "/api/quarantine/{delivery_id}": {"get": _api(
+            "getQuarantined", "one set-aside record with its headers and body (an operator's; the view is audited)",
+            ok("the record", shapes.QuarantinedRecord), 400, 404, parameters=[delivery])},
+        "/api/quarantine/{delivery_id}/redrive": {"post": _api(
+            "redriveQuarantined", "append the stored body again where it was set aside from",
+            ok("appended", shapes.Done), 400, 404, 409,
+            why={409: "still refused by its adapter, or nowhere to route it",
+                 503: "Kafka or PostgreSQL is not reachable: look at the timeline before you repeat it"},
+            parameters=[delivery])},
+        "/api/effects": {"get": _api(
+            "listEffects", "effects by delivery state, newest first, with attempts and last error",
+            ok("effects", shapes.EffectList), 400,
+            parameters=[query("state", "dead (default), pending or delivered",
+                              {"type": "string", "enum": ["pending", "dead", "delivered"]}), LIMIT])},
+        "/api/effects/{dedupe_key}/retry": {"post": _api(
+            "retryEffect", "a dead effect back to pending", ok("pending again", shapes.Done), 400, 404, 409,
+            why={409: "the effect is not dead (pending, or already delivered)"},
+            parameters=[path_param("dedupe_key", "the effect's dedupe key")])},
+        **identity_paths(),
     }
 
 
-def identity_paths(unauthorized: dict[str, Any]) -> dict[str, Any]:
+def identity_paths() -> dict[str, Json]:
     """Who asks, their personal tokens and the audit trail (docs/security.md)."""
     return {
-        "/api/audit": {"get": {
-            "summary": "the audit trail (admin_actions), newest first",
-            "parameters": [_query("actor", "a person, or person@address", {"type": "string", "maxLength": 200}),
-                           _query("action", "e.g. console.login, effects.retry, break-glass, quarantine.view",
-                                  {"type": "string", "maxLength": 200}), LIMIT],
-            "responses": {"200": _json("actions", ITEMS), "400": _error(), **unauthorized}}},
-        "/api/me": {"get": {
-            "summary": "who is asking: the person, their role and how they signed in",
-            "responses": {"200": _json("the identity", {
-                "type": "object", "required": ["person", "role", "via", "source"],
-                "properties": {"person": {"type": "string"},
-                               "role": {"type": "string", "enum": ["viewer", "operator", "admin"]},
-                               "via": {"type": "string", "enum": ["oidc", "break-glass"]},
-                               "source": {"type": "string"}}}), **unauthorized}}},
+        "/api/audit": {"get": _api(
+            "listAudit", "the audit trail (admin_actions), newest first", ok("actions", shapes.AuditList), 400,
+            parameters=[query("actor", "a person, or person@address", {"type": "string", "maxLength": 200}),
+                        query("action", "e.g. console.login, effects.retry, break-glass, quarantine.view",
+                              {"type": "string", "maxLength": 200}), LIMIT])},
+        "/api/me": {"get": _api("getMe", "who is asking: the person, their role and how they signed in",
+                                ok("the identity", shapes.Me))},
         "/api/tokens": {
-            "get": {"summary": "your personal API tokens, with last use (never the tokens themselves)",
-                    "responses": {"200": _json("tokens", ITEMS), **unauthorized}},
-            "post": {"summary": "a personal API token: shown once, role at most your own, expiry at most 90 days",
-                     "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                         "type": "object", "required": ["name", "role"],
-                         "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 100},
-                                        "role": {"type": "string", "enum": ["viewer", "operator", "admin"]},
-                                        "expires_days": {"type": "integer", "minimum": 1, "maximum": 90}}}}}},
-                     "responses": {"201": _json("the token, shown this once"), "400": _error(), **unauthorized}}},
-        "/api/tokens/{token_id}": {"delete": {
-            "summary": "revoke one of your personal API tokens",
-            "parameters": [_path_param("token_id", "the token's id")],
-            "responses": {"200": _json("revoked"), "404": _error(), **unauthorized}}},
+            "get": _api("listTokens", "your personal API tokens, with last use (never the tokens themselves)",
+                        ok("tokens", shapes.TokenList)),
+            "post": _api("createToken", "a personal API token: shown once, role at most your own, expiry at most "
+                         "90 days (a person signed in through the issuer only)",
+                         ok("the token, shown this once", shapes.TokenCreated, 201), 400,
+                         body=json_body(shapes.TokenRequest, "the token's name, role and days to expiry"))},
+        "/api/tokens/{token_id}": {"delete": _api(
+            "revokeToken", "revoke one of your personal API tokens", ok("revoked", shapes.Revoked), 404,
+            parameters=[path_param("token_id", "the token's id")])},
+        "/openapi.json": {"get": _api("getOpenApi", "this document", ok("the OpenAPI 3.1 document", {
+            "type": "object", "required": ["openapi", "info", "paths"]}))},
+        "/healthz": {"servers": [ADMIN_SERVER, INGEST_SERVER], "get": operation(
+            "getHealth", "liveness, of the admin and of the ingest", ok("alive", shapes.Health),
+            tags=[*API, "ingest"], security=[])},
+        "/metrics": {"get": operation("getAdminMetrics", "the admin's Prometheus metrics (the other processes serve "
+                                      "theirs on ORDERLY_METRICS_PORT)",
+                                      text(200, "Prometheus text", "text/plain; version=0.0.4"), tags=API, security=[])},
     }
 
 
-def ingest_paths() -> dict[str, Any]:
-    gateways = list(registry.GATEWAYS)
-    public: list[dict[str, Any]] = []
+PAGE_REFUSED = {**text(400, "a parameter out of range"), **text(403, "a role too low, or a POST without the CSRF "
+                                                                     "token"), **text(404, "not found")}
+
+
+def _page(operation_id: str, summary: str, parameters: list[Json] | None = None) -> Json:
+    return operation(operation_id, summary, {**text(200, "the page", "text/html"),
+                                             **text(303, "no session: to the sign-in page"), **PAGE_REFUSED},
+                     tags=["console"], parameters=parameters)
+
+
+def _form(operation_id: str, summary: str, parameters: list[Json] | None = None, public: bool = False) -> Json:
+    return operation(operation_id, summary, {**text(303, "done (or refused): back to a page with the result"),
+                                             **text(401, "no session"), **PAGE_REFUSED},
+                     tags=["console"], parameters=parameters, security=[] if public else None,
+                     body={"required": False, "description": "the page's form, with its `csrf` field",
+                           "content": {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}})
+
+
+def console_paths() -> dict[str, Json]:
+    """The console's HTML pages and sign-in (DESIGN.md §3.1): for people, over the same queries."""
+    gateway = path_param("gateway", "the gateway", list(registry.GATEWAYS))
+    resource = path_param("resource_id", "the gateway's id of the resource")
+    delivery = path_param("delivery_id", "the record's delivery id")
+    public_page: Json = {**text(200, "the page", "text/html"), **text(303, "signed in already, or on to the issuer")}
     return {
-        "/webhooks/{gateway}": {"post": {
-            "summary": "a gateway's webhook (served by `orderly ingest` on the webhook port)",
-            "security": public, "tags": ["ingest"],
-            "parameters": [_path_param("gateway", "the gateway", gateways)],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {}}}},
-            "responses": {"200": _json("stored durably (or quarantined when signed but unusable)"),
-                          "401": _error(), "404": _error(), "408": _error(), "413": _error(), "503": _error()}}},
-        "/correlations/pg/deposits/{pg_deposit_id}": {"put": {
-            "summary": "the merchant's correlation of a pg deposit (bearer ORDERLY_API_TOKEN, webhook port)",
-            "security": [{"correlationToken": []}], "tags": ["ingest"],
-            "parameters": [_path_param("pg_deposit_id", "pg's deposit id")],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "type": "object", "required": ["merchant_reference", "our_order_id", "our_user_id"],
-                "properties": {k: {"type": "string"} for k in ("merchant_reference", "our_order_id",
-                                                               "our_user_id")}}}}},
-            "responses": {"200": _json("stored (or the same body again)"), "400": _error(), "401": _error(),
-                          "409": _error(), "503": _error()}}},
-        "/healthz": {"get": {"summary": "liveness", "security": public, "tags": ["ingest"],
-                             "responses": {"200": _json("alive")}}},
-        "/readyz": {"get": {"summary": "Kafka and PostgreSQL answer now (deadline 2 s)", "security": public,
-                            "tags": ["ingest"], "responses": {"200": _json("ready"), "503": _json("not ready")}}},
+        "/": {"get": _page("consoleOverview", "the overview page")},
+        "/resources": {"get": _page("consoleResources", "the resource search page")},
+        "/resources/{gateway}/{resource_id}": {"get": _page("consoleResource", "a resource's page: state, timeline, "
+                                                            "effects", [gateway, resource])},
+        "/resources/{gateway}/{resource_id}/fetch": {"post": _form("consoleFetch", "ask the gateway for it now",
+                                                                   [gateway, resource])},
+        "/parked": {"get": _page("consoleParked", "the parked page")},
+        "/gaps": {"get": _page("consoleGaps", "the gaps page")},
+        "/quarantine": {"get": _page("consoleQuarantine", "the quarantine page")},
+        "/quarantine/{delivery_id}": {"get": _page("consoleQuarantined", "one set-aside record", [delivery])},
+        "/quarantine/{delivery_id}/redrive": {"post": _form("consoleRedrive", "redrive it", [delivery])},
+        "/effects": {"get": _page("consoleEffects", "the effects page")},
+        "/effects/{dedupe_key}/retry": {"post": _form("consoleRetry", "a dead effect back to pending",
+                                                      [path_param("dedupe_key", "the effect's dedupe key")])},
+        "/audit": {"get": _page("consoleAudit", "the audit trail page")},
+        "/static/{filename}": {"get": operation("consoleStatic", "the console's stylesheet and script",
+                                                {**text(200, "the file", "text/css"), **text(404, "no such file")},
+                                                tags=["console"], security=[],
+                                                parameters=[path_param("filename", "console.css or console.js")])},
+        "/login": {"get": operation("signInPage", "the sign-in page", public_page, tags=["console"], security=[]),
+                   "post": _form("signInWithToken", "sign in with the break-glass token (when it is set)", public=True)},
+        "/auth/start": {"get": operation("signInStart", "to the OpenID Connect issuer (authorization code, PKCE)",
+                                         text(303, "to the issuer"), tags=["console"], security=[])},
+        "/auth/callback": {"get": operation("signInCallback", "back from the issuer: a session, or the reason not",
+                                            {**text(303, "signed in: to where the person was going"),
+                                             **text(400, "refused: the page says why", "text/html")},
+                                            tags=["console"], security=[])},
+        "/logout": {"post": _form("signOut", "end the session")},
     }
 
 
@@ -182,32 +201,26 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Orderly", "version": VERSION,
-                 "description": "The ingest's webhook contract (tag `ingest`, the internet-facing webhook port) "
-                                "and the admin API (`orderly admin`, its own port)."},
+                 "description": "The admin API (`orderly admin`, its own port, tag `admin`), the console's pages "
+                                "(tag `console`), the ingest's webhook contract (tag `ingest`, the internet-facing "
+                                "webhook port) and, under `webhooks`, the effect deliveries Orderly sends the "
+                                "merchant. Refusals are RFC 9457 problem documents (application/problem+json)."},
+        "servers": [ADMIN_SERVER],
         "security": ADMIN_AUTH,
-        "paths": {**admin_paths(), **ingest_paths()},
+        "tags": [{"name": "admin", "description": "the admin API, JSON"},
+                 {"name": "console", "description": "the console's HTML pages and sign-in, for people"},
+                 {"name": "ingest", "description": "the webhook port (`orderly ingest`)"},
+                 {"name": "effects", "description": "what Orderly sends the merchant (`orderly effects`)"}],
+        "paths": {**admin_paths(), **console_paths(), **ingest_paths()},
+        "webhooks": webhooks(),
         "components": {
             "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "ORDERLY_ADMIN_TOKEN"},
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "a personal API token (`oat_…`), or the break-glass ORDERLY_ADMIN_TOKEN"},
                 "session": {"type": "apiKey", "in": "cookie", "name": "orderly_session",
-                            "description": "the console's session (POST /login); POSTs need X-CSRF-Token"},
+                            "description": "the console's session (OpenID Connect sign-in); POSTs need X-CSRF-Token"},
                 "correlationToken": {"type": "http", "scheme": "bearer", "description": "ORDERLY_API_TOKEN"},
             },
-            "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-                "Done": {"type": "object", "required": ["action", "target", "result"],
-                         "properties": {k: {"type": "string"} for k in ("action", "target", "result")}},
-                "Overview": {"type": "object", "required": [
-                    "deliveries", "parked", "open_gaps", "quarantined", "effects_pending", "effects_dead",
-                    "consumer_lag", "projector_lag"], "properties": {
-                    "deliveries": {"type": "object"}, "parked": {"type": "integer"},
-                    "open_gaps": {"type": "integer"}, "quarantined": {"type": "integer"},
-                    "effects_pending": {"type": "integer"}, "effects_dead": {"type": "integer"},
-                    "consumer_lag": {"type": "array"}, "projector_lag": {"type": ["integer", "null"]}}},
-                "Resource": {"type": "object", "required": ["gateway", "resource_id", "state", "timeline", "effects"],
-                             "properties": {"gateway": {"type": "string"}, "resource_id": {"type": "string"},
-                                            "state": {"type": ["object", "null"]},
-                                            "timeline": {"type": "array"}, "effects": {"type": "array"}}},
-            },
+            "schemas": {**component_schemas(), "EffectDelivery": delivery_schema()},
         },
     }
