@@ -32,6 +32,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from app.logs import SampledLog
+from app.problem import CONTENT_TYPE, problem_bytes
 from app.seams.aiohttp import ProtocolSite, hand_over
 
 log = logging.getLogger("orderly.ingest")
@@ -55,6 +56,8 @@ MAX_LINE = 8190  # bytes of a header line (aiohttp's max_field_size)
 MAX_NAME = 256  # bytes of a header name (llhttp counts two names together against MAX_LINE)
 PREFIX = b"POST /webhooks/"
 SUFFIX = b" HTTP/1.1"
+PROBLEM = CONTENT_TYPE.encode()
+INTERNAL_ERROR = problem_bytes(500, "internal error")
 REASONS = {200: b"OK", 401: b"Unauthorized", 415: b"Unsupported Media Type", 500: b"Internal Server Error",
            503: b"Service Unavailable"}
 # Headers that change how the request is framed or answered: their requests go to aiohttp.
@@ -152,9 +155,11 @@ def http_date() -> bytes:
 
 
 def response(status: int, body: bytes, close: bool) -> bytes:
+    """The answer's bytes: a refusal's body is a problem document (app/problem.py), typed so."""
     return b"".join((
-        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s\r\n"
-        % (status, REASONS.get(status, b"Unknown"), len(body), http_date()),
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n"
+        % (status, REASONS.get(status, b"Unknown"), PROBLEM if status >= 400 else b"application/json", len(body),
+           http_date()),
         b"Connection: close\r\n\r\n" if close else b"\r\n", body))
 
 
@@ -334,7 +339,7 @@ class WebhookConnection(asyncio.Protocol):
             status, body = await self.path.receive(head.gateway, raw, head.headers)
         except Exception as exc:
             log_unexpected(head.gateway, exc)
-            status, body, close = 500, b'{"error":"internal error"}', True
+            status, body, close = 500, INTERNAL_ERROR, True
         close = close or self.path.closing  # a shutdown that began while deciding: this is the last answer
         self.task = None
         if self.gone:

@@ -105,16 +105,15 @@ def delivery_errors(body: bytes, headers: Mapping[str, str]) -> list[str]:
     return errors + [f"body: {e}" for e in schema_errors(schema, value)]
 
 
-Middleware = Callable[[aiohttp.ClientRequest, Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]],
-                      Awaitable[aiohttp.ClientResponse]]
+Handler = Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]
+Middleware = Callable[[aiohttp.ClientRequest, Handler], Awaitable[aiohttp.ClientResponse]]
 
 
 def checked(base: str, servers: str = "admin") -> Middleware:
     """An aiohttp client middleware: every answer from ``base`` is checked against the document,
     and one that is off it raises AssertionError in the test that asked."""
 
-    async def check(request: aiohttp.ClientRequest,
-                    handler: Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]]) -> aiohttp.ClientResponse:
+    async def check(request: aiohttp.ClientRequest, handler: Handler) -> aiohttp.ClientResponse:
         response = await handler(request)
         url = str(request.url)
         if url.startswith(base) and request.method != "HEAD":

@@ -137,7 +137,8 @@ def identity_paths() -> dict[str, Json]:
             tags=[*API, "ingest"], security=[])},
         "/metrics": {"get": operation("getAdminMetrics", "the admin's Prometheus metrics (the other processes serve "
                                       "theirs on ORDERLY_METRICS_PORT)",
-                                      text(200, "Prometheus text", "text/plain; version=0.0.4"), tags=API, security=[])},
+                                      text(200, "Prometheus text", "text/plain; version=0.0.4"), tags=API,
+                                      security=[])},
     }
 
 
@@ -186,7 +187,8 @@ def console_paths() -> dict[str, Json]:
                                                 tags=["console"], security=[],
                                                 parameters=[path_param("filename", "console.css or console.js")])},
         "/login": {"get": operation("signInPage", "the sign-in page", public_page, tags=["console"], security=[]),
-                   "post": _form("signInWithToken", "sign in with the break-glass token (when it is set)", public=True)},
+                   "post": _form("signInWithToken", "sign in with the break-glass token (when it is set)",
+                                 public=True)},
         "/auth/start": {"get": operation("signInStart", "to the OpenID Connect issuer (authorization code, PKCE)",
                                          text(303, "to the issuer"), tags=["console"], security=[])},
         "/auth/callback": {"get": operation("signInCallback", "back from the issuer: a session, or the reason not",

@@ -78,8 +78,9 @@ def header(name: str, description: str, schema: Json | None = None) -> Json:
 LIMIT = query("limit", "rows at most", {"type": "integer", "minimum": 1, "maximum": 500})
 
 
-def operation(operation_id: str, summary: str, responses: Json, *, tags: list[str], parameters: list[Json] | None = None,
-              body: Json | None = None, security: list[Json] | None = None) -> Json:
+def operation(operation_id: str, summary: str, responses: Json, *, tags: list[str],
+              parameters: list[Json] | None = None, body: Json | None = None,
+              security: list[Json] | None = None) -> Json:
     op: Json = {"operationId": operation_id, "summary": summary, "tags": tags, "responses": responses}
     if parameters:
         op["parameters"] = parameters

@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import MultiMapping
 
-from app.ingest.answers import json_response
+from app.ingest.answers import refusal
 from app.seams.aiohttp import close_connection
 
 MAX_BODY = 1024 * 1024  # 1 MiB; larger bodies are refused before any HMAC work
@@ -66,7 +66,7 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
 async def refuse_body(request: web.Request, refused: BodyRefused) -> web.StreamResponse:
     """Answer a refused body and close the connection: the rest of the body may never come, and
     waiting to drain it (aiohttp lingers up to 10 s) would keep the socket the timeout freed."""
-    resp = json_response(refused.status, error=refused.reason)
+    resp = refusal(refused.status, refused.reason)
     resp.force_close()
     if refused.status == 408:
         await resp.prepare(request)

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from app.gateways.limits import id_error
-from app.ingest.answers import Unavailable, json_response
+from app.ingest.answers import Unavailable, json_response, refusal
 from app.ingest.appender import Appender
 from app.ingest.body import ENCODED_REASON, OUTCOMES, BodyRefused, encoded, read_body, refuse_body
 from app.ingest.deliveries import next_delivery_id
@@ -140,7 +140,7 @@ class CorrelationRoute:
         offered = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         if not hmac.compare_digest(offered, f"Bearer {settings.api_token.reveal()}".encode()):
             metrics.requests.labels("correlations", "unauthorized").inc()
-            return json_response(401, error="missing or wrong bearer token")
+            return refusal(401, "missing or wrong bearer token")
         deposit_id = request.match_info["deposit_id"]
         try:
             if encoded(request.headers):  # as on the webhook route: aiohttp decodes no body (app.py)
@@ -156,12 +156,12 @@ class CorrelationRoute:
         error = correlation_error(deposit_id, body)
         if error:
             metrics.requests.labels("correlations", "bad_request").inc()
-            return json_response(400, error=error)
+            return refusal(400, error)
         correlation = Correlation(deposit_id, *(body[f] for f in CORRELATION_FIELDS))
         try:
             if not await self.store.claim(correlation, settings.append_timeout_s):
                 metrics.requests.labels("correlations", "conflict").inc()
-                return json_response(409, error="a different mapping is already stored for this deposit or reference")
+                return refusal(409, "a different mapping is already stored for this deposit or reference")
             # Into orderly.raw under the deposit's key: its webhooks and its correlation then have one
             # order, the log's, live and in replay (DESIGN.md §4). Appended again on an identical PUT:
             # a retry after a 503 must still reach the log (the worker calls the repeat a duplicate).
@@ -170,6 +170,6 @@ class CorrelationRoute:
                 correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
-            return json_response(503, error=str(exc))
+            return refusal(503, str(exc))
         metrics.requests.labels("correlations", "stored").inc()
         return json_response(200, status="stored")

@@ -14,12 +14,14 @@ from aiohttp import web
 
 from app.gateways import registry
 from app.gateways.base import Route, SignatureError
-from app.ingest.answers import Unavailable, json_response
+from app.ingest.answers import Unavailable, refusal
 from app.ingest.appender import Appender
 from app.ingest.body import ENCODED_REASON, MAX_BODY, OUTCOMES, BodyRefused, encoded, read_body, refuse_body
 from app.ingest.deliveries import next_delivery_id
 from app.logs import SampledLog, bound
 from app.metrics import IngestMetrics
+from app.problem import CONTENT_TYPE as PROBLEM
+from app.problem import problem_bytes
 from app.settings import Settings
 from app.webhook_http import log_unexpected
 from topics.catalog import TopicNames
@@ -59,11 +61,12 @@ class Receiver:
         return registry.find(gateway) is not None and bool(self.settings.secrets.get(gateway))
 
     async def webhook(self, gateway: str, raw: bytes, headers: Mapping[str, str]) -> tuple[int, bytes]:
-        """(status, JSON body) for a body of a gateway this receiver serves."""
+        """(status, JSON body) for a body of a gateway this receiver serves; a refusal's body is a
+        problem document (app/problem.py)."""
         metrics = self.metrics
         if encoded(headers):  # the fast path's: aiohttp's path refused it before reading (receive)
             metrics.requests.labels(gateway, OUTCOMES[415]).inc()
-            return 415, orjson.dumps({"error": ENCODED_REASON})
+            return 415, problem_bytes(415, ENCODED_REASON)
         found = registry.find(gateway)
         assert found is not None
         adapter: Any = found.adapter  # its optional capabilities are looked up by name (Batched)
@@ -79,7 +82,7 @@ class Receiver:
             self.refusals.log(logging.WARNING, (gateway, "unauthorized", exc.reason), "401 %s: %s", gateway,
                               exc.reason, extra={"gateway": gateway, "outcome": "unauthorized",
                                                  "reason": exc.reason})
-            return 401, orjson.dumps({"error": exc.reason})
+            return 401, problem_bytes(401, exc.reason)
 
         if hasattr(adapter, "split"):  # Batched
             return await self._parts(gateway, adapter, raw)
@@ -94,7 +97,7 @@ class Receiver:
             metrics.requests.labels(gateway, "unavailable").inc()
             self.refusals.log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, exc,
                               extra={"gateway": gateway, "outcome": "unavailable", "delivery_id": delivery_id})
-            return 503, orjson.dumps({"error": str(exc)})
+            return 503, problem_bytes(503, str(exc))
         metrics.child(metrics.requests, gateway, "stored").inc()
         return 200, orjson.dumps({"status": "stored", "delivery_id": delivery_id})
 
@@ -123,7 +126,7 @@ class Receiver:
             metrics.requests.labels(gateway, "unavailable").inc()
             self.refusals.log(logging.WARNING, (gateway, "unavailable"), "503 %s: %s", gateway, unavailable,
                               extra={"gateway": gateway, "outcome": "unavailable", "records": len(appends)})
-            return 503, orjson.dumps({"error": str(unavailable)})
+            return 503, problem_bytes(503, str(unavailable))
         metrics.child(metrics.requests, gateway, "stored").inc()
         return 200, adapter.ACCEPTED
 
@@ -152,7 +155,7 @@ class Receiver:
         gateway = request.match_info["gateway"]
         if not self.serves(gateway):
             self.metrics.requests.labels("unknown", "not_found").inc()
-            return json_response(404, error=f"unknown gateway {gateway!r}")
+            return refusal(404, f"unknown gateway {gateway!r}")
         try:
             if encoded(request.headers):  # before aiohttp decompresses a byte of it
                 raise BodyRefused(415, ENCODED_REASON)
@@ -164,5 +167,5 @@ class Receiver:
             status, body = await self.webhook(gateway, raw, request.headers)
         except Exception as exc:  # as the fast path does: a sampled traceback, not aiohttp's one per request
             log_unexpected(gateway, exc)
-            return json_response(500, error="internal error")
-        return web.Response(status=status, body=body, content_type="application/json")
+            return refusal(500, "internal error")
+        return web.Response(status=status, body=body, content_type=PROBLEM if status >= 400 else "application/json")

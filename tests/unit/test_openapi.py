@@ -24,9 +24,13 @@ from app.admin.app import create_app as create_admin
 from app.admin.http import problem
 from app.admin.openapi import document
 from app.effects import request_body
+from app.ingest.answers import refusal
+from app.ingest.app import RECEIVER
 from app.ingest.app import create_app as create_ingest
+from app.problem import CONTENT_TYPE as PROBLEM
 from app.problem import problem_bytes
 from app.signing import signed_headers, signing_key
+from app.webhook_http import response
 from tests.openapi_check import answer_errors, delivery_errors, operation_for, schema_errors
 from tests.support import make_settings
 
@@ -175,3 +179,18 @@ def test_the_component_schemas_are_the_shapes() -> None:
     schemas = DOC["components"]["schemas"]
     assert {s.__name__ for s in shapes.ANSWERS} <= set(schemas)
     assert all(schemas[s.__name__]["additionalProperties"] is False for s in shapes.ANSWERS)
+
+
+def test_the_ingest_refuses_with_problem_documents_on_both_paths() -> None:
+    async def refused() -> tuple[int, bytes, web.Response]:
+        app = create_ingest(SETTINGS)
+        status, body = await app[RECEIVER].webhook("pg", b"{}", {})  # no signature
+        return status, body, refusal(409, "a different mapping is already stored")
+
+    status, body, conflict = asyncio.run(refused())
+    assert status == 401 and orjson.loads(body)["detail"]
+    assert answer_errors("POST", "/webhooks/pg", 401, PROBLEM, body, "ingest") == []
+    assert b"\r\nContent-Type: application/problem+json\r\n" in response(401, body, False)  # the fast path
+    assert b"\r\nContent-Type: application/json\r\n" in response(200, b"{}", False)
+    assert conflict.content_type == PROBLEM and isinstance(conflict.body, bytes)
+    assert answer_errors("PUT", "/correlations/pg/deposits/d", 409, PROBLEM, conflict.body, "ingest") == []
