@@ -29,6 +29,7 @@ from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.process import free_port
 from projections.migrate import quote_ident
+from tests.openapi_check import checked, delivery_errors
 from tests.support import ServedIngest, admin_token, serve_in_thread, serve_ingest, signed_headers
 
 PROCESSES = ("worker", "projector", "effects", "fetcher")
@@ -37,7 +38,8 @@ PROCESSES = ("worker", "projector", "effects", "fetcher")
 @dataclass
 class EffectsStub:
     """The merchant's effects endpoint: verifies every delivery's Standard Webhooks signature with the
-    settings' secret (``standardwebhooks``, an implementation independent of Orderly's), counts the
+    settings' secret (``standardwebhooks``, an implementation independent of Orderly's) and its body
+    and headers against the OpenAPI document's ``webhooks`` entry (tests/openapi_check.py), counts the
     accepted deliveries per Idempotency-Key, and can be told to fail, refuse or answer slowly."""
 
     url: str = ""
@@ -45,7 +47,7 @@ class EffectsStub:
     deliveries: Counter[str] = field(default_factory=Counter)  # 2xx answers per key
     requests: Counter[str] = field(default_factory=Counter)  # validly signed requests per key, any answer
     refused: Counter[str] = field(default_factory=Counter)  # validly signed requests answered non-2xx, per key
-    rejected: list[str] = field(default_factory=list)  # why each badly signed request was answered 400
+    rejected: list[str] = field(default_factory=list)  # why each badly signed or off-document request got 400
     fail_first: int = 0  # answer 503 to the first N validly signed requests (retry path)
     refuse_with: int | None = None  # answer every validly signed request with this status
     hold_s: float = 0.0  # keep each validly signed request open this long before answering
@@ -64,13 +66,15 @@ class EffectsStub:
         self.fail_first, self.refuse_with, self.hold_s = fail_first, refuse_with, hold_s
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> str | None:
-        """Why the delivery is refused as badly signed, or None."""
+        """Why the delivery is refused as badly signed or off the OpenAPI document, or None."""
         try:
             Webhook(self.secret).verify(body, dict(headers), json_parse=False)
         except (WebhookVerificationError, ValueError) as exc:
             return f"{type(exc).__name__}: {exc}"
         if headers.get("Idempotency-Key") != headers.get("webhook-id"):
             return f"Idempotency-Key {headers.get('Idempotency-Key')!r} is not webhook-id {headers.get('webhook-id')!r}"
+        if off := delivery_errors(body, headers):
+            return f"off the OpenAPI document's webhooks.effect: {off}"
         return None
 
 
@@ -188,8 +192,9 @@ class Running:
     admin: str  # the admin API's URL (app/admin), served in a thread like the ingest
 
     async def admin_get(self, path: str) -> tuple[int, Any]:
-        """GET an admin API path with the admin token: (status, JSON body)."""
-        async with aiohttp.ClientSession() as http, http.get(
+        """GET an admin API path with the admin token: (status, JSON body), the answer checked
+        against the OpenAPI document."""
+        async with aiohttp.ClientSession(middlewares=(checked(self.admin),)) as http, http.get(
                 f"{self.admin}{path}", headers={"Authorization": f"Bearer {admin_token(self.settings)}"}) as resp:
             return resp.status, await resp.json()
 
@@ -203,9 +208,10 @@ class Running:
                                      server_settings={"search_path": quote_ident(self.settings.namespace)})
 
     async def post(self, gateway: str, *bodies: bytes) -> list[dict[str, Any]]:
-        """Deliver signed webhooks one after another; each must be acknowledged with 200."""
+        """Deliver signed webhooks one after another; each must be acknowledged with 200 (the answer
+        checked against the OpenAPI document)."""
         answers = []
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(middlewares=(checked(self.ingest.url, "ingest"),)) as http:
             for body in bodies:
                 async with http.post(f"{self.ingest.url}/webhooks/{gateway}", data=body,
                                      headers=signed_headers(gateway, body, self.settings)) as resp:
@@ -216,7 +222,7 @@ class Running:
     async def correlate(self, deps: list[str]) -> None:
         """Register each pg deposit's merchant mapping (order ``o_<dep>``, user ``u_<dep>``) and wait
         until the worker has them all, so the deposits that follow are not parked a while."""
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(middlewares=(checked(self.ingest.url, "ingest"),)) as http:
             for dep in deps:
                 async with http.put(f"{self.ingest.url}/correlations/pg/deposits/{dep}", data=orjson.dumps(
                         {"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}", "our_user_id": f"u_{dep}"}),
@@ -279,7 +285,7 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
         ingest = stack.enter_context(serve_ingest(settings, (metrics_ports or {}).get("ingest", 0)))
         admin = stack.enter_context(serve_in_thread(create_admin(settings)))
         yield Running(settings, pipeline, ingest, stub, admin)
-        assert not stub.rejected, f"badly signed effect deliveries: {stub.rejected[:5]}"
+        assert not stub.rejected, f"badly signed or off-document effect deliveries: {stub.rejected[:5]}"
 
 
 LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime (make test installs it)

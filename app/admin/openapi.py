@@ -11,6 +11,7 @@ answers and deliveries they see against it, and schemathesis fuzzes the admin AP
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -142,8 +143,14 @@ def identity_paths() -> dict[str, Json]:
     }
 
 
-PAGE_REFUSED = {**text(400, "a parameter out of range"), **text(403, "a role too low, or a POST without the CSRF "
-                                                                     "token"), **text(404, "not found")}
+def _refused(*statuses: int) -> Json:
+    """A page's refusals: a page saying why (text/html), or the guard's one line (text/plain)."""
+    return {str(status): {"description": HTTPStatus(status).phrase,
+                          "content": {"text/html": {"schema": {"type": "string"}},
+                                      "text/plain": {"schema": {"type": "string"}}}} for status in statuses}
+
+
+PAGE_REFUSED = _refused(400, 403, 404, 500, 503)
 
 
 def _page(operation_id: str, summary: str, parameters: list[Json] | None = None) -> Json:
@@ -152,9 +159,10 @@ def _page(operation_id: str, summary: str, parameters: list[Json] | None = None)
                      tags=["console"], parameters=parameters)
 
 
-def _form(operation_id: str, summary: str, parameters: list[Json] | None = None, public: bool = False) -> Json:
-    return operation(operation_id, summary, {**text(303, "done (or refused): back to a page with the result"),
-                                             **text(401, "no session"), **PAGE_REFUSED},
+def _form(operation_id: str, summary: str, parameters: list[Json] | None = None, public: bool = False,
+          answers: Json | None = None) -> Json:
+    return operation(operation_id, summary, answers or {**text(303, "done (or refused): back to a page with the "
+                                                                    "result"), **_refused(401, 408), **PAGE_REFUSED},
                      tags=["console"], parameters=parameters, security=[] if public else None,
                      body={"required": False, "description": "the page's form, with its `csrf` field",
                            "content": {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}})
@@ -165,7 +173,6 @@ def console_paths() -> dict[str, Json]:
     gateway = path_param("gateway", "the gateway", list(registry.GATEWAYS))
     resource = path_param("resource_id", "the gateway's id of the resource")
     delivery = path_param("delivery_id", "the record's delivery id")
-    public_page: Json = {**text(200, "the page", "text/html"), **text(303, "signed in already, or on to the issuer")}
     return {
         "/": {"get": _page("consoleOverview", "the overview page")},
         "/resources": {"get": _page("consoleResources", "the resource search page")},
@@ -183,17 +190,24 @@ def console_paths() -> dict[str, Json]:
                                                       [path_param("dedupe_key", "the effect's dedupe key")])},
         "/audit": {"get": _page("consoleAudit", "the audit trail page")},
         "/static/{filename}": {"get": operation("consoleStatic", "the console's stylesheet and script",
-                                                {**text(200, "the file", "text/css"), **text(404, "no such file")},
+                                                {"200": {"description": "the file", "content": {
+                                                    media: {"schema": {"type": "string"}} for media in
+                                                    ("text/css", "text/javascript", "application/javascript")}},
+                                                 **text(404, "no such file")},
                                                 tags=["console"], security=[],
                                                 parameters=[path_param("filename", "console.css or console.js")])},
-        "/login": {"get": operation("signInPage", "the sign-in page", public_page, tags=["console"], security=[]),
+        "/login": {"get": operation("signInPage", "the sign-in page", {**text(200, "the page", "text/html"),
+                                                                       **_refused(500, 503)},
+                                    tags=["console"], security=[]),
                    "post": _form("signInWithToken", "sign in with the break-glass token (when it is set)",
-                                 public=True)},
+                                 public=True, answers={**text(303, "signed in: to where the person was going"),
+                                                       **_refused(400, 401, 404, 408, 429, 500, 503)})},
         "/auth/start": {"get": operation("signInStart", "to the OpenID Connect issuer (authorization code, PKCE)",
-                                         text(303, "to the issuer"), tags=["console"], security=[])},
+                                         {**text(303, "to the issuer"), **_refused(404, 500, 502, 503)},
+                                         tags=["console"], security=[])},
         "/auth/callback": {"get": operation("signInCallback", "back from the issuer: a session, or the reason not",
                                             {**text(303, "signed in: to where the person was going"),
-                                             **text(400, "refused: the page says why", "text/html")},
+                                             **_refused(400, 401, 403, 500, 503)},
                                             tags=["console"], security=[])},
         "/logout": {"post": _form("signOut", "end the session")},
     }

@@ -53,9 +53,10 @@ def problems(*statuses: int, why: dict[int, str] | None = None) -> Json:
 # The guard's refusals on every authenticated admin route (DESIGN.md §3.1): no or a wrong credential;
 # a role too low (or a POST from a session without its CSRF token); too many wrong tokens from one
 # address; PostgreSQL away.
-GUARDED = problems(401, 403, 429, 503, why={
+GUARDED = problems(401, 403, 429, 500, 503, why={
     401: "no credential, or a wrong one", 403: "a role too low, or a session's POST without its CSRF token",
     429: "too many wrong tokens from this address; a right one is never refused",
+    500: "a failure of the admin's own: its log has the traceback",
     503: "PostgreSQL is not reachable"})
 
 

@@ -1,6 +1,7 @@
 """The admin API and the operator commands against the running pipeline (DESIGN.md §3.1, issue #18):
-every /api route refuses a request without the admin token (the OpenAPI document's paths and the
-router's routes, so a new route cannot be forgotten), the webhook port serves no resource data, the
+every /api route and the OpenAPI document refuse a request without the admin token (the document's
+paths and the router's routes, so a new route cannot be forgotten), every answer the tests get is
+checked against the document (tests/openapi_check.py), the webhook port serves no resource data, the
 reads answer what a fixed scenario put there, every action works and is audited, the console's
 session cookie and CSRF token hold, the commands print the same, and schemathesis finds no 5xx.
 
@@ -32,11 +33,13 @@ from openapi_spec_validator import validate
 from app.admin import auth
 from app.admin.app import create_app
 from app.admin.context import ADMIN
+from app.admin.openapi import document
 from app.bootstrap import prepare
 from app.settings import Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.e2e.test_quarantine import append_raw
+from tests.openapi_check import checked
 from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
 from tests.support import admin_token, make_settings, read_topic, serve_in_thread
@@ -60,7 +63,7 @@ class Scenario:
 
 
 async def correlate(pipe: Running, dep: str) -> None:
-    async with aiohttp.ClientSession() as http, http.put(
+    async with aiohttp.ClientSession(middlewares=(checked(pipe.ingest.url, "ingest"),)) as http, http.put(
             f"{pipe.ingest.url}/correlations/pg/deposits/{dep}",
             data=orjson.dumps({"merchant_reference": f"mr_{dep}", "our_order_id": f"o_{dep}",
                                "our_user_id": f"u_{dep}"}),
@@ -131,6 +134,12 @@ def scenario(kafka: KafkaBroker, postgres: PostgresServer,
         yield asyncio.run(build(pipe))
 
 
+def client(**options: Any) -> aiohttp.ClientSession:
+    """A client whose every answer from an admin on this host is checked against the OpenAPI document
+    (tests/openapi_check.py): an undocumented status, media type or field fails the test that asked."""
+    return aiohttp.ClientSession(middlewares=(checked("http://127.0.0.1:"),), **options)
+
+
 def bearer_of(settings: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token(settings)}"}
 
@@ -145,8 +154,8 @@ def concrete(path: str) -> str:
 
 async def test_every_api_route_refuses_a_request_without_the_token(scenario: Scenario) -> None:
     pipe = scenario.pipe
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{pipe.admin}/openapi.json") as resp:
+    async with client() as http:
+        async with http.get(f"{pipe.admin}/openapi.json", headers=bearer(pipe)) as resp:
             assert resp.status == 200
             doc = await resp.json()
         operations = [(method.upper(), path) for path, item in doc["paths"].items() if path.startswith("/api/")
@@ -163,12 +172,13 @@ async def test_every_api_route_refuses_a_request_without_the_token(scenario: Sce
                  {"Cookie": f"{auth.SESSION_COOKIE}=forged.session.cookie"}]
         app = create_app(pipe.settings)  # an admin of its own, whose wrong-token throttle this test resets
         with serve_in_thread(app) as url:
-            for method, path in operations:
+            for method, path in [*operations, ("GET", "/openapi.json")]:  # the document is a viewer's too
                 for headers in wrong:
                     app[ADMIN].throttle.failures.clear()  # 429 after ten is another test's subject
                     async with http.request(method, f"{url}{concrete(path)}", headers=headers) as resp:
                         assert resp.status == 401, (method, path, headers, resp.status)
-                        assert resp.content_type == "application/json" and "error" in await resp.json()
+                        assert resp.content_type == "application/problem+json"
+                        assert {"type", "title", "status", "detail"} <= (await resp.json()).keys()
         # a page without a session goes to the login page, naming where it was going
         async with http.get(f"{pipe.admin}/resources/card/{CARD}", allow_redirects=False) as resp:
             assert resp.status == 303
@@ -178,17 +188,20 @@ async def test_every_api_route_refuses_a_request_without_the_token(scenario: Sce
 
 
 async def test_the_openapi_document_is_valid_openapi_3_1_and_covers_the_ingest(scenario: Scenario) -> None:
-    async with aiohttp.ClientSession() as http, http.get(f"{scenario.pipe.admin}/openapi.json") as resp:
-        doc = await resp.json()
+    async with client() as http:
+        async with http.get(f"{scenario.pipe.admin}/openapi.json", headers=bearer(scenario.pipe)) as resp:
+            doc = await resp.json()
+        async with http.get(f"{scenario.pipe.admin}/openapi.json", allow_redirects=False) as resp:
+            assert resp.status == 401 and (await resp.json())["status"] == 401  # not a redirect to sign-in
     validate(doc)  # raises on an invalid OpenAPI 3.1 document
-    assert doc["openapi"] == "3.1.0"
-    ingest = {"/webhooks/{gateway}", "/correlations/pg/deposits/{pg_deposit_id}", "/healthz", "/readyz"}
-    assert ingest <= set(doc["paths"])
+    assert doc["openapi"] == "3.1.0" and doc == orjson.loads(orjson.dumps(document()))
+    ingest = {"/webhooks/{gateway}", "/correlations/pg/deposits/{deposit_id}", "/healthz", "/readyz"}
+    assert ingest <= set(doc["paths"]) and "effect" in doc["webhooks"]
 
 
 async def test_the_webhook_port_serves_no_resource_data_metrics_or_admin(scenario: Scenario) -> None:
     pipe = scenario.pipe
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession() as http:  # the webhook port's 404s: no documented operation's
         for path in (f"/resources/card/{CARD}", f"/api/resources/card/{CARD}", "/api/overview", "/api/quarantine",
                      "/openapi.json", "/", "/login", "/quarantine", "/effects", "/parked", "/metrics"):
             for headers in ({}, bearer(pipe)):
@@ -298,7 +311,7 @@ async def test_quarantine_lists_shows_and_redrives_with_an_audit_row(scenario: S
     assert one["body_bytes"] == len(b"\xff not a correlation")
     assert (await pipe.admin_get("/api/quarantine/nope"))[0] == 404
 
-    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+    async with client(headers=bearer(pipe)) as http:
         ingest_id = by_resource["dep_a_qi"]["delivery_id"]
         async with http.post(f"{pipe.admin}/api/quarantine/{quote(ingest_id, safe='')}/redrive") as resp:
             assert resp.status == 409 and "still refused" in (await resp.json())["error"]
@@ -322,7 +335,7 @@ async def test_a_dead_effect_retried_through_the_api_is_delivered_once(scenario:
     pipe, key = scenario.pipe, scenario.dead_keys[0]
     assert key in {e["dedupe_key"] for e in (await pipe.admin_get("/api/effects?state=dead"))[1]["items"]}
     before = pipe.stub.deliveries[key]
-    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+    async with client(headers=bearer(pipe)) as http:
         async with http.post(f"{pipe.admin}/api/effects/{quote(key, safe='')}/retry") as resp:
             assert resp.status == 200, await resp.text()
             assert (await resp.json())["result"].startswith("pending again after 2 attempt")
@@ -339,7 +352,7 @@ async def test_a_dead_effect_retried_through_the_api_is_delivered_once(scenario:
 
 async def test_fetch_now_asks_the_fetcher_and_refuses_what_no_gateway_api_serves(scenario: Scenario) -> None:
     pipe = scenario.pipe
-    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+    async with client(headers=bearer(pipe)) as http:
         # this pipeline's fetcher has no gateway API: the request would never be read, so none is made
         async with http.post(f"{pipe.admin}/api/resources/card/{CARD}/fetch") as resp:
             assert resp.status == 409 and "ORDERLY_CARD_API_URL is not set" in (await resp.json())["error"]
@@ -354,7 +367,7 @@ async def test_fetch_now_asks_the_fetcher_and_refuses_what_no_gateway_api_serves
     assert await read_topic(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).fetch) == []
     # an admin configured with the card API (as a fetcher that serves the requests would be)
     with serve_in_thread(create_app(pipe.settings.with_overrides(api_urls={"card": "http://127.0.0.1:9"}))) as url:
-        async with aiohttp.ClientSession(headers=bearer(pipe)) as http, \
+        async with client(headers=bearer(pipe)) as http, \
                 http.post(f"{url}/api/resources/card/{CARD}/fetch") as resp:
             assert resp.status == 200, await resp.text()
     requests = [(r.key, orjson.loads(r.value)) for r in await read_topic(pipe.settings.kafka_bootstrap,
@@ -365,7 +378,7 @@ async def test_fetch_now_asks_the_fetcher_and_refuses_what_no_gateway_api_serves
 async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> None:
     pipe = scenario.pipe
     jar = aiohttp.CookieJar(unsafe=True)
-    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+    async with client(cookie_jar=jar) as http:
         async with http.post(f"{pipe.admin}/login", data={"token": "wrong", "next": "/"},
                              allow_redirects=False) as resp:
             assert resp.status == 401 and auth.SESSION_COOKIE not in resp.cookies
@@ -393,7 +406,7 @@ async def test_the_console_session_cookie_and_csrf_token(scenario: Scenario) -> 
         async with http.get(f"{pipe.admin}/api/overview") as resp:
             assert resp.status == 401
     # signed out means ended: a copy of the cookie, replayed, is refused too
-    async with aiohttp.ClientSession() as http:
+    async with client() as http:
         for path in ("/api/overview", "/audit"):
             async with http.get(f"{pipe.admin}{path}", allow_redirects=False,
                                 headers={"Cookie": f"{auth.SESSION_COOKIE}={cookie.value}"}) as resp:
@@ -472,7 +485,9 @@ def test_schemathesis_finds_no_server_error_in_the_admin_api(scenario: Scenario,
     report = tmp_path / "report"
     run = subprocess.run(
         [str(Path(sys.executable).parent / "schemathesis"), "run", f"{pipe.admin}/openapi.json",
-         "--include-path-regex", "^/api/", "--checks", "not_a_server_error",
+         "--include-path-regex", "^/api/",
+         # every answer it provokes is also one the document describes (its schema, its media type)
+         "--checks", "not_a_server_error,response_schema_conformance,content_type_conformance",
          "--header", f"Authorization: Bearer {admin_token(pipe.settings)}", "--max-examples", "40",
          "--phases", "examples,coverage,fuzzing", "--seed", "18", "--workers", "1", "--request-timeout", "20",
          "--report", "junit", "--report-dir", str(report), "--generation-database", "none", "--no-color"],
@@ -495,7 +510,7 @@ async def test_with_the_broker_lost_reads_go_on_and_actions_answer_503(
         s = make_settings(broker.bootstrap, postgres.dsn, f"lost{uuid.uuid4().hex[:8]}", api_urls={"card": "http://127.0.0.1:9"})
         await prepare(s)
         with serve_in_thread(create_app(s)) as url:
-            async with aiohttp.ClientSession(headers=bearer_of(s)) as http:
+            async with client(headers=bearer_of(s)) as http:
                 async with http.post(f"{url}/api/resources/card/pay_lost/fetch") as resp:
                     assert resp.status == 200, await resp.text()
                 await asyncio.to_thread(broker.stop)
@@ -534,7 +549,7 @@ async def test_hostile_parameters_get_a_4xx_with_the_reason_never_a_5xx(scenario
     pipe = scenario.pipe
     gets = [*HOSTILE_GETS, "/api/resources?cursor=" + cursor_of("0001-01-01T00:00:00+14:00", "card", "x"),
             "/api/resources?cursor=" + cursor_of("2026-01-01T00:00:00+00:00", "ca\x00rd", "x")]
-    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+    async with client(headers=bearer(pipe)) as http:
         for path in gets:
             async with http.get(f"{pipe.admin}{path}") as resp:
                 assert resp.status == 400 and (await resp.json())["error"], (path, resp.status)
@@ -544,7 +559,7 @@ async def test_hostile_parameters_get_a_4xx_with_the_reason_never_a_5xx(scenario
         async with http.post(f"{pipe.admin}/logout", allow_redirects=False) as resp:  # a bearer has no session
             assert resp.status == 303
     jar = aiohttp.CookieJar(unsafe=True)
-    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+    async with client(cookie_jar=jar) as http:
         for target in ("/\t/evil.example", "/\n/x", "/%0a", "https:evil.example", "/\x7f/x", "/ok\x00"):
             async with http.post(f"{pipe.admin}/login", data={"token": admin_token(pipe.settings), "next": target},
                                  allow_redirects=False) as resp:
@@ -574,7 +589,7 @@ async def test_a_form_body_that_never_arrives_gets_408(scenario: Scenario) -> No
 async def test_wrong_bearer_tokens_are_throttled_per_address(scenario: Scenario) -> None:
     pipe = scenario.pipe
     with serve_in_thread(create_app(pipe.settings)) as url:  # a throttle of its own: the others' is untouched
-        async with aiohttp.ClientSession() as http:
+        async with client() as http:
             answers = []
             for _ in range(11):
                 async with http.get(f"{url}/api/overview", headers={"Authorization": "Bearer guess"}) as resp:
@@ -596,7 +611,7 @@ async def test_ids_with_braces_are_reachable_and_redrives_at_once_get_distinct_i
 
     await append_raw(pipe, "dep_a_many", b"\xff not a correlation either", "poison-many", correlation=True)
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 1 FROM quarantine WHERE delivery_id = 'poison-many'"))
-    async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+    async with client(headers=bearer(pipe)) as http:
         async def redrive() -> str:
             async with http.post(f"{pipe.admin}/api/quarantine/poison-many/redrive") as resp:
                 assert resp.status == 200, await resp.text()
@@ -618,7 +633,7 @@ async def test_the_admin_starts_and_serves_postgresql_while_kafka_is_away(scenar
                                    stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession(headers=bearer(pipe)) as http:
+        async with client(headers=bearer(pipe)) as http:
             while True:
                 assert proc.poll() is None, (tmp_path / "admin.log").read_text()[-3000:]
                 try:

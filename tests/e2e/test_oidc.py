@@ -192,7 +192,7 @@ async def test_each_role_can_do_exactly_what_design_gives_it(
         async with aiohttp.ClientSession() as anonymous:
             for method, path, _ in OPERATIONS:
                 async with anonymous.request(method, f"{admin.url}{path}") as resp:
-                    assert resp.status == 401 and resp.content_type == "application/json", (method, path)
+                    assert resp.status == 401 and resp.content_type == "application/problem+json", (method, path)
             for path, _ in PAGES:
                 async with anonymous.get(f"{admin.url}{path}", allow_redirects=False) as resp:
                     assert resp.status == 303 and resp.headers["Location"].startswith("/login?next="), path
