@@ -12,6 +12,7 @@ import re
 import time
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -32,8 +33,8 @@ from app.problem import CONTENT_TYPE as PROBLEM
 from app.problem import problem_bytes
 from app.signing import signed_headers, signing_key
 from app.webhook_http import response
-from tests.openapi_check import answer_errors, delivery_errors, operation_for, schema_errors
-from tests.support import make_settings
+from tests.openapi_check import answer_errors, checked, delivery_errors, operation_for, schema_errors
+from tests.support import make_settings, serve_in_thread
 
 SETTINGS = make_settings("127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "t0")
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -209,3 +210,31 @@ def nodes(schema: Any) -> list[dict[str, Any]]:
     if not isinstance(schema, dict):
         return []
     return [schema, *(n for value in schema.values() for n in nodes(value))]
+
+
+def test_the_client_middleware_fails_the_caller_on_an_answer_off_the_document() -> None:
+    """What the end-to-end tests' clients do with every answer: a 200 from /api/me without ``source``
+    fails the request that got it; a conforming one is read as usual; another host's is not checked."""
+    async def me(request: web.Request) -> web.Response:
+        body = {"person": "ada", "role": "admin", "via": "oidc"}
+        if request.query.get("whole"):
+            body["source"] = "127.0.0.1"
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_get("/api/me", me)
+
+    async def ask(url: str, base: str) -> list[str]:
+        seen = []
+        async with aiohttp.ClientSession(middlewares=(checked(base),)) as http:
+            async with http.get(f"{url}/api/me?whole=1") as resp:
+                seen.append((await resp.json())["source"])
+            with pytest.raises(AssertionError, match="source"):
+                await http.get(f"{url}/api/me")
+        async with aiohttp.ClientSession(middlewares=(checked("http://elsewhere:1"),)) as http:
+            async with http.get(f"{url}/api/me") as resp:
+                seen.append(str(resp.status))
+        return seen
+
+    with serve_in_thread(app) as url:
+        assert asyncio.run(ask(url, url)) == ["127.0.0.1", "200"]
