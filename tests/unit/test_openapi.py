@@ -34,6 +34,7 @@ from app.problem import problem_bytes
 from app.signing import signed_headers, signing_key
 from app.webhook_http import response
 from tests.openapi_check import answer_errors, checked, delivery_errors, operation_for, schema_errors
+from tests.pipeline import EffectsStub
 from tests.support import make_settings, serve_in_thread
 
 SETTINGS = make_settings("127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "t0")
@@ -238,3 +239,13 @@ def test_the_client_middleware_fails_the_caller_on_an_answer_off_the_document() 
 
     with serve_in_thread(app) as url:
         assert asyncio.run(ask(url, url)) == ["127.0.0.1", "200"]
+
+
+def test_the_merchant_stub_refuses_a_validly_signed_delivery_off_the_document() -> None:
+    stub = EffectsStub(secret=SECRET)
+    body, headers = delivery()
+    assert stub.verify(body, headers) is None
+    extra = orjson.dumps({**orjson.loads(body), "amount": 1.5})  # a field the document does not have
+    resigned = {**headers, **signed_headers(signing_key(SECRET), headers["webhook-id"], int(time.time()), extra)}
+    why = stub.verify(extra, resigned)
+    assert why is not None and "off the OpenAPI document" in why and "amount" in why
