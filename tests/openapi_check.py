@@ -97,11 +97,14 @@ def delivery_errors(body: bytes, headers: Mapping[str, str]) -> list[str]:
             errors.append(f"header {parameter['name']} missing")
             continue
         errors += [f"header {parameter['name']}: {e}" for e in schema_errors(parameter["schema"], value)]
+    media = op["requestBody"]["content"]
+    if lowered.get("content-type") not in media:
+        errors.append(f"Content-Type {lowered.get('content-type')!r}, documented {sorted(media)}")
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         return [*errors, f"body: not JSON: {exc}"]
-    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    schema = media["application/json"]["schema"]
     return errors + [f"body: {e}" for e in schema_errors(schema, value)]
 
 

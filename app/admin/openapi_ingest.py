@@ -108,7 +108,6 @@ def webhooks() -> dict[str, Json]:
                    "Standard Webhooks: `v1,<base64 HMAC-SHA256 of \"{webhook-id}.{webhook-timestamp}.{body}\">` "
                    "keyed with ORDERLY_EFFECTS_SECRET's base64 key (`whsec_…`)", {"type": "string",
                                                                                   "pattern": SIGNATURE}),
-            header("Content-Type", "the body is JSON", {"type": "string", "const": "application/json"}),
-        ],
+        ],  # and Content-Type: application/json (OpenAPI says it with the body's media type, not as a parameter)
         body={"required": True, "description": "the effect", "content": {"application/json": {
             "schema": {"$ref": "#/components/schemas/EffectDelivery"}}}})}}
