@@ -7,7 +7,7 @@ session's CSRF token (checked in app/admin/guard.py).
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -16,7 +16,7 @@ import jinja2
 import orjson
 from aiohttp import web
 
-from app.admin import actions, auth, queries
+from app.admin import actions, auth, display, queries, timeline
 from app.admin.api import overview_body
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
@@ -30,7 +30,7 @@ OUTCOMES = ("applied", "unparked", "synced", "parked", "stale", "duplicate", "qu
 
 def _when(value: Any) -> str:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return display.zoned(value)  # with its zone: a time without one is a guess elsewhere
     return "" if value is None else str(value)
 
 
@@ -51,7 +51,8 @@ def _pretty(value: Any) -> str:
 
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""))
+ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""),
+                   gateway_time=display.gateway_time, amount=display.delivery_amount, amounts=display.amounts)
 
 
 def fetching(settings: Settings) -> dict[str, list[str]]:
@@ -110,10 +111,11 @@ async def resources(request: web.Request) -> web.Response:
 
 async def resource(request: web.Request) -> web.Response:
     gateway, resource_id = request.match_info["gateway"], path_id(request, "resource_id")
+    order = timeline.order_of(request.query.get("order")) or "arrival"
     body = None
     if registry.find(gateway) is not None:
         async with request.app[ADMIN].db() as conn:
-            body = await queries.resource(conn, gateway, resource_id)
+            body = await queries.resource(conn, gateway, resource_id, order)
     if body is None:
         return render(request, "message.html", status=404, title="Not found",
                       message=f"no {gateway} resource {resource_id!r}")

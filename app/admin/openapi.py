@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.admin import bulk
 from app.gateways import registry
 
 
@@ -72,7 +73,10 @@ def admin_paths() -> dict[str, Any]:
                           "400": _error(), **unauthorized}}},
         "/api/resources/{gateway}/{resource_id}": {"get": {
             "summary": "current state, the decision timeline and the effects emitted",
-            "parameters": [gateway, resource],
+            "parameters": [gateway, resource,
+                           _query("order", "the timeline in arrival (default) or gateway order; each delivery "
+                                  "has both positions and `late` either way", {"type": "string",
+                                                                               "enum": ["arrival", "gateway"]})],
             "responses": {"200": _json("the resource", {"$ref": "#/components/schemas/Resource"}),
                           "404": _error(), **unauthorized}}},
         "/api/resources/{gateway}/{resource_id}/fetch": {"post": {
@@ -113,6 +117,41 @@ def admin_paths() -> dict[str, Any]:
             "responses": {"200": _json("pending again", {"$ref": "#/components/schemas/Done"}), "404": _error(),
                           "409": _error(), **unauthorized}}},
         **identity_paths(unauthorized),
+        **bulk_paths(unauthorized),
+    }
+
+
+def bulk_paths(unauthorized: dict[str, Any]) -> dict[str, Any]:
+    """Bulk retry and redrive by filter (app/admin/bulk.py): one audited action with its count."""
+    gateway = _query("gateway", "only this gateway", {"type": "string", "enum": list(registry.GATEWAYS)})
+    when = {"type": "string", "maxLength": 40}
+    common = [gateway,
+              _query("since", "from this time (ISO 8601 with its zone) or age (90s, 15m, 2h, 7d)", when),
+              _query("until", "before this time (ISO 8601 with its zone) or age", when),
+              _query("limit", f"act on at most this many, oldest first (at most {bulk.MOST_PER_CALL})",
+                     {"type": "integer", "minimum": 1, "maximum": bulk.MOST_PER_CALL}),
+              _query("dry_run", "true: answer the count, change nothing", {"type": "boolean"})]
+    outcome = _json("what was done (or, dry, would be)", {
+        "type": "object", "required": ["action", "target", "matched", "acted", "dry_run", "result"],
+        "properties": {"action": {"type": "string"}, "target": {"type": "string"}, "result": {"type": "string"},
+                       "matched": {"type": "integer"}, "acted": {"type": "integer"},
+                       "refused": {"type": "integer"}, "dry_run": {"type": "boolean"},
+                       "most_per_call": {"type": "integer"}}})
+    return {
+        "/api/effects/retry": {"post": {
+            "summary": "every effect a filter matches due now: dead ones back to pending (bulk, audited once)",
+            "parameters": [_query("state", "dead (default) or pending",
+                                  {"type": "string", "enum": list(bulk.EFFECT_STATES)}),
+                           _query("type", "the effect's type", {"type": "string", "maxLength": 200}), *common],
+            "responses": {"200": outcome, "400": _error(), **unauthorized}}},
+        "/api/quarantine/redrive": {"post": {
+            "summary": "every set-aside record a filter matches appended again (bulk, audited once)",
+            "parameters": [_query("state", "waiting (default: never redriven), redriven or any",
+                                  {"type": "string", "enum": list(bulk.QUARANTINE_STATES)}),
+                           _query("stage", "the stage that set it aside",
+                                  {"type": "string", "enum": list(bulk.STAGES)}),
+                           _query("reason", "part of the reason", {"type": "string", "maxLength": 200}), *common],
+            "responses": {"200": outcome, "400": _error(), "503": _error(), **unauthorized}}},
     }
 
 
