@@ -59,7 +59,8 @@ class Filter:
         parts = [f"state={self.state}"]
         for name in ("gateway", "type", "reason"):
             if (value := getattr(self, name)) is not None:
-                parts.append(f"{name}={value}")
+                shown = "stage" if name == "type" and self.kind == "quarantine" else name
+                parts.append(f"{shown}={value}")
         for name in ("since", "until"):
             if (when := getattr(self, name)) is not None:
                 parts.append(f"{name}={when.astimezone(UTC).isoformat().replace('+00:00', 'Z')}")

@@ -77,7 +77,7 @@ def card(event: str, second: int) -> dict[str, object]:
 
 
 def test_a_card_payment_in_both_orders_marks_the_authorisation_that_came_last() -> None:
-    arrived = [card("evt_c1", 1), card("evt_r", 2), card("evt_a", 0),
+    arrived: list[dict[str, object]] = [card("evt_c1", 1), card("evt_r", 2), card("evt_a", 0),
                {"event_id": None, "version": None, "sequence": None, "gateway_time": None}]
     by_arrival = timeline.ordered(arrived, "arrival")
     assert [(d["event_id"], d["arrival"], d["gateway_position"], d["late"]) for d in by_arrival] == [
@@ -139,7 +139,8 @@ def test_a_state_row_and_a_body_get_their_amounts_with_their_currency() -> None:
     assert display.delivery_amount({"amount_minor": 12000, "currency": "EUR"}) == "120.00 EUR"
     assert display.delivery_amount({"data": {"object": {"amount": 999, "currency": "jpy"}}}) == "999 JPY"
     assert display.delivery_amount({"amount": {"value": 1050, "currency": "EUR"}}) == "10.50 EUR"
-    assert [display.delivery_amount(v) for v in (None, [], {"amount": 1.5, "currency": "EUR"})] == ["", "", ""]
+    unusable: list[object] = [None, [], {"amount": 1.5, "currency": "EUR"}]
+    assert [display.delivery_amount(v) for v in unusable] == ["", "", ""]
 
 
 def test_times_carry_their_zone() -> None:
