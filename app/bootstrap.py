@@ -7,14 +7,13 @@ import logging
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from app.kafka_client import client_options, refusal
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import migrate
-from topics.admin import ensure_topics, topic_configs
+from topics.admin import ensure_topics, replace_topic_config, topic_configs
 from topics.catalog import TopicSpec, catalog, names
 from topics.records import CORRELATION, H_RECORD
 
@@ -46,30 +45,26 @@ async def _ensure_topics(settings: Settings) -> list[str]:
         raise
     raw = next(s for s in specs if s.name == names(settings.namespace).raw)
     if raw.name not in created:
-        await _keep_raw_retention(settings, raw)
+        try:
+            await _keep_raw_retention(settings, raw)
+        except (KafkaError, RuntimeError) as exc:
+            if settings.raw_retention_ms is not None:
+                raise  # asked for a retention and not given it: say so, do not run with the old one
+            # unset: the topic keeps what it has; a principal without DescribeConfigs/AlterConfigs still starts
+            log.warning("%s: could not check its retention (%s); ORDERLY_RAW_RETENTION_MS is unset, so it "
+                        "is left as it is", raw.name, exc)
     return created
 
 
 async def _keep_raw_retention(settings: Settings, raw: TopicSpec) -> None:
     """An existing orderly.raw gets ORDERLY_RAW_RETENTION_MS (or for ever again, unset) when its
-    retention differs: the setting is where the retention is decided. AlterConfigs replaces a
-    topic's whole configuration, so the catalog's entire set for the topic is sent, not one key."""
+    retention differs: the setting is where the retention is decided (the catalog's whole
+    configuration of the topic is sent: topics/admin.py)."""
     wanted = raw.config["retention.ms"]
     found = (await topic_configs(settings.kafka_bootstrap, [raw.name], **client_options(settings)))[raw.name]
     if found.get("retention.ms") == wanted:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000,
-                                **client_options(settings))
-    await admin.start()
-    try:
-        responses = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, raw.name,
-                                                               configs=dict(raw.config))])
-    finally:
-        await admin.close()
-    errors = [(code, message) for response in responses for code, message, *_ in response.resources if code]
-    if errors:  # e.g. the principal may not alter topic configs: say so rather than run with the old retention
-        raise RuntimeError(f"{raw.name}: setting retention.ms={wanted} (ORDERLY_RAW_RETENTION_MS) was refused by "
-                           f"Kafka: error {errors[0][0]} {errors[0][1] or ''}".rstrip())
+    await replace_topic_config(settings.kafka_bootstrap, raw, **client_options(settings))
     log.warning("%s: retention.ms %s -> %s (ORDERLY_RAW_RETENTION_MS)", raw.name, found.get("retention.ms"), wanted)
 
 

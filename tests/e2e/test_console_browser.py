@@ -2,7 +2,8 @@
 against a running pipeline. One scenario is set up through the ingest and the log — a card payment
 parked by an over-refund, a body of an unknown type set aside at the ingest, a correlation the worker
 cannot read, two dead effects — and an operator signs in, reads the counts and the payment's
-timeline, retries a dead effect and redrives quarantined records, all by what the pages show.
+timeline (in arrival and in gateway order), retries a dead effect and redrives quarantined records,
+all by what the pages show.
 
 The tests run in file order on one pipeline and one browser: the later ones act on what the earlier
 ones read. Every page visited is saved as a PNG under test-artifacts/console/.
@@ -264,6 +265,45 @@ def test_the_parked_payment_is_found_and_its_timeline_read(scenario: Scenario, b
     assert f"unknown event type '{UNKNOWN_TYPE}'" in cells[3].find_element(By.CSS_SELECTOR, "td.why").text
     no_horizontal_overflow(browser)
     shot(browser, "05-resource-parked")
+
+
+def test_the_timeline_sorts_by_gateway_order_and_marks_the_late_delivery(scenario: Scenario,
+                                                                         browser: WebDriver) -> None:
+    """Arrival order is the default; the gateway order tab lists the authorisation first, as the
+    card gateway's occurred_at has it; either way the authorisation is marked late, and the amounts
+    show with their currency and the times with their zone."""
+    open_page(browser, scenario.pipe.admin, f"/resources/card/{REF}", "card")
+    assert text(browser, "#order a.on") == "arrival order"
+    assert [ident for _, ident, _ in timeline(browser)][:3] == ["evt_c1", "evt_r", "evt_a"]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td.gw").text for r in rows] == ["2", "3", "1 late", ""]
+    assert ["row-late" in (r.get_attribute("class") or "") for r in rows] == [False, False, True, False]
+    assert text(browser, "#late-count").startswith("1 delivery(s) arrived after one the gateway placed later")
+    assert [r.find_element(By.CSS_SELECTOR, "td.amount").text for r in rows[:3]] == [
+        "80.00 EUR", "100.00 EUR", "120.00 EUR"]
+    received = [r.find_elements(By.CSS_SELECTOR, "td.t")[0].text for r in rows]
+    assert all(len(t) == 20 and t.endswith("Z") and t[10] == "T" for t in received), received
+    amounts = {r.find_element(By.TAG_NAME, "th").text: r.find_element(By.TAG_NAME, "td").text
+               for r in browser.find_elements(By.CSS_SELECTOR, "#amounts tr")}
+    assert (amounts["authorised_minor"], amounts["captured_minor"]) == ("120.00 EUR", "80.00 EUR")
+    assert '"captured_minor": 8000' in text(browser, "pre.json")  # the raw integer stays in the JSON
+    no_horizontal_overflow(browser)
+    shot(browser, "05a-timeline-arrival-order")
+
+    browser.find_element(By.LINK_TEXT, "gateway order").click()
+    wait(browser).until(lambda d: urlsplit(d.current_url).query == "order=gateway")
+    assert text(browser, "#order a.on") == "gateway order"
+    assert [(ident, outcome) for _, ident, outcome in timeline(browser)][:3] == [
+        ("evt_a", "applied"), ("evt_c1", "unparked"), ("evt_r", "parked")]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td.arrival").text for r in rows] == ["3", "1", "2", "4"]
+    assert [r.find_element(By.CSS_SELECTOR, "td.gw").text for r in rows] == ["1 late", "2", "3", ""]
+    no_horizontal_overflow(browser)
+    shot(browser, "05b-timeline-gateway-order")
+
+    browser.find_element(By.LINK_TEXT, "arrival order").click()
+    wait(browser).until(lambda d: urlsplit(d.current_url).query == "")
+    assert [ident for _, ident, _ in timeline(browser)][:3] == ["evt_c1", "evt_r", "evt_a"]
 
 
 def test_a_dead_effect_is_retried_and_delivered_once(scenario: Scenario, browser: WebDriver) -> None:
