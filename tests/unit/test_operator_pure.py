@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.admin import bulk, display, timeline
+from app.admin import auth, bulk, display, timeline
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -150,3 +150,9 @@ def test_times_carry_their_zone() -> None:
     assert display.gateway_time("1795946400123") == "2026-11-29T10:00:00.123Z (1795946400123)"
     assert display.gateway_time("2026-11-29T10:02:16.123Z") == "2026-11-29T10:02:16.123Z"
     assert display.gateway_time(None) == ""
+
+
+def test_the_bulk_actions_need_the_operator_role() -> None:
+    assert auth.required_role("POST", "/api/effects/retry") == "operator"
+    assert auth.required_role("POST", "/api/quarantine/redrive") == "operator"
+    assert auth.required_role("GET", "/api/resources/card/pay_1") == "viewer"  # either order is a read
