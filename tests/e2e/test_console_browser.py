@@ -283,8 +283,8 @@ def test_the_timeline_sorts_by_gateway_order_and_marks_the_late_delivery(scenari
         "80.00 EUR", "100.00 EUR", "120.00 EUR"]
     received = [r.find_elements(By.CSS_SELECTOR, "td.t")[0].text for r in rows]
     assert all(len(t) == 20 and t.endswith("Z") and t[10] == "T" for t in received), received
-    amounts = {r.find_element(By.TAG_NAME, "th").text: r.find_element(By.TAG_NAME, "td").text
-               for r in browser.find_elements(By.CSS_SELECTOR, "#amounts tr")}
+    amounts = {r.find_element(By.TAG_NAME, "th").get_attribute("textContent"): r.find_element(By.TAG_NAME, "td").text
+               for r in browser.find_elements(By.CSS_SELECTOR, "#amounts tr")}  # th is shown upper case
     assert (amounts["authorised_minor"], amounts["captured_minor"]) == ("120.00 EUR", "80.00 EUR")
     assert '"captured_minor": 8000' in text(browser, "pre.json")  # the raw integer stays in the JSON
     no_horizontal_overflow(browser)
@@ -396,3 +396,35 @@ def test_no_page_is_wider_than_a_laptop_window(scenario: Scenario, browser: WebD
         open_page(browser, scenario.pipe.admin, path, heading)
         no_horizontal_overflow(browser)
         shot(browser, f"13-width-{name}")
+
+
+def test_the_dead_effects_left_are_counted_then_retried_by_filter(scenario: Scenario, browser: WebDriver) -> None:
+    """The effects page's bulk form: "Count" is a dry run, then every dead pg effect created in the
+    last hour is retried in one click, with one audit row (the earlier test retried one of two)."""
+    pipe = scenario.pipe
+    _, other = scenario.dead_keys
+    open_page(browser, pipe.admin, "/effects?state=dead", "Effects")
+    shown(browser, "details.bulk summary").click()
+    form = shown(browser, "#bulk-retry")
+    for option in form.find_elements(By.CSS_SELECTOR, "select[name=gateway] option"):
+        if option.text == "pg":
+            option.click()
+    form.find_element(By.NAME, "since").send_keys("1h")
+    shot(browser, "14-effects-bulk-form")
+    form.find_element(By.CSS_SELECTOR, "button[value=true]").click()
+    counted = text(browser, ".flash.ok")
+    assert counted.startswith("effects.retry.bulk state=dead gateway=pg since=20"), counted
+    assert counted.endswith(": dry run: 1 match, a call would act on 1"), counted
+    assert pipe.stub.requests[other] == 2  # counted, not sent
+
+    shown(browser, "details.bulk summary").click()
+    form = shown(browser, "#bulk-retry")
+    form.find_element(By.NAME, "since").send_keys("1h")
+    form.find_element(By.CSS_SELECTOR, "button[value=false]").click()
+    assert text(browser, ".flash.ok").endswith(": 1 of 1 matched back to pending"), text(browser, ".flash.ok")
+    shot(browser, "15-effects-bulk-retried")
+    wait(browser, 60).until(lambda _: pipe.stub.deliveries[other] >= 1)
+    assert pipe.stub.deliveries[other] == 1
+    open_page(browser, pipe.admin, "/audit", "Audit")
+    assert len([r for r in browser.find_elements(By.CSS_SELECTOR, "main tbody tr")
+                if "effects.retry.bulk" in r.text]) == 1  # the count wrote none, the retry one
