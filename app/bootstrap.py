@@ -7,14 +7,14 @@ import logging
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from app.kafka_client import client_options, refusal
 from app.producer import KeyedProducer
 from app.settings import Settings
 from projections.migrate import migrate
-from topics.admin import ensure_topics
-from topics.catalog import catalog, names
+from topics.admin import ensure_topics, replace_topic_config, topic_configs
+from topics.catalog import TopicSpec, catalog, names
 from topics.records import CORRELATION, H_RECORD
 
 log = logging.getLogger("orderly.bootstrap")
@@ -33,17 +33,39 @@ async def prepare(settings: Settings, topics: bool = True) -> tuple[list[str], l
 
 
 async def _ensure_topics(settings: Settings) -> list[str]:
+    specs = catalog(settings.namespace, settings.partitions, settings.replication_factor, settings.min_insync,
+                    settings.raw_retention_ms)
     try:
-        return await ensure_topics(settings.kafka_bootstrap,
-                                   catalog(settings.namespace, settings.partitions, settings.replication_factor,
-                                           settings.min_insync),
-                                   **client_options(settings))
+        created = await ensure_topics(settings.kafka_bootstrap, specs, **client_options(settings))
     except KafkaConnectionError:
         # aiokafka says only "Unable to bootstrap"; a broker that refuses the TLS handshake or the
         # SASL authentication is a configuration error, said with its reason (KafkaRefusedError)
         if (refused := await refusal(settings)) is not None:
             raise refused from None
         raise
+    raw = next(s for s in specs if s.name == names(settings.namespace).raw)
+    if raw.name not in created:
+        try:
+            await _keep_raw_retention(settings, raw)
+        except (KafkaError, RuntimeError) as exc:
+            if settings.raw_retention_ms is not None:
+                raise  # asked for a retention and not given it: say so, do not run with the old one
+            # unset: the topic keeps what it has; a principal without DescribeConfigs/AlterConfigs still starts
+            log.warning("%s: could not check its retention (%s); ORDERLY_RAW_RETENTION_MS is unset, so it "
+                        "is left as it is", raw.name, exc)
+    return created
+
+
+async def _keep_raw_retention(settings: Settings, raw: TopicSpec) -> None:
+    """An existing orderly.raw gets ORDERLY_RAW_RETENTION_MS (or for ever again, unset) when its
+    retention differs: the setting is where the retention is decided (the catalog's whole
+    configuration of the topic is sent: topics/admin.py)."""
+    wanted = raw.config["retention.ms"]
+    found = (await topic_configs(settings.kafka_bootstrap, [raw.name], **client_options(settings)))[raw.name]
+    if found.get("retention.ms") == wanted:
+        return
+    await replace_topic_config(settings.kafka_bootstrap, raw, **client_options(settings))
+    log.warning("%s: retention.ms %s -> %s (ORDERLY_RAW_RETENTION_MS)", raw.name, found.get("retention.ms"), wanted)
 
 
 async def migrate_correlations(settings: Settings) -> int:

@@ -111,6 +111,9 @@ class Settings:
     min_insync_replicas = Setting("ORDERLY_MIN_INSYNC_REPLICAS", Maybe(Integer(minimum=1)), None,
             "replicas that must hold a write before Kafka acknowledges it, for every Orderly topic and the "
             "worker's changelog (unset: `2` with 3+ replicas, else `1`)")
+    raw_retention_ms = Setting("ORDERLY_RAW_RETENTION_MS", Maybe(Integer(minimum=86_400_000)), None,
+            "how long `orderly.raw` keeps a webhook, in ms, at least a day (unset: for ever, DESIGN §4: replay "
+            "rebuilds from it; set on the topic at every start; docs/operations.md, Personal data)")
     # How every producer, consumer, admin client and the Faust worker reach Kafka (app/kafka_client.py,
     # which also refuses inconsistent combinations at start-up).
     kafka_security_protocol = Setting("ORDERLY_KAFKA_SECURITY_PROTOCOL",

@@ -74,3 +74,23 @@ async def topic_configs(bootstrap: str, topics: Iterable[str], **client: Any) ->
         for _error, _message, _kind, name, entries in response.resources:
             found[name] = {entry[0]: entry[1] for entry in entries}
     return found
+
+
+async def replace_topic_config(bootstrap: str, spec: TopicSpec, **client: Any) -> None:
+    """Give an existing topic the spec's whole configuration (AlterConfigs replaces a topic's
+    configuration as a set, so every key of the spec is sent, not only the one that changed);
+    RuntimeError naming Kafka's refusal (e.g. a principal that may not alter topic configs)."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000, **client)
+    await admin.start()
+    try:
+        responses = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, spec.name,
+                                                               configs=dict(spec.config))])
+    finally:
+        await admin.close()
+    errors = [(code, message) for response in responses for code, message, *_ in response.resources if code]
+    if errors:
+        raise RuntimeError(f"{spec.name}: Kafka refused its configuration {dict(spec.config)}: error "
+                           f"{errors[0][0]} {errors[0][1] or ''}".rstrip())
+

@@ -52,7 +52,8 @@ def names(namespace: str = "orderly") -> TopicNames:
 
 
 def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1,
-            min_insync_replicas: int | None = None) -> list[TopicSpec]:
+            min_insync_replicas: int | None = None, raw_retention_ms: int | None = None) -> list[TopicSpec]:
+    """``raw_retention_ms``: how long orderly.raw keeps a record (ORDERLY_RAW_RETENTION_MS; None: for ever)."""
     n = names(namespace)
     keep = {"cleanup.policy": "delete", "retention.ms": FOREVER, "retention.bytes": FOREVER}
     # The ingest accepts bodies up to 1 MiB; with headers and batch overhead a record is larger.
@@ -70,8 +71,9 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
         return TopicSpec(name, partitions, replication_factor, {**durable, **config}, co_partitioned)
 
     return [
-        # The source of truth: every webhook as received, kept forever so replay can rebuild.
-        spec(n.raw, {**keep, **big}),
+        # The source of truth: every webhook as received, kept forever so replay can rebuild, unless
+        # the operator bounds it for personal data (then replay rebuilds from what is left)
+        spec(n.raw, {**keep, **big, **({"retention.ms": str(raw_retention_ms)} if raw_retention_ms else {})}),
         # raw bodies, and whatever record a sink sets aside (a decision can be as large as its topic takes)
         spec(n.quarantine, {**keep, **derived}, co_partitioned=False),
         spec(n.state, {"cleanup.policy": "compact", "min.compaction.lag.ms": str(60_000), **derived}),

@@ -79,10 +79,11 @@ async def redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_i
     """Append a quarantined record's body again where it was set aside from, and mark it. The
     original stays in the table (with its redrive count); the new delivery's id names it."""
     return await carried_out(conn, actor, "quarantine.redrive", delivery_id,
-                             _redrive(conn, producer, n, delivery_id, now_ms))
+                             redrive_one(conn, producer, n, delivery_id, now_ms))
 
 
-async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int) -> str:
+async def redrive_one(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int) -> str:
+    """The redrive itself, unaudited: :func:`redrive` audits one, app/admin/bulk.py a filter's worth."""
     # the row stays locked until the append is acknowledged and counted: two redrives at once
     # get ~rN and ~rN+1, never the same delivery id twice
     async with conn.transaction():

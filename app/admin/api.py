@@ -5,17 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from app.admin import actions, queries
+from app.admin import actions, bulk, queries, timeline
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, problem, text_param
 from app.admin.openapi import document
 from app.gateways import registry
 from app.gateways.limits import id_error
+from app.producer import KeyedProducer
 from projections import quarantine
 from projections.bulk import Conn
 
@@ -62,8 +64,11 @@ async def api_resource(request: web.Request) -> web.Response:
     error = id_error("resource_id", resource_id)
     if error:
         return problem(400, error)
+    order = timeline.order_of(request.query.get("order"))
+    if order is None:
+        return problem(400, f"order must be one of {', '.join(timeline.ORDERS)}")
     async with request.app[ADMIN].db() as conn:
-        body = await queries.resource(conn, gateway, resource_id)
+        body = await queries.resource(conn, gateway, resource_id, order)
     return json_response(body) if body is not None else problem(404, f"no {gateway} resource {resource_id!r}")
 
 
@@ -151,6 +156,45 @@ async def api_retry(request: web.Request) -> web.Response:
     return await _act(request, lambda conn: actions.retry_effect(conn, dedupe_key, admin.actor(request)))
 
 
+async def _bulk(request: web.Request, kind: bulk.Kind,
+                action: Callable[[Conn, bulk.Filter, bool], Awaitable[bulk.Outcome]]) -> web.Response:
+    """A bulk action by the filter in the query; ``dry_run=true`` answers the count only."""
+    admin = request.app[ADMIN]
+    try:
+        found = bulk.parse_filter(kind, request.query, datetime.now(UTC))
+        dry_run = bulk.dry_run_flag(request.query.get("dry_run"))
+    except bulk.BadFilter as exc:
+        return problem(400, str(exc))
+    async with admin.acting, admin.db() as conn:
+        try:
+            done = await action(conn, found, dry_run)
+        except actions.ActionRefused as exc:
+            admin.metrics.actions.labels(request.match_info.route.name or "action", "refused").inc()
+            return problem(exc.status, str(exc))
+    if not dry_run:
+        admin.metrics.actions.labels(done.action, "done").inc()
+        log.info("%s by %s on %s: %s", done.action, admin.actor(request), done.target, done.result)
+    return json_response(done.body())
+
+
+async def api_retry_bulk(request: web.Request) -> web.Response:
+    actor = request.app[ADMIN].actor(request)
+    return await _bulk(request, "effects", lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry))
+
+
+async def api_redrive_bulk(request: web.Request) -> web.Response:
+    admin = request.app[ADMIN]
+    producer: KeyedProducer | None = None
+    if request.query.get("dry_run") not in ("true", "1"):  # a dry run counts without Kafka
+        found = await kafka_producer(admin)
+        if isinstance(found, web.Response):
+            return found
+        producer = found
+    actor = admin.actor(request)
+    return await _bulk(request, "quarantine", lambda conn, f, dry: bulk.redrive_quarantined(
+        conn, producer, admin.names, f, int(time.time() * 1000), actor, dry))
+
+
 async def api_fetch(request: web.Request) -> web.Response:
     admin = request.app[ADMIN]
     gateway, resource_id = request.match_info["gateway"], request.match_info["resource_id"]
@@ -198,9 +242,11 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/parked", api_parked)
     r.add_get("/api/gaps", api_gaps)
     r.add_get("/api/quarantine", api_quarantine)
+    r.add_post("/api/quarantine/redrive", api_redrive_bulk, name="quarantine.redrive.bulk")
     r.add_post(f"/api/quarantine/{{delivery_id:{ID}}}/redrive", api_redrive, name="quarantine.redrive")
     r.add_get(f"/api/quarantine/{{delivery_id:{ID}}}", api_quarantined)
     r.add_get("/api/effects", api_effects)
+    r.add_post("/api/effects/retry", api_retry_bulk, name="effects.retry.bulk")
     r.add_post(f"/api/effects/{{dedupe_key:{ID}}}/retry", api_retry, name="effects.retry")
     r.add_get("/api/audit", api_audit)
     r.add_get("/api/me", api_me)

@@ -7,6 +7,7 @@ session's CSRF token (checked in app/admin/guard.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ import jinja2
 import orjson
 from aiohttp import web
 
-from app.admin import actions, auth, queries
+from app.admin import actions, auth, bulk, display, queries, timeline
 from app.admin.api import overview_body
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
 from app.gateways import registry
+from app.producer import KeyedProducer
 from app.settings import Settings
 from projections import quarantine
 
@@ -30,7 +32,7 @@ OUTCOMES = ("applied", "unparked", "synced", "parked", "stale", "duplicate", "qu
 
 def _when(value: Any) -> str:
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return display.zoned(value)  # with its zone: a time without one is a guess elsewhere
     return "" if value is None else str(value)
 
 
@@ -51,7 +53,8 @@ def _pretty(value: Any) -> str:
 
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                          undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""))
+ENV.filters.update(when=_when, ago=_ago, pretty=_pretty, q=lambda v: quote(str(v), safe=""),
+                   gateway_time=display.gateway_time, amount=display.delivery_amount, amounts=display.amounts)
 
 
 def fetching(settings: Settings) -> dict[str, list[str]]:
@@ -110,10 +113,11 @@ async def resources(request: web.Request) -> web.Response:
 
 async def resource(request: web.Request) -> web.Response:
     gateway, resource_id = request.match_info["gateway"], path_id(request, "resource_id")
+    order = timeline.order_of(request.query.get("order")) or "arrival"
     body = None
     if registry.find(gateway) is not None:
         async with request.app[ADMIN].db() as conn:
-            body = await queries.resource(conn, gateway, resource_id)
+            body = await queries.resource(conn, gateway, resource_id, order)
     if body is None:
         return render(request, "message.html", status=404, title="Not found",
                       message=f"no {gateway} resource {resource_id!r}")
@@ -140,7 +144,8 @@ async def quarantine_list(request: web.Request) -> web.Response:
     stage = text_param(request, "stage")
     async with request.app[ADMIN].db() as conn:
         items = await quarantine.listing(conn, stage, None, 200)
-    return render(request, "quarantine.html", items=items, stage=stage or "")
+    return render(request, "quarantine.html", items=items, stage=stage or "", stages=bulk.STAGES,
+                  most=bulk.MOST_PER_CALL)
 
 
 async def quarantine_one(request: web.Request) -> web.Response:
@@ -168,7 +173,7 @@ async def effects(request: web.Request) -> web.Response:
     async with request.app[ADMIN].db() as conn:
         items = await queries.effects(conn, state, 200)
         counts = await queries.overview(conn)
-    return render(request, "effects.html", items=items, state=state, counts=counts)
+    return render(request, "effects.html", items=items, state=state, counts=counts, most=bulk.MOST_PER_CALL)
 
 
 async def audit(request: web.Request) -> web.Response:
@@ -226,6 +231,50 @@ async def fetch(request: web.Request) -> web.StreamResponse:
         admin.fetch_api(gateway)))
 
 
+BULK_FIELDS = ("gateway", "type", "stage", "state", "reason", "since", "until", "limit")
+
+
+async def _bulk(request: web.Request, kind: bulk.Kind, page: str,
+                act: Callable[[Any, bulk.Filter, bool], Awaitable[bulk.Outcome]]) -> web.StreamResponse:
+    """A bulk form: "Count" (a dry run) or act on every match, the outcome as the page's message."""
+    admin = request.app[ADMIN]
+    posted = await form(request)
+    given = {name: str(posted[name]) for name in BULK_FIELDS if posted.get(name)}
+    dry_run = posted.get("dry_run") != "false"  # only the button that says so acts
+    try:
+        found = bulk.parse_filter(kind, given, datetime.now(UTC))
+    except bulk.BadFilter as exc:
+        return redirect(_with(admin, page, "refused", str(exc)))
+    async with admin.acting, admin.db() as conn:
+        try:
+            done = await act(conn, found, dry_run)
+        except actions.ActionRefused as exc:
+            admin.metrics.actions.labels(request.match_info.route.name or "action", "refused").inc()
+            return redirect(_with(admin, page, "refused", str(exc)))
+    if not dry_run:
+        admin.metrics.actions.labels(done.action, "done").inc()
+    return redirect(_with(admin, page, "done", f"{done.action} {done.target}: {done.result}"))
+
+
+async def retry_bulk(request: web.Request) -> web.StreamResponse:
+    actor = request.app[ADMIN].actor(request)
+    return await _bulk(request, "effects", "/effects",
+                       lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry))
+
+
+async def redrive_bulk(request: web.Request) -> web.StreamResponse:
+    admin = request.app[ADMIN]
+    producer: KeyedProducer | None = None
+    if (await form(request)).get("dry_run") == "false":
+        found = await kafka_producer(admin)
+        if isinstance(found, web.Response):
+            return redirect(_with(admin, "/quarantine", "refused", "Kafka is not reachable, nothing was done"))
+        producer = found
+    actor = admin.actor(request)
+    return await _bulk(request, "quarantine", "/quarantine", lambda conn, f, dry: bulk.redrive_quarantined(
+        conn, producer, admin.names, f, int(time.time() * 1000), actor, dry))
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/", overview)
@@ -235,9 +284,11 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/parked", parked)
     r.add_get("/gaps", gaps)
     r.add_get("/quarantine", quarantine_list)
+    r.add_post("/quarantine/redrive", redrive_bulk, name="console.redrive.bulk")
     r.add_post(f"/quarantine/{{delivery_id:{ID}}}/redrive", redrive, name="console.redrive")
     r.add_get(f"/quarantine/{{delivery_id:{ID}}}", quarantine_one)
     r.add_get("/effects", effects)
+    r.add_post("/effects/retry", retry_bulk, name="console.retry.bulk")
     r.add_post(f"/effects/{{dedupe_key:{ID}}}/retry", retry, name="console.retry")
     r.add_get("/audit", audit)
     r.add_static("/static", HERE / "static", show_index=False)

@@ -15,7 +15,7 @@ from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from app.admin import shapes
+from app.admin import bulk, shapes
 from app.admin.openapi_ingest import INGEST_SERVER, delivery_schema, ingest_paths, webhooks
 from app.admin.openapi_parts import (
     GUARDED,
@@ -70,7 +70,9 @@ def admin_paths() -> dict[str, Json]:
                         LIMIT, query("cursor", "next_cursor of the previous page", {"type": "string"})])},
         "/api/resources/{gateway}/{resource_id}": {"get": _api(
             "getResource", "current state, the decision timeline and the effects emitted",
-            ok("the resource", shapes.Resource), 400, 404, parameters=[gateway, resource],
+            ok("the resource", shapes.Resource), 400, 404, parameters=[gateway, resource, query(
+                "order", "the timeline in arrival (default) or gateway order; each delivery has both positions "
+                "and `late` either way", {"type": "string", "enum": ["arrival", "gateway"]})],
             why={404: "an unknown gateway or resource"})},
         "/api/resources/{gateway}/{resource_id}/fetch": {"post": _api(
             "fetchResource", "ask the gateway for the resource now (a payment's fetch; pg: backfill of open gaps)",
@@ -108,6 +110,34 @@ def admin_paths() -> dict[str, Json]:
             why={409: "the effect is not dead (pending, or already delivered)"},
             parameters=[path_param("dedupe_key", "the effect's dedupe key")])},
         **identity_paths(),
+        **bulk_paths(),
+    }
+
+
+def bulk_paths() -> dict[str, Json]:
+    """Bulk retry and redrive by filter (app/admin/bulk.py): one audited action with its count."""
+    when = {"type": "string", "maxLength": 40}
+    common = [query("gateway", "only this gateway", {"type": "string", "enum": list(registry.GATEWAYS)}),
+              query("since", "from this time (ISO 8601 with its zone) or age (90s, 15m, 2h, 7d)", when),
+              query("until", "before this time (ISO 8601 with its zone) or age", when),
+              query("limit", f"act on at most this many, oldest first (at most {bulk.MOST_PER_CALL})",
+                    {"type": "integer", "minimum": 1, "maximum": bulk.MOST_PER_CALL}),
+              query("dry_run", "true: answer the count, change nothing", {"type": "boolean"})]
+    bad = {400: "a filter out of range (an unknown state, a time without its zone), named in detail"}
+    return {
+        "/api/effects/retry": {"post": _api(
+            "retryEffectsBulk", "every effect a filter matches due now: dead ones back to pending (bulk, audited "
+            "once)", ok("what was done (or, dry, would be)", shapes.BulkOutcome), 400, why=bad,
+            parameters=[query("state", "dead (default) or pending", {"type": "string",
+                                                                     "enum": list(bulk.EFFECT_STATES)}),
+                        query("type", "the effect's type", {"type": "string", "maxLength": 200}), *common])},
+        "/api/quarantine/redrive": {"post": _api(
+            "redriveQuarantinedBulk", "every set-aside record a filter matches appended again (bulk, audited once)",
+            ok("what was done (or, dry, would be)", shapes.BulkOutcome), 400, why=bad,
+            parameters=[query("state", "waiting (default: never redriven), redriven or any",
+                              {"type": "string", "enum": list(bulk.QUARANTINE_STATES)}),
+                        query("stage", "the stage that set it aside", {"type": "string", "enum": list(bulk.STAGES)}),
+                        query("reason", "part of the reason", {"type": "string", "maxLength": 200}), *common])},
     }
 
 
@@ -185,7 +215,11 @@ def console_paths() -> dict[str, Json]:
         "/quarantine": {"get": _page("consoleQuarantine", "the quarantine page")},
         "/quarantine/{delivery_id}": {"get": _page("consoleQuarantined", "one set-aside record", [delivery])},
         "/quarantine/{delivery_id}/redrive": {"post": _form("consoleRedrive", "redrive it", [delivery])},
+        "/quarantine/redrive": {"post": _form("consoleRedriveBulk", "count, or redrive, every record the form's "
+                                              "filter matches (one audit row)")},
         "/effects": {"get": _page("consoleEffects", "the effects page")},
+        "/effects/retry": {"post": _form("consoleRetryBulk", "count, or retry, every effect the form's filter "
+                                         "matches (one audit row)")},
         "/effects/{dedupe_key}/retry": {"post": _form("consoleRetry", "a dead effect back to pending",
                                                       [path_param("dedupe_key", "the effect's dedupe key")])},
         "/audit": {"get": _page("consoleAudit", "the audit trail page")},

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from app.admin import timeline
 from app.gateways import registry
 from projections.bulk import Conn
 
@@ -25,7 +26,7 @@ from projections.bulk import Conn
 TIMELINE = """
 SELECT delivery_id, event_id, event_type, received_at, outcome, error AS why, seq,
        coalesce(payload->>'created', payload->>'occurred_at', payload->'data'->>'updated_at',
-                payload->>'created_at') AS gateway_time,
+                payload->>'created_at', payload->>'eventDate') AS gateway_time,
        payload->'data'->'object'->>'version' AS version, payload->>'sequence' AS sequence, payload
   FROM webhook_events
  WHERE gateway = $1 AND resource_id = $2
@@ -122,8 +123,11 @@ def _status_union() -> str:
     return " UNION ALL ".join(parts) or "SELECT NULL::text, NULL::text, NULL::text, NULL::text WHERE false"
 
 
-async def resource(conn: Conn, gateway: str, resource_id: str) -> dict[str, Any] | None:
-    """Current state, the decision timeline with each delivery's effects, or None if unknown."""
+async def resource(conn: Conn, gateway: str, resource_id: str,
+                   order: timeline.Order = "arrival") -> dict[str, Any] | None:
+    """Current state, the decision timeline with each delivery's effects (in arrival or gateway
+    order, each with both positions and whether it arrived late: app/admin/timeline.py), or None if
+    unknown."""
     state = None
     found = registry.find(gateway)
     for kind, query in found.state_queries() if found is not None else []:
@@ -143,9 +147,10 @@ async def resource(conn: Conn, gateway: str, resource_id: str) -> dict[str, Any]
         if delivery["outcome"] == "parked" and not delivery["why"]:
             delivery["why"] = parked_because(gateway) or None
         delivery["effects"] = by_delivery.get(delivery["delivery_id"], [])
+    listed = timeline.ordered(deliveries, order)
     return {"gateway": gateway, "resource_id": resource_id, "state": state,
-            "parked": sum(1 for d in deliveries if d["outcome"] == "parked"), "timeline": deliveries,
-            "effects": effects}
+            "parked": sum(1 for d in deliveries if d["outcome"] == "parked"), "order": order,
+            "late": sum(1 for d in listed if d["late"]), "timeline": listed, "effects": effects}
 
 
 def effect_status(row: Any) -> str:

@@ -40,6 +40,19 @@ class Problem(Shape):
 
 # --- the admin API -------------------------------------------------------------------------------
 
+class BulkOutcome(Shape):
+    """A bulk retry or redrive by filter (app/admin/bulk.py): ``matched`` now, ``acted`` on."""
+
+    action: str
+    target: str
+    matched: int
+    acted: int
+    refused: int
+    dry_run: bool
+    result: str
+    most_per_call: int
+
+
 class Done(Shape):
     """An audited action's result: what was done, to what, and how it ended."""
 
@@ -106,6 +119,9 @@ class TimelineEntry(Shape):
     sequence: str | None
     payload: Any  # the event as the gateway sent it (null for a record the ingest set aside)
     effects: list[ResourceEffect]
+    arrival: int  # 1-based position in arrival order
+    gateway_position: int | None  # 1-based position in the gateway's order; null without ordering fields
+    late: bool  # arrived after a delivery the gateway placed after it (app/admin/timeline.py)
 
 
 class Resource(Shape):
@@ -113,6 +129,8 @@ class Resource(Shape):
     resource_id: str
     state: dict[str, Any] | None  # the read-model row with its ``kind``; null when only set-aside records exist
     parked: int
+    order: Literal["arrival", "gateway"]  # the timeline's order, as asked
+    late: int  # deliveries that arrived after one the gateway placed after them
     timeline: list[TimelineEntry]
     effects: list[ResourceEffect]
 
@@ -322,7 +340,7 @@ class Readiness(Shape):
 
 
 ANSWERS: tuple[type[Shape], ...] = (
-    Problem, Done, Overview, Resource, ResourcePage, ParkedList, GapList, QuarantineList, QuarantinedRecord,
-    EffectList, AuditList, Me, TokenList, TokenCreated, TokenRequest, Revoked, Health, Stored, StoredQuarantined,
+    Problem, Done, BulkOutcome, Overview, Resource, ResourcePage, ParkedList, GapList, QuarantineList,
+    QuarantinedRecord, EffectList, AuditList, Me, TokenList, TokenCreated, TokenRequest, Revoked, Health, Stored, StoredQuarantined,
     CorrelationStored, CorrelationRequest, Readiness,
 )

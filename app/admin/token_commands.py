@@ -11,7 +11,7 @@ import argparse
 import secrets
 
 from app.admin import auth, queries, tokens
-from app.admin.commands import _actor, _connect, _table
+from app.admin.commands import _actor, _connect, _json, _table
 from app.settings import Settings
 
 
@@ -24,7 +24,8 @@ def add_token(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--name", required=True)
     create.add_argument("--role", required=True, choices=auth.ROLES)
     create.add_argument("--expires-days", type=int, default=30, help=f"1 to {tokens.MOST_DAYS} (default 30)")
-    verbs.add_parser("list", help="your tokens with their last use")
+    listing = verbs.add_parser("list", help="your tokens with their last use")
+    listing.add_argument("--json", action="store_true", help='print {"items": [...]} as the admin API answers')
     revoke = verbs.add_parser("revoke", help="revoke one of your tokens by id")
     revoke.add_argument("token_id", type=int)
 
@@ -47,6 +48,8 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         if args.verb == "list":
             rows = [dict(r) for r in await conn.fetch(tokens.LIST, owner)]
+            if args.json:
+                return _json(rows)
             _table(rows, [("id", "ID", 6), ("name", "NAME", 20), ("role", "ROLE", 9), ("expires_at", "EXPIRES", 26),
                           ("last_used_at", "LAST USED", 26), ("revoked_at", "REVOKED", 26)])
             return 0

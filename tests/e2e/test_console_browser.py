@@ -2,7 +2,8 @@
 against a running pipeline. One scenario is set up through the ingest and the log — a card payment
 parked by an over-refund, a body of an unknown type set aside at the ingest, a correlation the worker
 cannot read, two dead effects — and an operator signs in, reads the counts and the payment's
-timeline, retries a dead effect and redrives quarantined records, all by what the pages show.
+timeline (in arrival and in gateway order), retries a dead effect and redrives quarantined records,
+all by what the pages show.
 
 The tests run in file order on one pipeline and one browser: the later ones act on what the earlier
 ones read. Every page visited is saved as a PNG under test-artifacts/console/.
@@ -266,6 +267,45 @@ def test_the_parked_payment_is_found_and_its_timeline_read(scenario: Scenario, b
     shot(browser, "05-resource-parked")
 
 
+def test_the_timeline_sorts_by_gateway_order_and_marks_the_late_delivery(scenario: Scenario,
+                                                                         browser: WebDriver) -> None:
+    """Arrival order is the default; the gateway order tab lists the authorisation first, as the
+    card gateway's occurred_at has it; either way the authorisation is marked late, and the amounts
+    show with their currency and the times with their zone."""
+    open_page(browser, scenario.pipe.admin, f"/resources/card/{REF}", "card")
+    assert text(browser, "#order a.on") == "arrival order"
+    assert [ident for _, ident, _ in timeline(browser)][:3] == ["evt_c1", "evt_r", "evt_a"]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td.gw").text for r in rows] == ["2", "3", "1 late", ""]
+    assert ["row-late" in (r.get_attribute("class") or "") for r in rows] == [False, False, True, False]
+    assert text(browser, "#late-count").startswith("1 delivery(s) arrived after one the gateway placed later")
+    assert [r.find_element(By.CSS_SELECTOR, "td.amount").text for r in rows[:3]] == [
+        "80.00 EUR", "100.00 EUR", "120.00 EUR"]
+    received = [r.find_elements(By.CSS_SELECTOR, "td.t")[0].text for r in rows]
+    assert all(len(t) == 20 and t.endswith("Z") and t[10] == "T" for t in received), received
+    amounts = {r.find_element(By.TAG_NAME, "th").get_attribute("textContent"): r.find_element(By.TAG_NAME, "td").text
+               for r in browser.find_elements(By.CSS_SELECTOR, "#amounts tr")}  # th is shown upper case
+    assert (amounts["authorised_minor"], amounts["captured_minor"]) == ("120.00 EUR", "80.00 EUR")
+    assert '"captured_minor": 8000' in text(browser, "pre.json")  # the raw integer stays in the JSON
+    no_horizontal_overflow(browser)
+    shot(browser, "05a-timeline-arrival-order")
+
+    browser.find_element(By.LINK_TEXT, "gateway order").click()
+    wait(browser).until(lambda d: urlsplit(d.current_url).query == "order=gateway")
+    assert text(browser, "#order a.on") == "gateway order"
+    assert [(ident, outcome) for _, ident, outcome in timeline(browser)][:3] == [
+        ("evt_a", "applied"), ("evt_c1", "unparked"), ("evt_r", "parked")]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td.arrival").text for r in rows] == ["3", "1", "2", "4"]
+    assert [r.find_element(By.CSS_SELECTOR, "td.gw").text for r in rows] == ["1 late", "2", "3", ""]
+    no_horizontal_overflow(browser)
+    shot(browser, "05b-timeline-gateway-order")
+
+    browser.find_element(By.LINK_TEXT, "arrival order").click()
+    wait(browser).until(lambda d: urlsplit(d.current_url).query == "")
+    assert [ident for _, ident, _ in timeline(browser)][:3] == ["evt_c1", "evt_r", "evt_a"]
+
+
 def test_a_dead_effect_is_retried_and_delivered_once(scenario: Scenario, browser: WebDriver) -> None:
     pipe = scenario.pipe
     key, other = scenario.dead_keys  # credit_user, release_goods
@@ -356,3 +396,35 @@ def test_no_page_is_wider_than_a_laptop_window(scenario: Scenario, browser: WebD
         open_page(browser, scenario.pipe.admin, path, heading)
         no_horizontal_overflow(browser)
         shot(browser, f"13-width-{name}")
+
+
+def test_the_dead_effects_left_are_counted_then_retried_by_filter(scenario: Scenario, browser: WebDriver) -> None:
+    """The effects page's bulk form: "Count" is a dry run, then every dead pg effect created in the
+    last hour is retried in one click, with one audit row (the earlier test retried one of two)."""
+    pipe = scenario.pipe
+    _, other = scenario.dead_keys
+    open_page(browser, pipe.admin, "/effects?state=dead", "Effects")
+    shown(browser, "details.bulk summary").click()
+    form = shown(browser, "#bulk-retry")
+    for option in form.find_elements(By.CSS_SELECTOR, "select[name=gateway] option"):
+        if option.text == "pg":
+            option.click()
+    form.find_element(By.NAME, "since").send_keys("1h")
+    shot(browser, "14-effects-bulk-form")
+    form.find_element(By.CSS_SELECTOR, "button[value=true]").click()
+    counted = text(browser, ".flash.ok")
+    assert counted.startswith("effects.retry.bulk state=dead gateway=pg since=20"), counted
+    assert counted.endswith(": dry run: 1 match, a call would act on 1"), counted
+    assert pipe.stub.requests[other] == 2  # counted, not sent
+
+    shown(browser, "details.bulk summary").click()
+    form = shown(browser, "#bulk-retry")
+    form.find_element(By.NAME, "since").send_keys("1h")
+    form.find_element(By.CSS_SELECTOR, "button[value=false]").click()
+    assert text(browser, ".flash.ok").endswith(": 1 of 1 matched back to pending"), text(browser, ".flash.ok")
+    shot(browser, "15-effects-bulk-retried")
+    wait(browser, 60).until(lambda _: pipe.stub.deliveries[other] >= 1)
+    assert pipe.stub.deliveries[other] == 1
+    open_page(browser, pipe.admin, "/audit", "Audit")
+    assert len([r for r in browser.find_elements(By.CSS_SELECTOR, "main tbody tr")
+                if "effects.retry.bulk" in r.text]) == 1  # the count wrote none, the retry one

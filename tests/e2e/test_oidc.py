@@ -156,6 +156,8 @@ OPERATIONS: list[tuple[str, str, str]] = [
     ("POST", "/api/quarantine/no-such-delivery/redrive", "operator"),
     ("GET", "/api/effects?state=dead", "viewer"),
     ("POST", "/api/effects/no-such-effect/retry", "operator"),
+    ("POST", "/api/quarantine/redrive?dry_run=true", "operator"),  # bulk by filter (app/admin/bulk.py)
+    ("POST", "/api/effects/retry?dry_run=true&gateway=card", "operator"),
     ("GET", "/api/audit", "viewer"),
     ("GET", "/api/me", "viewer"),
     ("GET", "/api/tokens", "admin"),
@@ -178,6 +180,8 @@ def test_the_table_covers_every_api_route() -> None:
 
 def _canonical(path: str) -> str:
     path = path.split("?")[0]
+    if path in ("/api/quarantine/redrive", "/api/effects/retry"):  # the bulk routes name no id
+        return path
     for pattern, name in ((r"^/api/resources/card/[^/]+", "/api/resources/{gateway}/{resource_id}"),
                           (r"^/api/quarantine/[^/]+", "/api/quarantine/{delivery_id}"),
                           (r"^/api/effects/[^/]+", "/api/effects/{dedupe_key}"),

@@ -45,8 +45,9 @@ from topics.catalog import names
 from topics.records import correlation_headers
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
-# Grafana's own variable, which Prometheus does not know: with 1 s scrapes a minute covers the run
-GRAFANA_VARIABLES = {"$__rate_interval": "1m"}
+# Grafana's own variable, which Prometheus does not know: with 1 s scrapes a minute covers the run;
+# the dashboard's variables at "All" (their allValue: a local stack's series have no namespace label)
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$namespace": ".*", "$gateway": ".*"}
 TIMEOUT_S = 60.0
 
 
