@@ -341,6 +341,6 @@ class Readiness(Shape):
 
 ANSWERS: tuple[type[Shape], ...] = (
     Problem, Done, BulkOutcome, Overview, Resource, ResourcePage, ParkedList, GapList, QuarantineList,
-    QuarantinedRecord, EffectList, AuditList, Me, TokenList, TokenCreated, TokenRequest, Revoked, Health, Stored, StoredQuarantined,
-    CorrelationStored, CorrelationRequest, Readiness,
+    QuarantinedRecord, EffectList, AuditList, Me, TokenList, TokenCreated, TokenRequest, Revoked, Health, Stored,
+    StoredQuarantined, CorrelationStored, CorrelationRequest, Readiness,
 )
