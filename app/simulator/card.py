@@ -6,6 +6,7 @@ through app/simulator/plugins.py.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from app.simulator import lifecycles
-from app.simulator.expected import Fetched, card_reduce
+from app.simulator.expected import CARD_RANK, Fetched, card_reduce, occurred_ms
 from app.simulator.gateway_api import ApiContext
 from app.simulator.histories import (
     FETCH_AFTER_MS,
@@ -86,32 +87,82 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
             if refunded == captured:
                 break
             first = steps[1][1]  # refunding the first capture alone is common (one shipment returned)
+            # or every capture but the last: taken before that capture (a wrong rank, a clock trusted
+            # over the sequence) it would refund the payment in full and leave the capture parked
+            but_last = captured - steps[-1][1] if steps[-1][0] == "captured" else 0
             roll = rng.random()
-            amount = (captured - refunded if roll < 0.4 else first if roll < 0.6 and refunded + first <= captured
+            amount = (captured - refunded if roll < 0.35 else first if roll < 0.55 and refunded + first <= captured
+                      else but_last if roll < 0.75 and 0 < but_last and refunded + but_last <= captured
                       else rng.randrange(1, captured - refunded + 1))
             steps.append(("refunded", amount))
             refunded += amount
     sequenced = rng.random() < 0.4
-    events = []
+    skewed = sequenced and rng.random() < 0.5  # the gateway's nodes' clocks disagree; its sequence does not
+    events: list[Event] = []
+    stamps: list[int] = []
     for n, (kind, amount) in enumerate(steps):
-        # same millisecond only where the rank keeps the order (an auto-capture after its authorisation)
-        tie = n and steps[n - 1][0] == "authorised" and kind in ("captured", "voided") and rng.random() < 0.3
+        # the same millisecond only where the playbook's rank keeps the true order: authorised before
+        # captured or voided, captured before refunded, and two of a kind (their order changes no total)
+        tie = n and CARD_RANK[steps[n - 1][0]] <= CARD_RANK[kind] and rng.random() < 0.3
         clock += 0 if tie else rng.choice([1, 350, 2_000, 60_000, 3_600_000])
+        # a skewed clock stamps an event before the one created before it (the sequence wins)
+        stamp = stamps[-1] - rng.choice([1, 400, 5_000]) if skewed and n and rng.random() < 0.6 else clock
         body = {"id": f"evt_{ref}_{n}", "type": f"payment.{kind}", "payment_ref": ref,
-                "sequence": n + 1 if sequenced else None, "occurred_at": iso(clock), "amount_minor": amount,
+                "sequence": n + 1 if sequenced else None, "occurred_at": iso(stamp), "amount_minor": amount,
                 "currency": "EUR"}
         events.append(Event(ref, orjson.dumps(body), clock, {"id": body["id"], "kind": kind, "amount": amount}))
+        stamps.append(stamp)
     schedule = Schedule.draw(rng, T0_MS, RETRYING)
     deliveries, lost = webhooks(rng, events, schedule)
     moments = [last + FETCH_AFTER_MS + rng.randrange(0, 30_000) for _, last in lost]
     if rng.random() < 0.1:
         moments.append(rng.randrange(events[0].created_ms, events[-1].created_ms + 120_000))
     for at in moments:
-        while any(e.created_ms == at for e in events):
-            at += 1  # never at an event's own millisecond: the answer is the truth before ``at``
+        # never at an event's own millisecond, nor between an event's creation and its (skewed) stamp:
+        # the answer is the truth of the events created before ``at``, which are those stamped before it
+        inside = [max(e.created_ms, s) for e, s in zip(events, stamps, strict=True)
+                  if min(e.created_ms, s) <= at <= max(e.created_ms, s)]
+        while inside:
+            at = max(inside) + 1
+            inside = [max(e.created_ms, s) for e, s in zip(events, stamps, strict=True)
+                      if min(e.created_ms, s) <= at <= max(e.created_ms, s)]
         answer = card_truth(events, at)
         deliveries.append(Delivery("fetch", ref, synced_event(ref, answer, at), at, fact={**answer, "at_ms": at}))
     return History("card", seed, events, in_arrival_order(rng, deliveries))
+
+
+CASES = ("tie authorised-captured", "tie authorised-voided", "tie captured-captured", "tie captured-refunded",
+         "tie refunded-refunded", "the rank decides", "clocks disagree", "the sequence decides", "lost then fetched",
+         "fetched at random", "parked on the way")
+
+
+def cases(history: History) -> set[str]:
+    """The cases of ``CASES`` that ``history`` holds, read from its events and deliveries."""
+    found, events = set(), history.events
+    bodies = [orjson.loads(e.body) for e in events]
+    for before, after in itertools.pairwise(events):
+        if before.created_ms == after.created_ms:
+            found.add(f"tie {before.fact['kind']}-{after.fact['kind']}")
+            captured = sum(e.fact["amount"] for e in events[:events.index(before)] if e.fact["kind"] == "captured")
+            if before.fact["kind"] == "captured" and after.fact["kind"] == "refunded" and \
+                    after.fact["amount"] == captured:
+                found.add("the rank decides")  # taken first, the refund would refund the earlier captures in full
+    stamps = [occurred_ms(b["occurred_at"]) for b in bodies]
+    if bodies[0]["sequence"] is not None and stamps != sorted(stamps):
+        found.add("clocks disagree")
+        by_clock = [{**b, "sequence": None} for b in bodies]
+        if card_reduce(by_clock)["state"] != card_reduce(bodies)["state"] or \
+                card_reduce(by_clock)["parked"] != card_reduce(bodies)["parked"]:
+            found.add("the sequence decides")
+    delivered = {d.event for d in history.deliveries if d.source == "webhook"}
+    fetches = sum(d.source == "fetch" for d in history.deliveries)
+    if len(delivered) < len(events) and fetches:
+        found.add("lost then fetched")
+    if fetches > len(events) - len(delivered):
+        found.add("fetched at random")
+    if any("parked" in seen for seen in (oracle(history).outcomes or {}).values()):
+        found.add("parked on the way")
+    return found
 
 
 def _card_fold(events: list[Any], state: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
@@ -182,8 +233,23 @@ def oracle(history: History) -> Outcome:
     want.parked[ref] = len(waiting)
     final = card_earned(state)
     shown = set(final)
-    for upto in range(1, len(history.deliveries)):
-        shown |= card_earned(_card_known(history, upto)[0])
+    # each delivery's outcomes: a known event id again is a duplicate; an answer fetched is synced; an
+    # event is applied if the payment as then known takes it, else parked, and each event that
+    # waited and is taken (or covered by an answer) now is unparked on the delivery that brought it
+    want.outcomes, first, before = {}, {}, set()
+    for i, d in enumerate(history.deliveries):
+        event_id = orjson.loads(d.body)["id"] if d.source == "fetch" else history.events[d.event].fact["id"]
+        if event_id in first:
+            want.outcomes[i] = ["duplicate"]
+            continue
+        first[event_id] = i
+        known, taken, _ = _card_known(history, i + 1)
+        shown |= card_earned(known)
+        want.outcomes[i] = ["synced" if d.source == "fetch" else "applied" if event_id in taken else "parked"]
+        for other in taken:
+            if other not in before and other != event_id:
+                want.outcomes[first[other]].append("unparked")
+        before = set(taken)
     want.effects = {(f"card:{ref}:{kind}", kind, None) for kind in shown}
     want.transient = {f"card:{ref}:{kind}" for kind in shown - final}
     return want
@@ -293,4 +359,4 @@ SIMULATOR = GatewaySimulator(
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
     lifecycles=lifecycle, late_first=True,
     demo=lambda rng, n, truth: lifecycle(rng, n[0], truth), demo_sizes=(200,), api=api,
-    demo_tables=DEMO_TABLES)
+    demo_tables=DEMO_TABLES, case_names=CASES, cases=cases)
