@@ -79,6 +79,9 @@ class GatewaySimulator:
     # (``cases``): tests/unit/test_simulator_cases.py runs many seeds and expects to see every one
     case_names: tuple[str, ...] = ()
     cases: Callable[[History], set[str]] | None = None
+    # its generator as it was when tests/unit/data/decide_golden.json.gz was made (that file's
+    # inputs must not change); None: ``generate`` is
+    first_edition: Callable[[random.Random, int, str], History] | None = None
 
 
 def simulator(name: str) -> GatewaySimulator | None:

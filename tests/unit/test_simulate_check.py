@@ -170,7 +170,7 @@ def test_a_refund_equal_to_the_captures_seen_so_far_reads_as_fully_refunded_on_t
 
 
 # One rule of the documents broken at a time in the core's source (old text -> new text): the check
-# must catch each within 1,000 histories, with a history it shrinks to at most 4 deliveries.
+# must catch each within 1,000 histories, with a history it shrinks to at most 5 deliveries.
 MUTANTS = [
     ("pg", "app/core/pg.py", 'if state.version is not None and obj.version <= state.version:\n'
                              '        return decide(d, STALE, facts=facts, error=error,',
@@ -243,7 +243,8 @@ def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new
         module.__dict__.clear()
         module.__dict__.update(saved)
     assert report.mismatches, f"{path}: {old!r} -> {new!r} went unnoticed"
-    assert 1 <= len(report.mismatches[0][1].deliveries) <= 4
+    # at most 5: card's rank shows in a payment of three captures and a refund of the first two
+    assert 1 <= len(report.mismatches[0][1].deliveries) <= 5
     assert check.mismatch(report.mismatches[0][0]) == []  # restored: the same history matches again
 
 
