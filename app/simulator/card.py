@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +17,8 @@ import orjson
 from aiohttp import web
 
 from app.simulator import lifecycles
-from app.simulator.expected import Fetched, card_reduce
+from app.simulator.card_oracle import CASES, cases, oracle
+from app.simulator.expected import CARD_RANK, Fetched, card_reduce
 from app.simulator.gateway_api import ApiContext
 from app.simulator.histories import (
     FETCH_AFTER_MS,
@@ -31,11 +33,17 @@ from app.simulator.histories import (
     webhooks,
 )
 from app.simulator.lifecycles import Emitted, Truth
-from app.simulator.oracle import Outcome
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
 
 RETRYING = Retrying((0, 30_000, 2 * MIN, 10 * MIN, HOUR, 6 * HOUR))
+# An open question (issue #46), kept visible rather than settled here: once a synced event (the GET
+# answer, without a sequence) is stored, the core orders all of the payment's events by their clocks
+# (app/core/card.py's ordering_key: sequence only when every event has one), so sequenced events whose
+# clocks disagree can end wrong after a fetch (a refund stamped before the capture it follows refunds
+# the payment in full and parks that capture). With this False the clocks disagree only in histories
+# without a fetch; tests/unit/test_simulator_cases.py shows what True finds.
+SKEW_WITH_FETCH = False
 
 
 # --- card: one payment (card-gateway-order-playbook.txt) -----------------------------------------
@@ -68,8 +76,11 @@ def synced_event(ref: str, answer: dict[str, Any], at_ms: int) -> bytes:
                    "refunded_minor": totals[2]}})
 
 
-def generate(rng: random.Random, seed: int, stem: str) -> History:
-    ref, clock, auth = f"pay_{stem}", T0_MS + rng.randrange(0, 60_000), rng.randrange(1_000, 100_000)
+def _steps(rng: random.Random, extra: random.Random | None, scenario: str,
+           auth: int) -> tuple[list[tuple[str, int]], int]:
+    """The payment's lifecycle (kind, amount) in true order, and the index of the refund a scenario
+    is about (-1: none)."""
+    forced = -1
     steps = [("authorised", auth)]
     if rng.random() < 0.15:
         steps.append(("voided", 0))
@@ -86,107 +97,78 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
             if refunded == captured:
                 break
             first = steps[1][1]  # refunding the first capture alone is common (one shipment returned)
+            # or every capture but the last: taken before that capture (a wrong rank, a clock trusted
+            # over the sequence) it would refund the payment in full and leave the capture parked
+            but_last = captured - steps[-1][1] if steps[-1][0] == "captured" else 0
             roll = rng.random()
-            amount = (captured - refunded if roll < 0.4 else first if roll < 0.6 and refunded + first <= captured
-                      else rng.randrange(1, captured - refunded + 1))
+            if extra is None:
+                amount = (captured - refunded if roll < 0.4 else first if roll < 0.6 and refunded + first <= captured
+                          else rng.randrange(1, captured - refunded + 1))
+            elif scenario and not refunded and 0 < but_last:
+                amount, forced = but_last, len(steps)
+            else:
+                amount = (captured - refunded if roll < 0.35 else first if roll < 0.55 and refunded + first <= captured
+                          else but_last if roll < 0.75 and 0 < but_last and refunded + but_last <= captured
+                          else rng.randrange(1, captured - refunded + 1))
             steps.append(("refunded", amount))
             refunded += amount
-    sequenced = rng.random() < 0.4
-    events = []
+    return steps, forced
+
+
+def generate(rng: random.Random, seed: int, stem: str, first_edition: bool = False) -> History:
+    """One payment's history. The rules issue #46 added (ties among captures and refunds, a refund of
+    all but the last capture, clocks that disagree with the sequence) draw from a stream of their own,
+    so ``first_edition`` (without them) is the history as it was when tests/unit/data/decide_golden.json.gz
+    was made, draw for draw."""
+    extra = None if first_edition else random.Random(f"card:{seed}:issue46")
+    # a history about one of the two ordering rules: its first refund is every capture but the last,
+    # in that capture's millisecond (the rank decides) or stamped before it (the sequence decides)
+    scenario = "" if extra is None else extra.choices(["rank", "sequence", ""], weights=[15, 15, 70])[0]
+    ref, clock, auth = f"pay_{stem}", T0_MS + rng.randrange(0, 60_000), rng.randrange(1_000, 100_000)
+    steps, forced = _steps(rng, extra, scenario, auth)
+    sequenced = rng.random() < 0.4 or scenario == "sequence"
+    skewed = sequenced and extra is not None and extra.random() < 0.5  # the nodes' clocks disagree, not the sequence
+    events: list[Event] = []
+    stamps: list[int] = []
     for n, (kind, amount) in enumerate(steps):
-        # same millisecond only where the rank keeps the order (an auto-capture after its authorisation)
-        tie = n and steps[n - 1][0] == "authorised" and kind in ("captured", "voided") and rng.random() < 0.3
+        # the same millisecond only where the playbook's rank keeps the true order: authorised before
+        # captured or voided, captured before refunded, and two of a kind (their order changes no total)
+        auto = n and steps[n - 1][0] == "authorised" and kind in ("captured", "voided")  # an auto-capture
+        kept = n and CARD_RANK[steps[n - 1][0]] <= CARD_RANK[kind]  # the rank keeps the true order
+        tie = (auto and rng.random() < 0.3) or (not auto and kept and extra is not None and extra.random() < 0.3) \
+            or (n == forced and scenario == "rank")
         clock += 0 if tie else rng.choice([1, 350, 2_000, 60_000, 3_600_000])
+        # a skewed clock stamps an event before the one created before it (the sequence wins)
+        behind = (skewed and extra is not None and n and extra.random() < 0.6) \
+            or (n == forced and scenario == "sequence")
+        stamp = stamps[-1] - extra.choice([1, 400, 5_000]) if behind and extra is not None else clock
         body = {"id": f"evt_{ref}_{n}", "type": f"payment.{kind}", "payment_ref": ref,
-                "sequence": n + 1 if sequenced else None, "occurred_at": iso(clock), "amount_minor": amount,
+                "sequence": n + 1 if sequenced else None, "occurred_at": iso(stamp), "amount_minor": amount,
                 "currency": "EUR"}
         events.append(Event(ref, orjson.dumps(body), clock, {"id": body["id"], "kind": kind, "amount": amount}))
+        stamps.append(stamp)
     schedule = Schedule.draw(rng, T0_MS, RETRYING)
     deliveries, lost = webhooks(rng, events, schedule)
     moments = [last + FETCH_AFTER_MS + rng.randrange(0, 30_000) for _, last in lost]
     if rng.random() < 0.1:
         moments.append(rng.randrange(events[0].created_ms, events[-1].created_ms + 120_000))
+    if moments and not SKEW_WITH_FETCH and stamps != [e.created_ms for e in events]:
+        events = [replace(e, body=orjson.dumps({**orjson.loads(e.body), "occurred_at": iso(e.created_ms)}))
+                  for e in events]
+        stamps = [e.created_ms for e in events]
+        deliveries = [replace(d, body=events[d.event].body) for d in deliveries]
     for at in moments:
-        while any(e.created_ms == at for e in events):
-            at += 1  # never at an event's own millisecond: the answer is the truth before ``at``
+        # never at an event's own millisecond, nor between an event's creation and its (skewed) stamp:
+        # the answer is the truth of the events created before ``at``, which are those stamped before it
+        inside = [max(e.created_ms, s) for e, s in zip(events, stamps, strict=True)
+                  if min(e.created_ms, s) <= at <= max(e.created_ms, s)]
+        while inside:
+            at = max(inside) + 1
+            inside = [max(e.created_ms, s) for e, s in zip(events, stamps, strict=True)
+                      if min(e.created_ms, s) <= at <= max(e.created_ms, s)]
         answer = card_truth(events, at)
         deliveries.append(Delivery("fetch", ref, synced_event(ref, answer, at), at, fact={**answer, "at_ms": at}))
     return History("card", seed, events, in_arrival_order(rng, deliveries))
-
-
-def _card_fold(events: list[Any], state: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
-    """The playbook's reduce over ``events`` (true order) from ``state``: applied and waiting ids."""
-    moves = {"created": {"authorised"}, "authorised": {"captured", "voided"}, "captured": {"captured", "refunded"}}
-    pending, applied = list(events), []
-    while True:
-        for event in pending:
-            kind, amount = event.fact["kind"], event.fact["amount"]
-            if kind not in moves.get(state["state"], set()):
-                continue
-            if kind == "refunded" and state["refunded_minor"] + amount > state["captured_minor"]:
-                continue  # a refund above what is captured waits for its capture
-            if kind == "authorised":
-                state["authorised_minor"] = amount
-            total = {"captured": "captured_minor", "refunded": "refunded_minor"}.get(kind)
-            if total:
-                state[total] += amount
-            full = state["refunded_minor"] and state["refunded_minor"] == state["captured_minor"]
-            state["state"] = "refunded" if full else "captured" if kind == "refunded" else kind
-            applied.append(event.fact["id"])
-            pending.remove(event)
-            break
-        else:
-            return state, applied, [e.fact["id"] for e in pending]
-
-
-def _card_known(history: History, upto: int) -> tuple[dict[str, Any], list[str], list[str]]:
-    """The payment as the first ``upto`` deliveries let anyone know it: the latest fetched answer,
-    then the events delivered after it folded on top. Returns (state, applied or covered, waiting)."""
-    import orjson
-
-    fetched: dict[str, tuple[int, dict[str, Any]]] = {}
-    for d in history.deliveries[:upto]:
-        if d.source == "fetch":
-            fetched.setdefault(orjson.loads(d.body)["id"], (d.fact["at_ms"], d.fact))
-    seen = {d.event for d in history.deliveries[:upto] if d.source == "webhook"}
-    known = [e for i, e in enumerate(history.events) if i in seen]  # true order
-    state = {"state": "created", "authorised_minor": 0, "captured_minor": 0, "refunded_minor": 0}
-    covered: list[str] = list(fetched)
-    if fetched:
-        at, answer = max(fetched.values(), key=lambda v: v[0])
-        state = {k: answer[k] for k in state}
-        covered += [e.fact["id"] for e in known if e.created_ms < at]
-        known = [e for e in known if e.created_ms >= at]
-    state, applied, waiting = _card_fold(known, state)
-    return state, covered + applied, waiting
-
-
-def card_earned(state: dict[str, Any]) -> set[str]:
-    earned = set()
-    if state["state"] in ("captured", "refunded") and state["captured_minor"] > 0:
-        earned.add("mark_order_paid")
-    earned |= {"refunded": {"mark_order_refunded"}, "voided": {"release_authorisation"}}.get(state["state"], set())
-    return earned
-
-
-def oracle(history: History) -> Outcome:
-    """The end state from the lifecycle's truth; the effects it earned, and those a state the
-    deliveries showed at some moment earned (a one-shot effect is not taken back: a refund equal
-    to the captures seen so far reads as fully refunded until a later capture arrives; counted
-    apart as ``transient`` so the run shows how often it happens)."""
-    want, ref = Outcome(), history.events[0].resource
-    state, applied, waiting = _card_known(history, len(history.deliveries))
-    if applied:
-        want.rows[ref] = dict(state)
-    want.facts = {("card_event_applied", i) for i in applied}
-    want.parked[ref] = len(waiting)
-    final = card_earned(state)
-    shown = set(final)
-    for upto in range(1, len(history.deliveries)):
-        shown |= card_earned(_card_known(history, upto)[0])
-    want.effects = {(f"card:{ref}:{kind}", kind, None) for kind in shown}
-    want.transient = {f"card:{ref}:{kind}" for kind in shown - final}
-    return want
 
 
 def card_row_breaks(row: Mapping[str, Any]) -> set[str]:
@@ -293,4 +275,5 @@ SIMULATOR = GatewaySimulator(
     facts=frozenset({"card_event_applied"}), row_breaks={"card_payments": card_row_breaks},
     lifecycles=lifecycle, late_first=True,
     demo=lambda rng, n, truth: lifecycle(rng, n[0], truth), demo_sizes=(200,), api=api,
-    demo_tables=DEMO_TABLES)
+    demo_tables=DEMO_TABLES, case_names=CASES, cases=cases,
+    first_edition=lambda rng, seed, stem: generate(rng, seed, stem, first_edition=True))

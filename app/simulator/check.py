@@ -62,6 +62,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
     batch = records(history)
     sequences: list[tuple[int, int]] = []
     emitted: Counter[str] = Counter()
+    outcomes: dict[int, list[str]] = {}
     start = 0
     while start < len(batch):
         size = batch_sizes.choice([1, 2, 3, 8, 64])
@@ -72,6 +73,8 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
             if topic != TOPICS.decisions:
                 continue
             decision = orjson.loads(value)
+            delivery = int(decision["delivery_id"].rpartition("-")[2])  # dlv-<offset> | corr-<offset>
+            outcomes.setdefault(delivery, []).append(decision["outcome"])
             if decision["outcome"] != "quarantined" and decision["sequence"] is not None:
                 sequences.append((decision["sequence"], decision["received_at_ms"]))
             if decision.get("error") and decision["outcome"] == "quarantined":
@@ -87,6 +90,7 @@ def observed(history: History, batch_sizes: random.Random) -> Outcome:
                 emitted[effect["dedupe_key"]] += 1  # a multiset: one effect emitted twice is a mismatch
             got.facts |= {(f["kind"], f["key"]) for f in decision["facts"] if f["kind"] in sim.facts}
     got.repeated = {f"{key} emitted {n} times" for key, n in emitted.items() if n > 1}
+    got.outcomes = outcomes
     gateway = GATEWAYS[history.gateway]
     reducer = gateway.reducer
     for key, state in store.items():

@@ -20,17 +20,22 @@ Each gateway's oracle is its simulator module's (app/simulator/<name>.py, ``orac
   refunded, `release_authorisation` once voided), plus what a state the deliveries showed on the
   way earned: a one-shot effect is not taken back (see ``card``; counted apart as ``transient``).
 - paymos: the document's state machine in true order: a snapshot older than the current one is
-  stale; out of a terminal state only the named reorgs (or the same status) move, anything else
-  waits for its reorg; `paid_late` is one note per invoice; one credit per invoice (paid or
-  paid_over, whichever came first), a payout's completion per completion cycle.
+  stale; a terminal state is left only by the reorg the document names for it (awaiting_payment out
+  of a paid invoice, completion_rewound out of completed, reorged out of confirmed; the core's extra
+  "same status" clause is kept as a named, open disagreement: paymos.SAME_STATUS_LEAVES_TERMINAL),
+  anything else waits for its reorg; `paid_late` is one note per invoice; one credit per invoice
+  (paid or paid_over, whichever came first), a payout's completion per completion cycle.
+
+Counted, not collected: the check counts each effect the core emits (one emitted twice is a mismatch,
+``repeated``), and compares each delivery's outcomes in order (``outcomes``: applied, stale,
+duplicate, parked then unparked or stale, synced) where the gateway's oracle states them (pg, card,
+paymos). Effect keys follow one scheme, ``one_shot`` and ``per_snapshot`` below, from the documents.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-from app.simulator.histories import History
 
 
 @dataclass
@@ -43,9 +48,16 @@ class Outcome:
     transient: set[str] = field(default_factory=set)  # expected effects the end state did not earn
     broken: set[str] = field(default_factory=set)  # rows on the way that break a read model's CHECK
     repeated: set[str] = field(default_factory=set)  # effects emitted more than once (the core's, never the oracle's)
+    # delivery (its index in the history) -> the outcomes decided for it, in order (``parked`` then
+    # ``unparked``...); None in an oracle: not compared (a gateway whose oracle does not say them)
+    outcomes: dict[int, list[str]] | None = None
 
     def differences(self, other: Outcome) -> list[str]:
         out = []
+        if self.outcomes is not None:
+            theirs = other.outcomes or {}
+            out += [f"outcomes[delivery {i}]: expected {self.outcomes.get(i)}, core {theirs.get(i)}"
+                    for i in sorted(set(self.outcomes) | set(theirs)) if self.outcomes.get(i) != theirs.get(i)]
         for name in ("rows", "effects", "facts", "parked", "gaps", "broken", "repeated"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
@@ -59,10 +71,17 @@ class Outcome:
         return out
 
 
-def unique(history: History, sources: tuple[str, ...] = ("webhook", "fetch")) -> list[Any]:
-    seen, out = set(), []
-    for d in history.deliveries:
-        if d.source in sources and d.event >= 0 and d.event not in seen:
-            seen.add(d.event)
-            out.append(history.events[d.event])
-    return out
+# Effect keys (DESIGN §1: "every effect has a deterministic dedupe key (e.g. deposit:{id}:credit_user)").
+# A one-shot business effect is bound to its resource: pg-event-order-version-guard.txt's
+# enqueueEffect(t, `deposit:${o.id}`, ...) / `withdrawal:${o.id}`, "a resource-bound scope such as
+# deposit:${o.id} for one-shot business effects", and docs/adding-a-gateway.md's `{kind}:{id}:{effect}`
+# (card: `card:{payment_ref}`; paymos: `paymos:{resource id in data}`, the document's "dedupe business
+# state on the resource id inside data"). An event-snapshot update is bound to the event ("may use
+# event.id"). A one-shot effect that a lifecycle may earn again after a reorg (paymos's payout reopened
+# by completion_rewound) is one per cycle: its scope ends with the cycle's number.
+def one_shot(scope: str, resource: str, effect: str, cycle: int | None = None) -> str:
+    return f"{scope}:{resource}:{effect}" + ("" if cycle is None else f":{cycle}")
+
+
+def per_snapshot(event_id: str, effect: str) -> str:
+    return f"{event_id}:{effect}"

@@ -6,6 +6,7 @@ end at, and the lifecycles `orderly dev`/`demo` deliver. Found by paymos's regis
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -24,7 +25,7 @@ from app.simulator.histories import (
     webhooks,
 )
 from app.simulator.lifecycles import Emitted, Truth
-from app.simulator.oracle import Outcome, unique
+from app.simulator.oracle import Outcome, one_shot
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS
 
@@ -79,64 +80,119 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
     return History("paymos", seed, events, in_arrival_order(rng, deliveries))
 
 
-REORG_STEPS = {"awaiting_payment", "completion_rewound", "reorged"}
+# The document's reorgs (its processing rules and event tables): "a terminal event ends the resource's
+# state machine"; only these leave a terminal state,
+# each out of the state it names: a deep reorg that removed every counted transfer brings an invoice
+# back to awaiting payment, completion_rewound reopens a *completed* withdrawal (as signed), and a
+# reorg cancels a channel deposit's transaction. Anything else after a terminal state waits for its reorg.
+REORGS_OUT_OF = {"awaiting_payment": {"paid", "paid_over", "underpaid"}, "completion_rewound": {"completed"},
+                 "reorged": {"confirmed"}}
+# An open disagreement (issue #46), kept visible rather than copied silently: the core also lets a newer
+# snapshot of the *same* terminal status through (app/core/paymos.py's _allowed), which no document
+# states. By the document's rule such a snapshot (a withdrawal completed, reopened by completion_rewound,
+# completed again, the second completion delivered before the rewind) waits for its reorg, and the
+# merchant gets payout_reopened and the second cycle's payout_completed; by the core's, the rewind then
+# arrives stale and neither is sent. With this False the check reports it (~3 % of paymos histories;
+# tests/unit/test_oracle_rules.py holds it). Flip it when the core follows the document (its golden
+# bytes change with it).
+SAME_STATUS_LEAVES_TERMINAL = True
 
 
 def oracle(history: History) -> Outcome:
-    want, rid = Outcome(), history.events[0].resource
+    outcomes: dict[int, list[str]] = {}
+    want, rid = Outcome(outcomes=outcomes), history.events[0].resource
     current: Any = None
-    waiting: list[Any] = []
-    cycle = 0
+    waiting: list[tuple[int, Any]] = []  # (delivery, event) waiting for a reorg
+    cycle, seen, noted = 0, set(), False
 
     def allowed(event: Any) -> bool:
-        f = event.fact
-        return (current is None or current.fact["status"] not in TERMINAL or f["step"] in REORG_STEPS
-                or f["status"] == current.fact["status"])
+        if current is None or current.fact["status"] not in TERMINAL:
+            return True
+        same = SAME_STATUS_LEAVES_TERMINAL and event.fact["status"] == current.fact["status"]
+        return same or current.fact["status"] in REORGS_OUT_OF.get(event.fact["step"], set())
 
     def take(event: Any) -> None:
         nonlocal current, cycle
         current, f = event, event.fact
         status, kind = f["status"], f["kind"]
-        want.rows[rid] = {"status": status, "is_final": status in TERMINAL,
-                          "updated_at_ms": event.created_ms}
+        want.rows[rid] = {"status": status, "is_final": status in TERMINAL, "updated_at_ms": event.created_ms}
         if kind == "invoice" and status in TERMINAL:
+            # paid and paid_over both credit the merchant (the document: paid_over credits all that was
+            # received): one credit per invoice, the resource's, whichever status brought it
             name = f"invoice_{status}"
-            key = f"paymos:{rid}:credit" if status in ("paid", "paid_over") else f"paymos:{rid}:{name}"
+            key = one_shot("paymos", rid, "credit" if status in ("paid", "paid_over") else name)
             if not any(e[0] == key for e in want.effects):
                 want.effects.add((key, name, None))
         elif kind == "withdrawal" and (f["step"] == "completion_rewound" or status in TERMINAL):
             name = "payout_reopened" if f["step"] == "completion_rewound" else f"payout_{status}"
-            key = f"paymos:{rid}:{name}:{cycle}"
+            key = one_shot("paymos", rid, name, cycle)
             if not any(e[0] == key for e in want.effects):
                 want.effects.add((key, name, None))
             cycle += f["step"] == "completion_rewound"
         elif kind == "payment_channel_deposit" and status == "confirmed":
-            want.effects.add((f"paymos:{rid}:credit_channel_deposit", "credit_channel_deposit", None))
+            want.effects.add((one_shot("paymos", rid, "credit_channel_deposit"), "credit_channel_deposit", None))
 
-    for event in unique(history):
+    for i, d in enumerate(history.deliveries):
+        event = history.events[d.event]
         f = event.fact
-        if f["note"]:
+        if f["id"] in seen:  # the same event_id again: a redelivery, not a transition
+            outcomes[i] = ["duplicate"]
+            continue
+        seen.add(f["id"])
+        if f["note"]:  # a note beside the terminal decision, once per invoice
             want.facts.add(("order_note", f"paymos:{rid}:paid_late"))
-            want.effects.add((f"paymos:{rid}:add_order_note", "add_order_note", None))
+            want.effects.add((one_shot("paymos", rid, "add_order_note"), "add_order_note", None))
+            outcomes[i] = ["duplicate" if noted else "applied"]
+            noted = True
             continue
         if current is not None and f["position"] <= current.fact["position"]:
-            continue  # stale
+            outcomes[i] = ["stale"]
+            continue
         if not allowed(event):
-            waiting.append(event)
+            waiting.append((i, event))
+            outcomes[i] = ["parked"]
             continue
         take(event)
+        outcomes[i] = ["applied"]
         progressed = True
-        while progressed:
+        while progressed:  # what waited gets another chance, oldest first; older than the current is stale
             progressed = False
-            for w in sorted(waiting, key=lambda e: e.fact["position"]):
+            for j, w in sorted(waiting, key=lambda jw: jw[1].fact["position"]):
                 if w.fact["position"] <= current.fact["position"] or allowed(w):
-                    waiting.remove(w)
-                    if w.fact["position"] > current.fact["position"]:
+                    waiting.remove((j, w))
+                    stale = w.fact["position"] <= current.fact["position"]
+                    if not stale:
                         take(w)
+                    outcomes[j].append("stale" if stale else "unparked")
                     progressed = True
                     break
     want.parked[rid] = len(waiting)
     return want
+
+
+CASES = ("duplicate", "reordered", "tie on updated_at", "stale", "reorg out of a terminal state",
+         "waits for its reorg", "paid_late note", "a second paid_late", "a second completion cycle")
+
+
+def cases(history: History) -> set[str]:
+    """The cases of ``CASES`` that ``history`` holds, read from it and the oracle's outcomes."""
+    want, events = oracle(history), history.events
+    outcomes = [o for _, o in sorted((want.outcomes or {}).items())]
+    order = [d.event for d in history.deliveries]
+    firsts = list(dict.fromkeys(order))
+    found = {name for name, seen in (
+        ("duplicate", len(order) != len(firsts)), ("reordered", firsts != sorted(firsts)),
+        ("tie on updated_at", any(a.created_ms == b.created_ms for a, b in itertools.pairwise(events))),
+        ("stale", any(o[-1] == "stale" for o in outcomes)),
+        ("waits for its reorg", any("parked" in o for o in outcomes)),
+        ("paid_late note", any(e.fact["note"] for e in events)),
+        ("a second paid_late", sum(e.fact["note"] for e in events) > 1),
+        ("a second completion cycle", any(e.fact["step"] == "completion_rewound" for e in events)),
+    ) if seen}
+    for before, after in itertools.pairwise(e for e in events if not e.fact["note"]):
+        if before.fact["status"] in TERMINAL and after.fact["step"] in REORGS_OUT_OF:
+            found.add("reorg out of a terminal state")
+    return found
 
 
 # --- `orderly simulate`/`dev`/`demo`'s lifecycles ------------------------------------------------
@@ -201,4 +257,4 @@ SIMULATOR = GatewaySimulator(
                             for table in ("paymos_invoices", "paymos_withdrawals", "paymos_channel_deposits")},
     facts=frozenset({"order_note"}), lifecycles=lifecycle,
     demo=lambda rng, n, truth: lifecycle(rng, n[0], truth), demo_sizes=(80,),
-    demo_tables=DEMO_TABLES)
+    demo_tables=DEMO_TABLES, case_names=CASES, cases=cases)

@@ -28,7 +28,7 @@ from app.simulator.histories import (
     webhooks,
 )
 from app.simulator.lifecycles import Emitted, Truth
-from app.simulator.oracle import Outcome, unique
+from app.simulator.pg_oracle import CASES, cases, oracle
 from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
 
@@ -48,7 +48,8 @@ DEPOSIT_PATHS = (
 )
 
 
-def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, dict[str, Any]]]:
+def _deposit(rng: random.Random, dep: str, clock: int,
+             extra: random.Random | None) -> list[tuple[int, str, dict[str, Any]]]:
     path = list(rng.choice(DEPOSIT_PATHS))
     if rng.random() < 0.3:  # an attribute-only change: a new version, the same status
         at = rng.randrange(1, len(path) + 1)
@@ -56,7 +57,8 @@ def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, d
     ordered = rng.randrange(10_000, 2_000_000)
     transferred = ordered + (rng.randrange(1, 50_000) if rng.random() < 0.2 else 0)
     received, fee = min(ordered, transferred), rng.randrange(0, ordered // 50 + 1)
-    flag = None
+    # alone: the flag on one snapshot, not carried on (issue #46's rule; its own stream, see generate)
+    flag, flagged, alone = None, False, extra is not None and extra.random() < 0.35
     version, out = rng.randrange(1, 5), []
     for n, status in enumerate(path):
         clock += rng.randrange(1, 20 * 60_000)
@@ -77,11 +79,15 @@ def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, d
             obj["review"] = {"reasons": [{"display_th": "กำลังตรวจสอบ", "display_en": "Under review"}]}
         if status == "rejected":
             obj["rejection"] = {"display_th": "ปฏิเสธ"}
-        if status == "slip_received" and transferred > ordered and flag is None:
-            flag = {"claim_id": f"clm_{dep}", "cause": "same_transfer_excess", "amount_minor": transferred - ordered,
-                    "slip_received_at": iso(clock), "status": "open", "action_required": "contact_support"}
+        if status == "slip_received" and transferred > ordered and not flagged:
+            flag, flagged = {"claim_id": f"clm_{dep}", "cause": "same_transfer_excess",
+                             "amount_minor": transferred - ordered, "slip_received_at": iso(clock), "status": "open",
+                             "action_required": "contact_support"}, True
         if flag is not None:
             obj["overpayment"] = flag
+            # a flag a later snapshot no longer carries: when that one is delivered first, the flag
+            # comes in a stale delivery only, and is kept (the guard's one exception)
+            flag = None if alone else flag
         out.append((clock, f"deposit.{'updated' if n and path[n - 1] == status else status}", obj))
     if rng.random() < 0.15:
         # a snapshot with a version already used, under an event id of its own (a gateway bug the
@@ -96,7 +102,8 @@ def _deposit(rng: random.Random, dep: str, clock: int) -> list[tuple[int, str, d
     return out
 
 
-def _withdrawal(rng: random.Random, wdr: str, clock: int) -> list[tuple[int, str, dict[str, Any]]]:
+def _withdrawal(rng: random.Random, wdr: str, clock: int,
+                extra: random.Random | None) -> list[tuple[int, str, dict[str, Any]]]:
     total, filled, version, out = rng.randrange(100_000, 5_000_000), 0, rng.randrange(1, 5), []
     chunks = rng.randint(1, 4)
     for n in range(1, chunks + 1):
@@ -109,10 +116,19 @@ def _withdrawal(rng: random.Random, wdr: str, clock: int) -> list[tuple[int, str
                "filled_minor": filled, "remaining_minor": total - filled, "metadata": {"payout_id": f"po_{wdr}"},
                "_fill": {"leg_ref": f"leg_{wdr}_{n}", "sequence": n, "amount_minor": amount}}
         out.append((clock, f"withdrawal.{'settled' if status == 'settled' else 'filled'}", obj))
+    if extra is not None and extra.random() < 0.25:
+        # a snapshot sent again under an event id of its own (its version, its fill): the guard's
+        # boundary, apply iff version > stored, so whichever of the two comes second is stale
+        at, type_, twin = rng.choice(out)
+        out.append((at + rng.randrange(1, 60_000), type_, dict(twin)))  # a copy: each pops its own "_fill"
     return out
 
 
-def generate(rng: random.Random, seed: int, stem: str) -> History:
+def generate(rng: random.Random, seed: int, stem: str, first_edition: bool = False) -> History:
+    """The history of one to three resources. The rules issue #46 added (a withdrawal snapshot sent again,
+    a flag one snapshot carries) draw from a stream of their own, so ``first_edition`` (without them)
+    is the history as it was when tests/unit/data/decide_golden.json.gz was made, draw for draw."""
+    extra = None if first_edition else random.Random(f"pg:{seed}:issue46")
     raw: list[tuple[int, str, str, dict[str, Any]]] = []  # (created, resource, type, object)
     correlations: dict[str, dict[str, str]] = {}
     for i in range(rng.choice([1, 1, 2, 3])):
@@ -121,9 +137,9 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
         if kind == "deposit":
             correlations[rid] = {"pg_deposit_id": rid, "merchant_reference": f"mr_{rid}", "our_order_id": f"ord_{rid}",
                                  "our_user_id": f"usr_{stem}_{rng.randrange(2)}"}
-            raw += [(c, rid, t, o) for c, t, o in _deposit(rng, rid, start)]
+            raw += [(c, rid, t, o) for c, t, o in _deposit(rng, rid, start, extra)]
         elif kind == "withdrawal":
-            raw += [(c, rid, t, o) for c, t, o in _withdrawal(rng, rid, start)]
+            raw += [(c, rid, t, o) for c, t, o in _withdrawal(rng, rid, start, extra)]
         else:
             raw.append((start, rid, "balance_transaction.created", {
                 "id": rid, "object": "balance_transaction", "type": "deposit", "direction": "credit",
@@ -156,61 +172,6 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
             deliveries += [Delivery("fetch", e.resource, e.body, at + k, k + index)
                            for k, e in enumerate(events[index:])]
     return History("pg", seed, events, in_arrival_order(rng, deliveries), correlations)
-
-
-def oracle(history: History) -> Outcome:
-    want = Outcome()
-    correlated = {d.resource for d in history.deliveries if d.source == "correlation"}
-    top: dict[str, int] = {}
-    credited: dict[str, int] = {}
-    for event in unique(history):
-        f, rid = event.fact, event.resource
-        if f["kind"] == "withdrawal":
-            want.facts.add(("withdrawal_fill", f["fill"]["leg_ref"]))
-        if f["kind"] == "deposit" and rid not in correlated:
-            want.parked[rid] = want.parked.get(rid, 0) + 1  # waits for the merchant's correlation
-            continue
-        obj = f["object"]
-        if f["kind"] == "balance_transaction":
-            want.rows[rid] = {"amount_minor": obj["amount_minor"]}
-            continue
-        if f["kind"] == "deposit" and obj.get("overpayment"):
-            want.facts.add(("overpayment_flag", obj["overpayment"]["claim_id"]))
-        if f["version"] <= top.get(rid, -1):
-            continue  # stale: no row, no effect
-        top[rid] = f["version"]
-        if f["kind"] == "withdrawal":
-            want.rows[rid] = {"status": obj["status"], "pg_version": obj["version"],
-                              "filled_minor": obj["filled_minor"], "remaining_minor": obj["remaining_minor"]}
-            if obj["status"] == "settled" and obj["remaining_minor"] == 0:
-                want.effects.add((f"withdrawal:{rid}:close_payout", "close_payout", None))
-            continue
-        user = history.correlations[rid]["our_user_id"]
-        want.rows[rid] = {"status": obj["status"], "pg_version": obj["version"],
-                          "amount_received_minor": obj.get("amount_received_minor"), "our_user_id": user}
-        status, scope = obj["status"], f"deposit:{rid}"
-        if status == "settled":
-            if rid not in credited:
-                credited[rid] = obj["amount_received_minor"]
-                want.effects |= {(f"{scope}:credit_user", "credit_user", credited[rid]),
-                                 (f"{scope}:release_goods", "release_goods", None)}
-        elif status == "reversed":
-            if rid in credited and (f"{scope}:debit_user", "debit_user", credited[rid]) not in want.effects:
-                want.effects |= {(f"{scope}:debit_user", "debit_user", credited[rid]),
-                                 (f"{scope}:hold_goods", "hold_goods", None)}
-        else:
-            kind = {"under_review": "show_pending_review", "rejected": "fail_order"}.get(status, "update_order_status")
-            if status in ("expired", "canceled"):
-                late = obj.get("is_terminal") is False and obj.get("late_slip_accepted_until")
-                kind = "show_late_slip" if late else "fail_order"
-            want.effects.add((f"{f['id']}:{kind}", kind, None))
-    arrived = [(d.at_ms, history.events[d.event].fact["sequence"]) for d in history.deliveries if d.event >= 0]
-    if arrived:
-        delivered = {s for _, s in arrived}
-        for missing in range(arrived[0][1] + 1, max(delivered)):
-            if missing not in delivered:
-                want.gaps.add((missing, next(at for at, s in arrived if s > missing)))
-    return want
 
 
 # --- `orderly simulate`/`dev`/`demo`'s lifecycles ------------------------------------------------
@@ -356,4 +317,5 @@ SIMULATOR = GatewaySimulator(
     facts=frozenset({"withdrawal_fill", "overpayment_flag"}),
     lifecycles=lambda rng, count, truth: lifecycle(rng, count, max(1, count // 3), truth),
     demo=lambda rng, n, truth: lifecycle(rng, n[0], n[1], truth), demo_sizes=(200, 60), api=api,
-    demo_tables=DEMO_TABLES)
+    demo_tables=DEMO_TABLES, case_names=CASES, cases=cases,
+    first_edition=lambda rng, seed, stem: generate(rng, seed, stem, first_edition=True))

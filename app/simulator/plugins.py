@@ -75,6 +75,13 @@ class GatewaySimulator:
     # `orderly simulate`: seconds between a failed live attempt and the next, in the gateway's own
     # time (compressed by Chaos.time_scale); None: the simulator's default (app/simulator/deliver.py)
     retry_s: tuple[float, ...] | None = None
+    # the cases its generator claims to produce (``case_names``) and which of them one history holds
+    # (``cases``): tests/unit/test_simulator_cases.py runs many seeds and expects to see every one
+    case_names: tuple[str, ...] = ()
+    cases: Callable[[History], set[str]] | None = None
+    # its generator as it was when tests/unit/data/decide_golden.json.gz was made (that file's
+    # inputs must not change); None: ``generate`` is
+    first_edition: Callable[[random.Random, int, str], History] | None = None
 
 
 def simulator(name: str) -> GatewaySimulator | None:

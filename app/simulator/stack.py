@@ -114,6 +114,7 @@ async def read_outcomes(conn: asyncpg.Connection, batch: list[History]) -> dict[
 
 def wanted(history: History) -> Outcome:
     want = check.expected(history)
+    want.outcomes = None  # each delivery's outcomes are compared by the pure check (the stack's ids differ)
     want.gaps = set()
     return want
 

@@ -25,8 +25,11 @@ def iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def make(gateway: str, seed: int, tag: str = "") -> History:
+def make(gateway: str, seed: int, tag: str = "", first_edition: bool = False) -> History:
     """The history of ``gateway`` for ``seed``: the same seed gives the same history (``tag``
     prefixes its resource ids, so a stack can take the same seeds twice). The generator is the
-    gateway's simulator declaration's (app/simulator/plugins.py)."""
-    return simulator_of(gateway).generate(random.Random(f"{gateway}:{seed}"), seed, f"{tag}{seed}")
+    gateway's simulator declaration's (app/simulator/plugins.py); ``first_edition``: as it was when
+    tests/unit/data/decide_golden.json.gz was made (that test's inputs stay what they were)."""
+    sim = simulator_of(gateway)
+    generate = sim.first_edition if first_edition and sim.first_edition is not None else sim.generate
+    return generate(random.Random(f"{gateway}:{seed}"), seed, f"{tag}{seed}")

@@ -8,6 +8,14 @@ gateway's GET /payments/{ref} served by a stub, for two rules of gateway-docs/ca
   default ORDERLY_FETCH_PARKED_AFTER_S (not overridden here), the parked events received by ingests
   whose clocks run 65 s and 45 s behind (libfaketime), so the test waits ~15 s, not 60.
 
+And the ordering key's two rules a lone pair cannot show (issue #46: parking repairs a lone pair, so
+only a payment whose totals depend on the order tells a wrong key from the right one):
+
+- "the rank keeps authorised < captured < refunded": a capture and a refund in one millisecond, the
+  refund equal to the captures before it, end captured with both captures and the refund applied;
+- "sequence when present": sequenced events whose clocks disagree (a refund stamped before the
+  capture that precedes it) are applied in sequence order.
+
 This module's pipeline keeps the default fetch-after setting; only the fetcher's look interval is
 shortened (0.5 s instead of 30 s) so the fetch is observed within half a second of becoming due.
 """
@@ -54,6 +62,12 @@ def pipe(kafka: KafkaBroker, postgres: PostgresServer, api: CardApi,
 
 def card_event(ref: str, eid: str, kind: str, second: int, amount: int) -> bytes:
     return orjson.dumps({"id": eid, "type": f"payment.{kind}", "payment_ref": ref, "sequence": None,
+                         "occurred_at": f"2026-11-29T10:02:{15 + second:02d}.123Z", "amount_minor": amount,
+                         "currency": "EUR"})
+
+
+def sequenced_event(ref: str, eid: str, kind: str, sequence: int, second: int, amount: int) -> bytes:
+    return orjson.dumps({"id": eid, "type": f"payment.{kind}", "payment_ref": ref, "sequence": sequence,
                          "occurred_at": f"2026-11-29T10:02:{15 + second:02d}.123Z", "amount_minor": amount,
                          "currency": "EUR"})
 
@@ -185,3 +199,42 @@ async def test_default_fetch_after_60_s(pipe: Running, api: CardApi) -> None:
     finally:
         for ingest in (late, early):
             pipe.pipeline.terminate(ingest.name)
+
+
+# --- the ordering key (issue #46) --------------------------------------------------------------------
+
+async def _ends(pipe: Running, ref: str, events: int) -> tuple[str, int, int, int]:
+    """The payment's row once the reducer has seen ``events`` events (its version counts them)."""
+    row = await pipe.wait_for(lambda c: c.fetchrow(
+        "SELECT * FROM card_payments WHERE payment_ref = $1 AND version = $2", ref, events))
+    return row["state"], row["authorised_minor"], row["captured_minor"], row["refunded_minor"]
+
+
+async def test_a_capture_and_a_refund_in_one_millisecond_the_rank_decides(pipe: Running) -> None:
+    """The issue's example: authorise 100 at :15, capture 50 at :16, then a capture 50 and a refund 50
+    both at :17.123. By the rank the capture goes first: captured 100, refunded 50, nothing parked, the
+    order paid and never refunded. (Refund first, the payment would read fully refunded and the second
+    capture would wait for ever.)"""
+    ref = f"pay_rank{uuid.uuid4().hex[:8]}"
+    ids = [f"{ref}_{n}" for n in range(4)]
+    await pipe.post("card", card_event(ref, ids[0], "authorised", 0, 100), card_event(ref, ids[1], "captured", 1, 50),
+                    card_event(ref, ids[2], "captured", 2, 50), card_event(ref, ids[3], "refunded", 2, 50))
+    assert await _ends(pipe, ref, 4) == ("captured", 100, 100, 50)
+    assert await decisions(pipe, ref) == [(i, "applied") for i in ids]
+    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}
+
+
+async def test_sequenced_events_whose_clocks_disagree_are_applied_in_sequence(pipe: Running) -> None:
+    """Authorise 100 (sequence 1, :15), capture 50 (2, :16), capture 50 (3, :18) and a refund 50
+    (4, stamped :17 by a clock behind the others). The sequence wins: the refund comes after both
+    captures (captured 100, refunded 50, all applied); by the clock it would come between them and
+    refund the payment in full, leaving the second capture parked."""
+    ref = f"pay_seq{uuid.uuid4().hex[:8]}"
+    ids = [f"{ref}_{n}" for n in range(4)]
+    await pipe.post("card", sequenced_event(ref, ids[0], "authorised", 1, 0, 100),
+                    sequenced_event(ref, ids[1], "captured", 2, 1, 50),
+                    sequenced_event(ref, ids[2], "captured", 3, 3, 50),
+                    sequenced_event(ref, ids[3], "refunded", 4, 2, 50))
+    assert await _ends(pipe, ref, 4) == ("captured", 100, 100, 50)
+    assert await decisions(pipe, ref) == [(i, "applied") for i in ids]
+    assert await delivered(pipe, ref, [f"card:{ref}:mark_order_paid"]) == {f"card:{ref}:mark_order_paid": 1}

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from app.bootstrap import prepare
 from app.stack.kafka import KafkaBroker
@@ -64,6 +65,24 @@ async def _until(pipeline: Pipeline, done: Any, what: str, limit_s: float = 90) 
         await asyncio.sleep(0.2)
 
 
+async def _stable_members(bootstrap: str, group: str, pipeline: Pipeline, limit_s: float = 60.0) -> list[str]:
+    """The group's member ids once the coordinator calls it Stable (its state, read from the broker)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + limit_s  # a bound on a hung test, not a timing claim
+        while True:
+            [described] = await admin.describe_consumer_groups([group])
+            _, _, state, _, _, members, *_ = described.groups[0]
+            if state == "Stable":
+                return sorted(str(m[0]) for m in members)
+            assert time.monotonic() < deadline, (state, members)
+            pipeline.assert_alive()
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
 async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, postgres: PostgresServer,
                                                           namespace: str, tmp_path: Path) -> None:
     """The new-member check must not fire on the group's ordinary events: another worker joining,
@@ -90,7 +109,13 @@ async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, po
         mark = len(pipeline.log("worker"))
         pipeline.start("worker")  # under its id, within the session
         await _until(pipeline, lambda: "Assigned partitions" in pipeline.log("worker")[mark:], "worker back")
-        await asyncio.sleep(12)  # past a session timeout: a member the restart replaced would be noticed by now
+        # A positive signal instead of sleeping past a session timeout: the broker's own view of the
+        # group. Had the restart joined as a new member, the killed one would still be a member until
+        # its session expired (then a rebalance, and the new-member check's exit). The group holds
+        # exactly the two static members, one per instance id, and is stable: nothing is left to expire.
+        group = f"{settings.namespace}-worker"
+        members = await _stable_members(kafka.bootstrap, group, pipeline)
+        assert sorted(m.split("-", 1)[0] for m in members) == ["worker", "worker2"], members
         for name in ("worker", "worker2"):
             assert "as a new member" not in pipeline.log(name), pipeline.log(name)[-3000:]
             assert "membership of its consumer group ended" not in pipeline.log(name), pipeline.log(name)[-3000:]

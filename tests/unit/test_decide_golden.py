@@ -64,7 +64,7 @@ def broken_money(body: bytes) -> bytes:
 def history_log(gateway: str, seed: int) -> list[Incoming]:
     rng = random.Random(seed * 7919)
     out = []
-    for r in history_records(truths.make(gateway, seed)):
+    for r in history_records(truths.make(gateway, seed, first_edition=True)):  # the inputs the file was made from
         value, headers, roll = r.value, list(r.headers), rng.random()
         if dict(headers).get("source") == b"webhook":
             if roll < 0.15:

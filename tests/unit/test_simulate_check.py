@@ -170,7 +170,7 @@ def test_a_refund_equal_to_the_captures_seen_so_far_reads_as_fully_refunded_on_t
 
 
 # One rule of the documents broken at a time in the core's source (old text -> new text): the check
-# must catch each within 1,000 histories, with a history it shrinks to at most 4 deliveries.
+# must catch each within 1,000 histories, with a history it shrinks to at most 5 deliveries.
 MUTANTS = [
     ("pg", "app/core/pg.py", 'if state.version is not None and obj.version <= state.version:\n'
                              '        return decide(d, STALE, facts=facts, error=error,',
@@ -194,16 +194,45 @@ MUTANTS = [
     ("paymos", "app/core/paymos.py", "return event_type in REORGS or resource.status == current.status",
      "return event_type in REORGS"),
     ("paymos", "app/core/paymos.py", '"reorged": 0, "confirmed": 2,', '"reorged": 2, "confirmed": 0,'),
+    # the breaks issue #46 found no test below the stack caught (each caught since its generator or
+    # oracle change; the issue's example for the first: a refund and a capture in one millisecond)
+    ("card", "app/core/card.py", 'RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}',
+     'RANK = {"authorised": 2, "captured": 1, "voided": 1, "refunded": 0, "synced": -1}'),
+    ("card", "app/core/card.py", "        if e.sequence is None:\n            return lambda e: (e.occurred_at_ms",
+     "        if True:\n            return lambda e: (e.occurred_at_ms"),
+    ("pg", "app/core/pg.py", "if state.version is not None and obj.version <= state.version:\n"
+                             "        return decide(d, STALE, facts=facts, event_id",
+     "if state.version is not None and obj.version < state.version:\n"
+     "        return decide(d, STALE, facts=facts, event_id"),
+    ("pg", "app/core/pg.py", "        if state.credited_amount is not None:\n            return []\n        amount =",
+     "        amount ="),
+    ("pg", "app/core/pg.py", "return decide(d, STALE, facts=facts, error=error,",
+     "return decide(d, DUPLICATE, facts=facts, error=error,"),
 ]
+
+
+def _source(path: str) -> str:
+    return (Path(__file__).resolve().parents[2] / path).read_text()
+
+
+@pytest.mark.parametrize(("gateway", "path", "old", "new"), MUTANTS, ids=[f"{m[0]}:{m[2][:40]}" for m in MUTANTS])
+def test_each_mutant_names_one_place_of_the_source(gateway: str, path: str, old: str, new: str) -> None:
+    """The mutants' text, apart from what they catch: each names one place of its module, as written
+    or already changed to the mutant (a core broken on purpose fails the behavioural test below, not this)."""
+    source = _source(path)
+    assert source.count(old) == 1 or source.count(new) == 1, f"{path}: {old!r} is no longer in the source"
 
 
 @pytest.mark.parametrize(("gateway", "path", "old", "new"), MUTANTS, ids=[f"{m[0]}:{m[2][:40]}" for m in MUTANTS])
 def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new: str) -> None:
+    """Behaviour only: the check reports a mismatch with the rule changed, and none with the module as
+    it stands on the history it found. Where the text is not in the source (the core already changed)
+    the module runs as it stands, so this test fails only on what the check sees."""
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-    source = (Path(__file__).resolve().parents[2] / path).read_text()
-    assert source.count(old) == 1
+    source = _source(path)
+    mutated = source.replace(old, new) if source.count(old) == 1 else source
     saved = dict(module.__dict__)  # restored as it was: re-running the source would make new classes
-    exec(compile(source.replace(old, new), path, "exec"), module.__dict__)  # the module, one rule changed
+    exec(compile(mutated, path, "exec"), module.__dict__)  # the module, one rule changed
     row = registry.GATEWAYS[gateway]
     if hasattr(module, "REDUCER"):  # the registry holds the reducer the module built: the changed one
         registry.register(dataclasses.replace(row, reducer=module.REDUCER))
@@ -214,7 +243,8 @@ def test_each_rule_broken_alone_is_caught(gateway: str, path: str, old: str, new
         module.__dict__.clear()
         module.__dict__.update(saved)
     assert report.mismatches, f"{path}: {old!r} -> {new!r} went unnoticed"
-    assert 1 <= len(report.mismatches[0][1].deliveries) <= 4
+    # at most 5: card's rank shows in a payment of three captures and a refund of the first two
+    assert 1 <= len(report.mismatches[0][1].deliveries) <= 5
     assert check.mismatch(report.mismatches[0][0]) == []  # restored: the same history matches again
 
 
