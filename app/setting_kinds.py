@@ -313,7 +313,8 @@ class Setting(Generic[T]):
     def __get__(self, instance: object | None, owner: type) -> Setting[T] | T:
         if instance is None:
             return self
-        raise AttributeError(f"{self.field} was not read: build settings with Settings.from_env")
+        raise AttributeError(f"{self.field} was not read: build settings with Settings.from_env, with this process's "
+                             "uses (app/setting_uses.py) naming it")
 
     def __repr__(self) -> str:
         return f"Setting({self.env})"
