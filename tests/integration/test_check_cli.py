@@ -71,7 +71,7 @@ def test_one_line_and_exit_2(tmp_path: Path, args: list[str], env: dict[str, str
 
 
 class _Answer(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(404)
         self.end_headers()
 
