@@ -9,6 +9,7 @@ ones a process ran only once it had connected before, moved ahead of any connect
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,6 +66,14 @@ def setting_lines(env: Mapping[str, str], fields: frozenset[str]) -> list[Line]:
     return lines  # (ORDERLY_GATEWAYS refused: no secret asked for, as from_env does)
 
 
+def with_page(problem: str) -> str:
+    """``problem`` ending with the row of docs/configuration.md of the first variable it names, unless
+    it names a page already (a refusal of two settings together is said where they are checked)."""
+    if "docs/" in problem or not (name := re.search(r"ORDERLY_[A-Z0-9_]*[A-Z0-9]", problem)):
+        return problem
+    return f"{problem} (docs/configuration.md#{name.group().removesuffix('_FILE').lower()})"
+
+
 def start_checks(process: str, settings: Settings) -> None:
     """What ``process`` refuses besides each setting alone, checked before it connects anywhere:
     the admin's sign-in, the effects' signed https delivery, the fetcher's https APIs. Raises
@@ -93,7 +102,7 @@ def settings_of(env: Mapping[str, str], processes: tuple[str, ...]) -> tuple[Set
         for process in processes or tuple(PROCESSES):
             start_checks(process, settings)
     except SettingsError as exc:
-        return None, [*lines, *(Line(False, problem) for problem in str(exc).split("\n"))]
+        return None, [*lines, *(Line(False, with_page(problem)) for problem in str(exc).split("\n"))]
     return settings, lines
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from app.check import failure_line, start_checks
+from app.check import failure_line, start_checks, with_page
 from app.seams import UnsupportedVersion, check_versions
 from app.setting_uses import USES
 from app.settings import Settings, SettingsError, dev_settings, operator_settings
@@ -385,7 +385,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command][0](args)
     except SettingsError as exc:  # one line, the first refusal: `orderly check` lists every one
-        first, *more = str(exc).split("\n")
+        first, *more = map(with_page, str(exc).split("\n"))
         also = f" (and {len(more)} more: `orderly check {args.command}` lists them)" if more else ""
         print(f"orderly: configuration error: {first}{also}", file=sys.stderr)
         return 2

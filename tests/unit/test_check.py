@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from app import check, cli
 from app.address_kinds import HostPorts
-from app.setting_kinds import REQUIRED
+from app.setting_kinds import REQUIRED, Setting
 from app.setting_uses import PROCESSES, USES
 from app.settings import TABLE, Settings, SettingsError
 
@@ -90,10 +91,17 @@ CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["effects"], {**BASE, "ORDERLY_EFFECTS_URL": "https://merchant.example/effects"},
      "orderly: configuration error: ORDERLY_EFFECTS_URL is set but ORDERLY_EFFECTS_SECRET is not: effects are only "
      "delivered signed; set ORDERLY_EFFECTS_SECRET=whsec_<base64 key> (the secret the merchant verifies with), or "
-     "unset ORDERLY_EFFECTS_URL to record without delivering"),
+     "unset ORDERLY_EFFECTS_URL to record without delivering (docs/configuration.md#orderly_effects_url)"),
     (["admin"], {**BASE, "ORDERLY_ADMIN_TOKEN": ""},
      "orderly: configuration error: neither ORDERLY_ADMIN_OIDC_ISSUER nor ORDERLY_ADMIN_TOKEN is set: the admin API "
-     "and console refuse to run when no one could sign in"),
+     "and console refuse to run when no one could sign in (docs/configuration.md#orderly_admin_oidc_issuer)"),
+    (["worker"], {**BASE, "ORDERLY_REPLICATION_FACTOR": "3", "ORDERLY_MIN_INSYNC_REPLICAS": "3"},
+     "orderly: configuration error: ORDERLY_MIN_INSYNC_REPLICAS: 3 of 3 replicas: losing any one broker would stop "
+     "every write (503s); use at most 2 (docs/configuration.md#orderly_min_insync_replicas)"),
+    (["ingest"], {**BASE, "ORDERLY_KAFKA_SASL_USERNAME": "u"},
+     "orderly: configuration error: ORDERLY_KAFKA_SASL_USERNAME is set, but ORDERLY_KAFKA_SECURITY_PROTOCOL=plaintext "
+     "does not authenticate with SASL (use sasl_ssl or sasl_plaintext, or unset them) "
+     "(docs/configuration.md#orderly_kafka_sasl_username)"),
     # each command requires only what it uses: no secret, no token, no Kafka for `parked` — it gets as
     # far as PostgreSQL, which is down: one line too
     (["parked"], PG_ONLY, f"orderly parked: {PG_DOWN}"),
@@ -149,6 +157,20 @@ def test_every_secret_row_takes_a_file_and_only_secrets_do(tmp_path: Path) -> No
     assert settings.effects_secret is not None
     assert settings.effects_secret.reveal() == settings.secrets["pg"].reveal()[0]
     assert settings.secrets["pg"].reveal() == ("whsec_ZmlsZWQtZWZmZWN0cy1zZWNyZXQ=",)
+
+
+SAMPLES = {"ORDERLY_ADYEN_BASIC_AUTH": "adyen:pw", "ORDERLY_POSTGRES_DSN": "postgresql://o:pw@db:5432/o",
+           "ORDERLY_EFFECTS_SECRET": "whsec_ZmlsZWQtZWZmZWN0cy1zZWNyZXQ="}
+
+
+@pytest.mark.parametrize("row", [row for row in TABLE if row.is_secret], ids=lambda row: row.env)
+def test_every_secret_may_come_from_a_file(row: Setting[Any], tmp_path: Path) -> None:
+    sample = SAMPLES.get(row.env, row.dev or "a-secret-value")
+    (tmp_path / "secret").write_text(sample + "\n", encoding="utf-8")
+    from_file = row.read({f"{row.env}_FILE": str(tmp_path / "secret")})
+    assert from_file == row.read({row.env: sample}) and repr(from_file) == "Secret('**********')"
+    with pytest.raises(SettingsError, match=f"{row.env} and {row.env}_FILE are both set"):
+        row.read({row.env: sample, f"{row.env}_FILE": str(tmp_path / "secret")})
 
 
 @pytest.mark.parametrize("process", [*PROCESSES, "parked", "inspect", "gaps", "replay", "export"])
