@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 HIGHEST_PORT = 65535
-# a host name (RFC 1123 labels), an IPv4 address, or an IPv6 address in brackets
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+# a host name (RFC 1123 labels, and '_', which Docker's service names may hold), an IPv4 address, or an
+# IPv6 address in brackets
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
                    r"|\[[0-9A-Fa-f:.]+\]")
 
 

@@ -7,6 +7,7 @@ tests/integration/test_check_cli.py's)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app import check, cli
-from app.address_kinds import HostPorts
-from app.setting_kinds import REQUIRED, Setting
+from app.address_kinds import Dsn, File, HostPorts, Port, Url
+from app.setting_kinds import REQUIRED, Kind, Setting
 from app.setting_uses import PROCESSES, USES
 from app.settings import TABLE, Settings, SettingsError
 
@@ -233,3 +234,27 @@ def test_any_host_port_list_is_taken_as_written(pairs: list[tuple[str, int]]) ->
 def test_a_port_out_of_range_or_a_scheme_is_refused(host: str, port: int, scheme: str) -> None:
     with pytest.raises(ValueError, match=r"outside 1-65535|is a URL|not a number"):
         HostPorts().parse(f"{scheme}{host}:{port}")
+
+
+@pytest.mark.parametrize(("kind", "text", "refusal"), [
+    (Url(), "https://merchant.example/effects", None),
+    (Url(), "http://[::1]:8080/x", None),
+    (Url(), "http://merchant.example:99999/x", "its port is not a number 1-65535"),
+    (Url(), "http:///effects", "it names no host"),
+    (Url(), "merchant.example/effects", "the scheme is missing, not http:// or https://"),
+    (Dsn(), "postgres://orderly@db/orderly", None),
+    (Dsn(), "postgresql:///orderly?host=/run/postgresql", None),
+    (Dsn(), "postgresql://orderly@db:65536/orderly", "its port is not a number 1-65535"),
+    (Dsn(), "db:5432/orderly", "the scheme is missing, not postgresql://"),
+    (Port(), "0", "outside 1-65535"),
+    (Port(minimum=0), "65535", None),
+    (HostPorts(), "my_kafka:9092,[::1]:9093", None),
+    (HostPorts(), "kafka-1:9092,", "'' is not host:port"),
+    (File(), "/nonexistent/ca.pem", "no such file"),
+])
+def test_each_place_kind(kind: Kind[Any], text: str, refusal: str | None) -> None:
+    if refusal is None:
+        assert kind.parse(text) is not None
+    else:
+        with pytest.raises(ValueError, match=re.escape(refusal)):
+            kind.parse(text)
