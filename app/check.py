@@ -9,6 +9,7 @@ ones a process ran only once it had connected before, moved ahead of any connect
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -149,8 +150,8 @@ async def reach_url(variable: str, url: str, page: str) -> Line:
             return Line(True, f"{variable} reached (HTTP {resp.status})")
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
-        return Line(False, f"{variable}: {url} did not answer within {DEADLINE_S:g} s: {reason}; is it up, and is "
-                           f"{variable} its address? ({page})")
+        return Line(False, f"{variable}: {url} was not reached (deadline {DEADLINE_S:g} s): {reason}; is it up, and "
+                           f"is {variable} its address? ({page})")
 
 
 def _urls(settings: Settings, fields: frozenset[str]) -> list[tuple[str, str, str]]:
@@ -179,6 +180,7 @@ def run(processes: list[str], env: Mapping[str, str]) -> int:
     if unknown := [p for p in processes if p not in USES]:
         print(f"orderly check: no process or command {', '.join(unknown)}; one of {', '.join(USES)}", file=sys.stderr)
         return 2
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # its failure is a line of ours
     settings, lines = settings_of(env, tuple(processes))
     if settings is not None:
         lines += asyncio.run(reach(settings, uses(*processes)))
