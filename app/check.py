@@ -22,6 +22,7 @@ from app.settings import TABLE, Settings
 
 DEADLINE_S = 5.0  # each reach: a check that hangs tells an operator less than one that fails
 KAFKA, POSTGRES = Settings.kafka_bootstrap, Settings.postgres_dsn
+DISCOVERY = "/.well-known/openid-configuration"  # OpenID Connect Discovery 1.0, §4
 
 
 @dataclass(frozen=True)
@@ -141,12 +142,16 @@ async def reach_postgres(settings: Settings) -> Line:
 
 
 async def reach_url(variable: str, url: str, page: str) -> Line:
-    """Any HTTP answer counts (an effects endpoint may answer a GET 405); no answer in time does not."""
+    """Any HTTP answer counts (an effects endpoint may answer a GET 405), but for an issuer's
+    discovery document, which must be there (200); no answer in time does not."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=DEADLINE_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url, allow_redirects=False) as resp:
+            if url.endswith(DISCOVERY) and resp.status != 200:
+                return Line(False, f"{variable}: {url} answered HTTP {resp.status}, not the issuer's discovery "
+                                   f"document; is {variable} the issuer's URL? ({page})")
             return Line(True, f"{variable} reached (HTTP {resp.status})")
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
@@ -162,7 +167,7 @@ def _urls(settings: Settings, fields: frozenset[str]) -> list[tuple[str, str, st
             url = row.value(settings)
             if isinstance(url, str):
                 if row.field == "admin_oidc_issuer":
-                    url = url.rstrip("/") + "/.well-known/openid-configuration"
+                    url = url.rstrip("/") + DISCOVERY
                 found.append((row.env, url, row.page))
     return found
 

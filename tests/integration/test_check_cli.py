@@ -111,3 +111,12 @@ def test_check_against_a_running_kafka_and_postgres(kafka: KafkaBroker, postgres
                                                      "(deadline 5 s): Cannot connect to host 127.0.0.1:")
     assert failed[0].endswith("(docs/configuration.md#orderly_effects_url)") and wrong.stderr == ""
     assert "ok ORDERLY_KAFKA reached (1 broker)" in wrong.stdout  # the rest still checked
+
+    issuer = orderly(tmp_path, "check", "admin", **env, ORDERLY_ADMIN_OIDC_ISSUER=http_url,
+                     ORDERLY_ADMIN_OIDC_CLIENT_ID="orderly-admin", ORDERLY_ADMIN_ROLE_MAP="oncall=operator",
+                     ORDERLY_ADMIN_OIDC_REDIRECT_URL="https://admin.example/auth/callback")
+    assert issuer.returncode == 2, issuer.stdout
+    assert [line for line in issuer.stdout.splitlines() if line.startswith("fail ")] == [
+        f"fail ORDERLY_ADMIN_OIDC_ISSUER: {http_url}/.well-known/openid-configuration answered HTTP 404, not the "
+        "issuer's discovery document; is ORDERLY_ADMIN_OIDC_ISSUER the issuer's URL? "
+        "(docs/configuration.md#orderly_admin_oidc_issuer)"]
