@@ -7,24 +7,30 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from app.check import failure_line, start_checks, with_page
 from app.seams import UnsupportedVersion, check_versions
-from app.settings import Settings, SettingsError, dev_settings
+from app.setting_uses import USES
+from app.settings import Settings, SettingsError, dev_settings, operator_settings
 from topics.catalog import names
 
 
-def _production_settings() -> Settings:
-    return Settings.from_env()
+def _production_settings(process: str) -> Settings:
+    """The settings ``process`` uses (app/setting_uses.py), all checked before it connects anywhere."""
+    settings = Settings.from_env(uses=USES[process])
+    start_checks(process, settings)
+    return settings
 
 
-def _operator_settings() -> Settings:
-    from app.settings import operator_settings
-
-    return operator_settings()
+def _operator_settings(command: str) -> Settings:
+    """A hand-run command's settings; aiokafka's log kept out (one line says Kafka is down: app/check.py)."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    return operator_settings(uses=USES[command])
 
 
 def use_event_loop(name: str) -> None:
@@ -56,13 +62,13 @@ def tune_gc(threshold: int) -> None:
         gc.set_threshold(threshold, 10, 10)
 
 
-def _process(run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None,
+def _process(process: str, run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None,
              topics: bool = True) -> int:
     """A production process: settings from the environment, topics (unless ``topics`` is False)
     and migrations ensured (and ``first`` run), then run."""
     from app.bootstrap import prepare
 
-    settings = _production_settings()
+    settings = _production_settings(process)
     use_logging(settings)
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
@@ -139,73 +145,70 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from app.ingest.app import run
 
-    return _process(run)
+    return _process("ingest", run)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from app.bootstrap import migrate_correlations
     from app.worker import run
 
-    return _process(run, migrate_correlations)  # the worker reads only orderly.raw
+    return _process("worker", run, migrate_correlations)  # the worker reads only orderly.raw
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
     from app.projector import run
 
-    return _process(run)
+    return _process("projector", run)
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
     if getattr(args, "action", None):
         from app.admin import commands
 
-        return commands.main(commands.effects, _operator_settings(), args)
+        return commands.main(commands.effects, _operator_settings("effects list"), args)
     from app.effects import run
 
-    return _process(run)
+    return _process("effects", run)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
     if getattr(args, "action", None) == "token":
         from app.admin import commands, token_commands
 
-        return commands.main(token_commands.run, _operator_settings(), args)
+        return commands.main(token_commands.run, _operator_settings("admin token"), args)
     from app.admin.app import run
-    from app.admin.context import Admin
 
-    settings = _production_settings()
-    Admin.check(settings)  # no token: stop before touching Kafka or PostgreSQL
-    return _process(run, topics=False)  # it serves PostgreSQL's view while Kafka is away, so it starts then too
+    return _process("admin", run, topics=False)  # it serves PostgreSQL's view while Kafka is away: it starts then
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from app.admin import commands
 
-    return commands.main(commands.inspect, _operator_settings(), args)
+    return commands.main(commands.inspect, _operator_settings("inspect"), args)
 
 
 def cmd_parked(args: argparse.Namespace) -> int:
     from app.admin import commands
 
-    return commands.main(commands.parked, _operator_settings(), args)
+    return commands.main(commands.parked, _operator_settings("parked"), args)
 
 
 def cmd_gaps(args: argparse.Namespace) -> int:
     from app.admin import commands
 
-    return commands.main(commands.gaps, _operator_settings(), args)
+    return commands.main(commands.gaps, _operator_settings("gaps"), args)
 
 
 def cmd_fetcher(args: argparse.Namespace) -> int:
     from app.fetcher import run
 
-    return _process(run)
+    return _process("fetcher", run)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from app.reconcile import run
 
-    return asyncio.run(run(_operator_settings()))
+    return asyncio.run(run(_operator_settings("reconcile")))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -213,7 +216,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from app.replay import replay
 
-    settings = _operator_settings()
+    settings = _operator_settings("replay")
     tune_gc(settings.gc_threshold)
     return replay(settings, args.into, Path(settings.data_dir) / "replay")
 
@@ -227,24 +230,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_quarantine(args: argparse.Namespace) -> int:
     from app.admin import commands
 
-    return commands.main(commands.quarantined, _operator_settings(), args)
+    return commands.main(commands.quarantined, _operator_settings("quarantine"), args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from app.export import run
 
-    return run(_operator_settings(), args)
+    return run(_operator_settings("export"), args)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from app.bootstrap import migrate_correlations, prepare
 
-    settings = _production_settings()
+    settings = _production_settings("migrate")
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # it says itself, in one line, what failed
     created, applied = asyncio.run(prepare(settings))
     moved = asyncio.run(migrate_correlations(settings))
     print(f"topics created: {created or 'none'}; migrations applied: {applied or 'none'}; "
           f"correlations moved into {names(settings.namespace).raw}: {moved}")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from app import check
+
+    return check.run(args.processes, os.environ)
 
 
 def _at_least_one(text: str) -> int:
@@ -286,6 +296,8 @@ COMMANDS = {
     "export": (cmd_export, "a projection topic (state, decisions, facts, effects) from its beginning to its end "
                            "now, read_committed, as a Parquet file with the topic's published schema "
                            "(docs/analytics.md)"),
+    "check": (cmd_check, "check the settings of the processes named (default: all), then reach Kafka, PostgreSQL "
+                         "and each URL; a line per check, exit 0 only if all pass (docs/configuration.md)"),
     "migrate": (cmd_migrate, "create the topics, apply the SQL migrations, move a pre-0.2 correlations topic "
                              "into orderly.raw, then exit"),
 }
@@ -352,9 +364,16 @@ def main(argv: list[str] | None = None) -> int:
             from app.export import add_arguments as add_export
 
             add_export(command)
+        if name == "check":
+            command.add_argument("processes", nargs="*", metavar="PROCESS", help="a process or a command")
         if name == "replay":
             command.add_argument("--into", required=True, help="the fresh namespace to rebuild into")
-    args = parser.parse_args(argv)
+    return _run(parser.parse_args(argv))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, after the version check; a refused setting or an unreachable Kafka or PostgreSQL
+    is one line on stderr and exit 2 (docs/configuration.md), never a traceback."""
     try:  # before any command: the seams' use of library internals holds on the pinned versions only
         check_versions()
     except UnsupportedVersion as exc:
@@ -365,8 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("text")  # until a process has its settings (use_logging)
     try:
         return COMMANDS[args.command][0](args)
-    except SettingsError as exc:
-        print(f"orderly: configuration error: {exc}", file=sys.stderr)
+    except SettingsError as exc:  # one line, the first refusal: `orderly check` lists every one
+        first, *more = map(with_page, str(exc).split("\n"))
+        also = f" (and {len(more)} more: `orderly check {args.command}` lists them)" if more else ""
+        print(f"orderly: configuration error: {first}{also}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if (line := failure_line(exc)) is None:
+            raise
+        print(f"orderly {args.command}: {line}", file=sys.stderr)
         return 2
 
 

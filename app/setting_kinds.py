@@ -220,8 +220,6 @@ class Maybe(Generic[T]):
         return "" if value is None else self.kind.render(value)
 
 
-
-
 class Secret(Generic[T]):
     """A value that never prints: its repr and str are masked, so a log line, a traceback's locals or
     a Settings repr cannot show it; :meth:`reveal` hands it to the one place that needs it."""
@@ -315,28 +313,53 @@ class Setting(Generic[T]):
     def __get__(self, instance: object | None, owner: type) -> Setting[T] | T:
         if instance is None:
             return self
-        raise AttributeError(f"{self.field} was not read: build settings with Settings.from_env")
+        raise AttributeError(f"{self.field} was not read: build settings with Settings.from_env, with this process's "
+                             "uses (app/setting_uses.py) naming it")
 
     def __repr__(self) -> str:
         return f"Setting({self.env})"
 
-    def read(self, env: Mapping[str, str]) -> T:
+    @property
+    def page(self) -> str:
+        """Where docs/configuration.md explains it (its row's anchor), for the end of a refusal."""
+        return f"docs/configuration.md#{self.env.lower()}"
+
+    def text(self, env: Mapping[str, str]) -> str:
+        """The variable's text; a secret's may come from the file ``<NAME>_FILE`` names (a mounted
+        Secret), its one trailing newline dropped, as an editor or ``echo`` leaves one."""
         raw = env.get(self.env, "")
+        path = env.get(f"{self.env}_FILE", "") if self.is_secret else ""
+        if not path:
+            return raw
+        if raw:
+            raise SettingsError(f"{self.env} and {self.env}_FILE are both set: keep one ({self.page})")
+        try:
+            with open(path, encoding="utf-8") as file:
+                content = file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+            raise SettingsError(f"{self.env}_FILE={path!r}: {reason.lower()}; it takes the path of a readable file "
+                                f"holding {self.env} ({self.page})") from None
+        return content.removesuffix("\n").removesuffix("\r")
+
+    def read(self, env: Mapping[str, str]) -> T:
+        raw = self.text(env)
         if raw == "":  # an empty variable counts as unset, so "" can pass on "off" (Maybe)
             if self.default is REQUIRED:
                 raise SettingsError(f"{self.env} is not set or is empty: {self.description}; it takes "
-                                    f"{self.kind.accepts} (see docs/configuration.md)")
+                                    f"{self.kind.accepts} ({self.page})")
             return self.default
         try:
             return self.kind.parse(raw)
         except ValueError as exc:
             shown = f"{self.env} (value withheld)" if self.is_secret else f"{self.env}={raw!r}"
-            raise SettingsError(f"{shown}: {exc}; it takes {self.kind.accepts}") from None
+            raise SettingsError(f"{shown}: {exc}; it takes {self.kind.accepts} ({self.page})") from None
 
     def value(self, settings: object) -> T:
-        found = getattr(settings, self.field)
-        # a keyed row not read (a disabled gateway's secret) is None
-        return found if self.key is None else found.get(self.key)  # type: ignore[no-any-return]
+        # a row not read (a disabled gateway's secret, a required setting the process does not use) is None
+        found: Any = vars(settings).get(self.field)
+        value: T = found if self.key is None or found is None else found.get(self.key)
+        return value
 
     def text_default(self) -> str:
         if self.default is REQUIRED:

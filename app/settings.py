@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from app.address_kinds import Dsn, File, HostPorts, Port, Url
 from app.gateways import registry
 from app.kafka_client import SaslMechanism, SecurityProtocol, security_errors
 from app.setting_kinds import (
@@ -75,9 +76,9 @@ class Settings:
     share ``secrets``). A default is the typed value, ``dev`` the text `orderly dev` uses. Frozen:
     :meth:`with_overrides` makes a changed copy."""
 
-    kafka_bootstrap = Setting("ORDERLY_KAFKA", Text(what="host:port, comma-separated"), REQUIRED,
+    kafka_bootstrap = Setting("ORDERLY_KAFKA", HostPorts(), REQUIRED,
             "Kafka bootstrap servers", dev="127.0.0.1:19092")
-    postgres_dsn = Setting("ORDERLY_POSTGRES_DSN", Hidden(Text(what="a postgresql:// DSN")), REQUIRED,
+    postgres_dsn = Setting("ORDERLY_POSTGRES_DSN", Hidden(Dsn()), REQUIRED,
             "PostgreSQL DSN", dev="postgresql://postgres@127.0.0.1:15432/postgres")
     # The enabled gateways (DESIGN.md §2.7): their webhook routes and other routes are served, their
     # secrets read; a disabled gateway's routes answer 404 and its secret is not asked for.
@@ -95,8 +96,8 @@ class Settings:
      admin_roles_claim, admin_role_map, admin_session_idle_s, admin_session_max_s, admin_trusted_proxies) = IDENTITY
     admin_host = Setting("ORDERLY_ADMIN_HOST", Text(what="a host name or address"), "127.0.0.1",
             "admin API and console bind address (never expose it to the gateways)")
-    admin_port = Setting("ORDERLY_ADMIN_PORT", Integer(minimum=0), 8070, "admin API and console port")
-    effects_url = Setting("ORDERLY_EFFECTS_URL", Maybe(Text(what="a URL")), None,
+    admin_port = Setting("ORDERLY_ADMIN_PORT", Port(minimum=0), 8070, "admin API and console port")
+    effects_url = Setting("ORDERLY_EFFECTS_URL", Maybe(Url()), None,
             "where the effects worker delivers effects (unset: recorded, not delivered)")
     effects_secret = Setting("ORDERLY_EFFECTS_SECRET",
             Maybe(Hidden(Text(r"whsec_[A-Za-z0-9+/]{16,}={0,2}", "`whsec_` and a base64 key of 12+ bytes"))), None,
@@ -126,12 +127,12 @@ class Settings:
             "SASL user name (required with `sasl_*`)")
     kafka_sasl_password = Setting("ORDERLY_KAFKA_SASL_PASSWORD", Maybe(Hidden(Text())), None,
             "SASL password (required with `sasl_*`)")
-    kafka_ssl_cafile = Setting("ORDERLY_KAFKA_SSL_CAFILE", Maybe(Text(what="a PEM file path")), None,
+    kafka_ssl_cafile = Setting("ORDERLY_KAFKA_SSL_CAFILE", Maybe(File("a readable PEM file's path")), None,
             "CA certificates the brokers' certificates are checked against (`ssl`, `sasl_ssl`); unset: the "
             "system's")
-    kafka_ssl_certfile = Setting("ORDERLY_KAFKA_SSL_CERTFILE", Maybe(Text(what="a PEM file path")), None,
+    kafka_ssl_certfile = Setting("ORDERLY_KAFKA_SSL_CERTFILE", Maybe(File("a readable PEM file's path")), None,
             "client certificate chain for brokers that require one (mutual TLS); may hold the key too")
-    kafka_ssl_keyfile = Setting("ORDERLY_KAFKA_SSL_KEYFILE", Maybe(Text(what="a PEM file path")), None,
+    kafka_ssl_keyfile = Setting("ORDERLY_KAFKA_SSL_KEYFILE", Maybe(File("a readable PEM file's path")), None,
             "the client certificate's private key, if not in `ORDERLY_KAFKA_SSL_CERTFILE`")
     kafka_ssl_key_password = Setting("ORDERLY_KAFKA_SSL_KEY_PASSWORD", Maybe(Hidden(Text())), None,
             "password of an encrypted client key")
@@ -144,7 +145,7 @@ class Settings:
             "orderly", "topic prefix and PostgreSQL schema")
     ingest_host = Setting("ORDERLY_INGEST_HOST", Text(what="a host name or address"), "127.0.0.1",
             "ingest bind address")
-    ingest_port = Setting("ORDERLY_INGEST_PORT", Integer(minimum=0), 8080, "ingest port")
+    ingest_port = Setting("ORDERLY_INGEST_PORT", Port(minimum=0), 8080, "ingest port")
     append_timeout_s = Setting("ORDERLY_APPEND_TIMEOUT_S", Number(), 5.0,
             "deadline in seconds for a Kafka append before answering 503")
     read_timeout_s = Setting("ORDERLY_READ_TIMEOUT_S", Number(), 10.0,
@@ -190,7 +191,7 @@ class Settings:
             "per core")
     data_dir = Setting("ORDERLY_DATA_DIR", Directory(), Path(".orderly"),
             "where `orderly dev` keeps Kafka and PostgreSQL data")
-    metrics_port = Setting("ORDERLY_METRICS_PORT", Integer(minimum=0), 0,
+    metrics_port = Setting("ORDERLY_METRICS_PORT", Port(minimum=0), 0,
             "`/metrics` port of ingest, worker, projector, effects, fetcher (`0`: off; the admin serves it on "
             "its own port); `orderly dev` gives each a port of its own (a free port if that one is taken)")
     metrics_host = Setting("ORDERLY_METRICS_HOST", Text(what="a host name or address"), "127.0.0.1",
@@ -206,8 +207,8 @@ class Settings:
     effects_lease_s = Setting("ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
             "seconds before a claimed, undelivered effect may be claimed again")
     # The API base of each gateway the fetcher can ask (its registry line's ``fetch``).
-    api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Text(what="a URL")), None,
-                                      g.fetch.api_help) for g in registry.GATEWAYS.values() if g.fetch})
+    api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Url()), None, g.fetch.api_help)
+                      for g in registry.GATEWAYS.values() if g.fetch})
     # The key each gateway's API takes, for those whose ``fetch`` declares one (``key_help``).
     api_keys = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_KEY", Maybe(Hidden(Text())), None,
                                       g.fetch.key_help)
@@ -262,13 +263,18 @@ class Settings:
         return max(busy, self.worker_commit_interval_s)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Every setting read; every refusal reported at once, so one start says all that is wrong."""
+    def from_env(cls, env: Mapping[str, str] | None = None, uses: Collection[str] | None = None) -> Settings:
+        """Every setting read; every refusal reported at once (a line each), so one start says all
+        that is wrong. ``uses``: the fields a process uses (app/setting_uses.py): a required setting
+        outside them is not read (nor held: reading it raises AttributeError), so that no process is
+        refused for a secret or a connection it does not use; an optional one is read as ever."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         errors: list[str] = []
         for row in TABLE:  # (ORDERLY_GATEWAYS, read first, refused: no secret is asked for)
             if row.field == "secrets" and row.key not in values.get("gateways", ()):
+                continue
+            if uses is not None and row.field not in uses and row.default is REQUIRED:
                 continue
             try:
                 value = row.read(env)
@@ -283,7 +289,8 @@ class Settings:
             raise SettingsError("\n".join(errors))
         values.setdefault("secrets", {})
         settings = cls._of(values)
-        if problems := security_errors(settings) + _combination_errors(settings):
+        kafka = security_errors(settings) if "kafka_bootstrap" in values else []
+        if problems := kafka + _combination_errors(settings):
             raise SettingsError("\n".join(problems))
         return settings
 
@@ -312,8 +319,10 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """The environment that makes a child process build these same settings. Every variable is
-        set, an unset one as empty, so that it also overrides what the parent's environment holds."""
-        return {row.env: "" if (value := row.value(self)) is None else row.kind.render(value) for row in TABLE}
+        set, an unset one as empty, so that it also overrides what the parent's environment holds
+        (a secret's ``<NAME>_FILE`` too: the value is passed itself)."""
+        env = {row.env: "" if (value := row.value(self)) is None else row.kind.render(value) for row in TABLE}
+        return env | {f"{row.env}_FILE": "" for row in TABLE if row.is_secret}
 
 
 def _combination_errors(settings: Settings) -> list[str]:
@@ -353,13 +362,15 @@ def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings.from_env({**DEV_DEFAULTS, **env})
 
 
-def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings for a command an operator runs by hand: from the environment, or — when it names no
-    Kafka or PostgreSQL — from the ``stack.json`` of an `orderly dev` running next to it (in
-    ``ORDERLY_DATA_DIR``, default ``.orderly``), with the development defaults for the rest."""
+def operator_settings(env: Mapping[str, str] | None = None, uses: Collection[str] | None = None) -> Settings:
+    """Settings for a command an operator runs by hand (using ``uses``, as from_env): from the
+    environment, or — when it lacks the Kafka or the PostgreSQL the command uses — from the
+    ``stack.json`` of an `orderly dev` running next to it (in ``ORDERLY_DATA_DIR``, default
+    ``.orderly``), with the development defaults for the rest."""
     env = os.environ if env is None else env
-    if env.get("ORDERLY_KAFKA") and env.get("ORDERLY_POSTGRES_DSN"):
-        return Settings.from_env(env)
+    wanted = [r.env for r in (Settings.kafka_bootstrap, Settings.postgres_dsn) if uses is None or r.field in uses]
+    if all(env.get(v) or env.get(f"{v}_FILE") for v in wanted):
+        return Settings.from_env(env, uses)
     stack_file = Path(env.get("ORDERLY_DATA_DIR") or ".orderly") / "stack.json"
     try:
         stack = json.loads(stack_file.read_text())
@@ -368,8 +379,9 @@ def operator_settings(env: Mapping[str, str] | None = None) -> Settings:
             found["ORDERLY_NAMESPACE"] = str(stack["namespace"])
     except (OSError, ValueError, KeyError, TypeError):
         try:
-            return Settings.from_env(env)
+            return Settings.from_env(env, uses)
         except SettingsError as exc:
-            raise SettingsError(f"{exc}\n(and no running `orderly dev` was found: {stack_file} is missing or "
-                                "unreadable)") from None
+            first, *more = str(exc).split("\n")
+            raise SettingsError("\n".join([f"{first} (and no running `orderly dev` was found: {stack_file} is "
+                                            "missing or unreadable)", *more])) from None
     return dev_settings({**env, **found})

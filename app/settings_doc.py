@@ -7,22 +7,33 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.setting_uses import PROCESSES
 from app.settings import TABLE
 
 
+def used_by(field: str) -> str:
+    """The production processes that use a setting (app/setting_uses.py): those that require it when
+    it is required, and `orderly check PROCESS` checks."""
+    users = [name for name, fields in PROCESSES.items() if field in fields]
+    return "every process" if len(users) == len(PROCESSES) else ", ".join(users) or "commands only"
+
+
 def markdown_table() -> str:
-    """docs/configuration.md's table, rendered from TABLE."""
+    """docs/configuration.md's table, rendered from TABLE; each variable's row has an anchor (its
+    name in lower case) that the refusals name."""
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
     def code(text: str) -> str:
         return f"`{text}`" if text not in ("required", "unset") else text
 
-    lines = ["| variable | accepts | default | `orderly dev` default (if other) | meaning |", "|---|---|---|---|---|"]
+    lines = ["| variable | accepts | default | `orderly dev` default (if other) | used by | meaning |",
+             "|---|---|---|---|---|---|"]
     for row in TABLE:
         dev = code(row.dev) if row.dev is not None else ""
-        lines.append(f"| `{row.env}` | {cell(row.kind.accepts)} | {code(row.text_default())} | {dev} "
-                     f"| {cell(row.description)} |")
+        name = f'<a id="{row.env.lower()}"></a>`{row.env}`' + (f" (or `{row.env}_FILE`)" if row.is_secret else "")
+        lines.append(f"| {name} | {cell(row.kind.accepts)} | {code(row.text_default())} | {dev} "
+                     f"| {used_by(row.field)} | {cell(row.description)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""Which settings each production process reads, from its code (test support for the Helm chart).
+"""Which settings each process reads, from its code: what tests/unit/test_setting_uses.py holds
+app/setting_uses.py's table to (and through it, the Helm chart's environments).
 
 A process is a `cmd_<name>` of app/cli.py. What it reads is every ``settings.<field>`` (or
 ``<x>.settings.<field>``, ``s.<field>``) in the modules its command imports, transitively within
@@ -19,7 +20,6 @@ from app.settings import TABLE, Settings
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("app", "topics", "projections")
 FIELDS = frozenset(row.field for row in TABLE)
-PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin", "migrate")
 SHARED_START = ("_process", "use_logging")  # app/cli.py: what a command that runs `_process` runs first
 
 
@@ -116,9 +116,3 @@ def fields_read(process: str) -> frozenset[str]:
     for name in list(names):
         names |= properties.get(name, set())
     return frozenset(names & FIELDS)
-
-
-def variables_read(process: str) -> frozenset[str]:
-    """The environment variables ``process`` reads (every gateway's secret row for ``secrets``)."""
-    fields = fields_read(process)
-    return frozenset(row.env for row in TABLE if row.field in fields)

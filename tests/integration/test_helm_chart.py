@@ -1,7 +1,8 @@
 """The Helm chart deploy/helm/orderly: `helm lint`, `helm template` with the default values and a
 production-shaped file, every object checked against the Kubernetes 1.31 schemas (the
-kubernetes-validate wheel, offline), and each process's environment held to what its code reads
-(tests/integration/process_settings.py) and to what app/settings.py refuses to start without.
+kubernetes-validate wheel, offline), and each process's environment held to the settings it uses
+(app/setting_uses.py, the table it requires its settings by) and to what app/settings.py refuses to
+start without.
 
 helm comes from `make helm-tools` (deploy/helm/tools.sh); without it these tests fail, never skip.
 The Prometheus Operator's ServiceMonitor and PrometheusRule: against the models generated from its
@@ -27,8 +28,8 @@ import pytest
 import yaml
 
 from app.setting_kinds import REQUIRED as SETTING_REQUIRED
+from app.setting_uses import PROCESSES, USES
 from app.settings import DEV_DEFAULTS, GATEWAYS, TABLE, Settings, SettingsError
-from tests.integration.process_settings import PROCESSES, variables_read
 from tests.kafka_security import issue, make_ca
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ RENDERS: dict[str, list[str]] = {
     "default": [],
     "production": ["-f", str(PRODUCTION)],
     "mutual-tls": ["-f", str(PRODUCTION), *MUTUAL_TLS],
-    "per-process": ["-f", str(PRODUCTION), "--set", "everyProcessRequiresEverySecret=false"],
+    "two-gateways": ["-f", str(PRODUCTION), "--set", "gateways={pg,card}", "--set", "gatewaysSetting=true"],
 }
 
 
@@ -281,25 +282,28 @@ def resolved(env: dict[str, dict[str, Any]], tls: Path) -> dict[str, str]:
     return values
 
 
-def settings_problems(process: str, env: dict[str, dict[str, Any]], per_process: bool, tls: Path) -> list[str]:
+def uses(process: str, gateways: frozenset[str]) -> frozenset[str]:
+    """The variables ``process`` uses (app/setting_uses.py), with the enabled gateways' secrets."""
+    fields = USES[process]
+    return frozenset(row.env for row in TABLE if row.field in fields and row.field != "secrets") | (
+        gateways if "secrets" in fields else frozenset())
+
+
+def settings_problems(process: str, env: dict[str, dict[str, Any]], tls: Path) -> list[str]:
     """Why a container's environment is not exactly what ``process`` needs ([] when it is): a
-    variable that is no setting, a setting the process never reads, a required one missing, or an
-    environment app/settings.py refuses."""
+    variable that is no setting, a setting the process does not use, a required one missing, or an
+    environment app/settings.py refuses (read as the process reads it, nothing filled in)."""
     problems = []
     if unknown := set(env) - set(ROWS) - GATEWAY_SECRETS:
         problems.append(f"{process}: {sorted(unknown)} are no settings of Orderly's")
-    reads = variables_read(process)
-    if reads & GATEWAY_SECRETS:  # it reads `secrets`: every gateway's
-        reads |= GATEWAY_SECRETS
-    # today every process refuses to start without every required setting (the gateways' secrets among them)
-    demanded = frozenset() if per_process else REQUIRED | GATEWAY_SECRETS
-    if unread := set(env) - reads - demanded:
-        problems.append(f"{process} is given {sorted(unread)}, which it never reads")
-    if missing := REQUIRED & reads - set(env):
+    enabled = env["ORDERLY_GATEWAYS"]["value"].split(",") if "ORDERLY_GATEWAYS" in env else GATEWAYS
+    used = uses(process, frozenset(f"ORDERLY_SECRET_{g.upper()}" for g in enabled))
+    if unused := set(env) - used:
+        problems.append(f"{process} is given {sorted(unused)}, which it does not use")
+    if missing := (REQUIRED | GATEWAY_SECRETS) & used - set(env):
         problems.append(f"{process} lacks {sorted(missing)}")
-    # it starts: the required settings it does not read (not given per process) filled in
     try:
-        Settings.from_env({**{v: DEV_DEFAULTS[v] for v in REQUIRED - reads}, **resolved(env, tls)})
+        Settings.from_env(resolved(env, tls), USES[process])
     except SettingsError as exc:
         problems.append(f"{process}: {exc}")
     return problems
@@ -310,22 +314,22 @@ def settings_problems(process: str, env: dict[str, dict[str, Any]], per_process:
 def test_each_process_gets_exactly_the_settings_it_reads(rendered: dict[str, list[dict[str, Any]]], tls_files: Path,
                                                         render: str, process: str) -> None:
     (container,) = [c for name, c in containers(rendered[render]) if name == process]
-    assert settings_problems(process, env_of(container), render == "per-process", tls_files) == []
+    assert settings_problems(process, env_of(container), tls_files) == []
 
 
 def test_a_setting_too_many_or_too_few_is_caught(helm: str, tls_files: Path) -> None:
     """The check can fail: a setting the process never reads, one it needs taken away, a value refused."""
     objects = template(helm, "--set", "worker.env.ORDERLY_ADMIN_PORT=9000", "--set", "projector.env.ORDERLY_NOPE=1",
                        "--set", "fetcher.env.ORDERLY_FETCH_RATE_PER_S=fast")
-    found = {name: settings_problems(name, env_of(c), False, tls_files) for name, c in containers(objects)}
-    assert found["worker"] == ["worker is given ['ORDERLY_ADMIN_PORT'], which it never reads"]
+    found = {name: settings_problems(name, env_of(c), tls_files) for name, c in containers(objects)}
+    assert found["worker"] == ["worker is given ['ORDERLY_ADMIN_PORT'], which it does not use"]
     assert found["projector"][0] == "projector: ['ORDERLY_NOPE'] are no settings of Orderly's"
     assert "ORDERLY_FETCH_RATE_PER_S" in found["fetcher"][0]
     assert found["ingest"] == found["admin"] == []
     (ingest,) = [c for name, c in containers(objects) if name == "ingest"]
     env = env_of(ingest)
     del env["ORDERLY_SECRET_PAYMOS"]
-    lacking = settings_problems("ingest", env, True, tls_files)
+    lacking = settings_problems("ingest", env, tls_files)
     assert lacking[0] == "ingest lacks ['ORDERLY_SECRET_PAYMOS']" and "ORDERLY_SECRET_PAYMOS is not set" in lacking[1]
 
 
@@ -347,16 +351,18 @@ def test_every_secret_comes_from_a_secret(rendered: dict[str, list[dict[str, Any
 def test_a_secret_reference_only_for_the_enabled_gateways(helm: str) -> None:
     assert set(GATEWAYS) <= set(yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))["gateways"])
     objects = template(helm, "--set", "gateways={pg,card}")
-    for _, container in containers(objects):
+    for process, container in containers(objects):
         named = {n for n in env_of(container) if n.startswith("ORDERLY_SECRET_")}
         refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"] if e["name"] in named}
-        assert refs == {"ORDERLY_SECRET_PG": "pg", "ORDERLY_SECRET_CARD": "card"}
-    per_process = template(helm, "--set", "gateways={stripe}", "--set", "everyProcessRequiresEverySecret=false",
-                           "--set", "gatewaysSetting=true")
+        assert refs == ({"ORDERLY_SECRET_PG": "pg", "ORDERLY_SECRET_CARD": "card"} if process == "ingest" else {})
+    per_process = template(helm, "--set", "gateways={stripe}", "--set", "gatewaysSetting=true")
     for process, container in containers(per_process):
         env = env_of(container)
         assert ("ORDERLY_SECRET_STRIPE" in env) is (process == "ingest")
-        assert env["ORDERLY_GATEWAYS"]["value"] == "stripe"
+        if "gateways" in USES[process]:
+            assert env["ORDERLY_GATEWAYS"]["value"] == "stripe"
+        else:
+            assert "ORDERLY_GATEWAYS" not in env, process
 
 
 @pytest.mark.parametrize(("value", "refusal"), [

@@ -27,4 +27,5 @@ def test_the_prometheus_rule_template_reads_the_copy() -> None:
 def test_the_default_gateways_cover_the_registry() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
     assert set(GATEWAYS) <= set(values["gateways"])
-    assert values["everyProcessRequiresEverySecret"] is True  # what today's processes need to start
+    # each process requires only what it uses (app/setting_uses.py): no switch to give every one every secret
+    assert "everyProcessRequiresEverySecret" not in values

@@ -134,6 +134,7 @@ def refusal(env: dict[str, str]) -> str:
 
 
 SASL_SSL = {"ORDERLY_KAFKA_SECURITY_PROTOCOL": "sasl_ssl"}
+A_FILE = __file__  # a file that is there and readable (a path that is not is refused by the row alone)
 
 
 @pytest.mark.parametrize(("env", "reason"), [
@@ -148,11 +149,11 @@ SASL_SSL = {"ORDERLY_KAFKA_SECURITY_PROTOCOL": "sasl_ssl"}
      "ORDERLY_KAFKA_SASL_USERNAME, ORDERLY_KAFKA_SASL_PASSWORD are set, but ORDERLY_KAFKA_SECURITY_PROTOCOL="
      "plaintext does not authenticate with SASL"),
     ({"ORDERLY_KAFKA_SECURITY_PROTOCOL": "sasl_plaintext", "ORDERLY_KAFKA_SASL_MECHANISM": "plain",
-      "ORDERLY_KAFKA_SASL_USERNAME": "u", "ORDERLY_KAFKA_SASL_PASSWORD": "p", "ORDERLY_KAFKA_SSL_CAFILE": "/ca.pem"},
+      "ORDERLY_KAFKA_SASL_USERNAME": "u", "ORDERLY_KAFKA_SASL_PASSWORD": "p", "ORDERLY_KAFKA_SSL_CAFILE": A_FILE},
      "ORDERLY_KAFKA_SSL_CAFILE is set, but ORDERLY_KAFKA_SECURITY_PROTOCOL=sasl_plaintext does not use TLS"),
     ({"ORDERLY_KAFKA_SECURITY_PROTOCOL": "ssl", "ORDERLY_KAFKA_SSL_CAFILE": "/nowhere/ca.pem"},
      "ORDERLY_KAFKA_SSL_CAFILE='/nowhere/ca.pem': no such file"),
-    ({"ORDERLY_KAFKA_SECURITY_PROTOCOL": "ssl", "ORDERLY_KAFKA_SSL_KEYFILE": "/k.pem"},
+    ({"ORDERLY_KAFKA_SECURITY_PROTOCOL": "ssl", "ORDERLY_KAFKA_SSL_KEYFILE": A_FILE},
      "ORDERLY_KAFKA_SSL_KEYFILE is set without ORDERLY_KAFKA_SSL_CERTFILE"),
     ({"ORDERLY_KAFKA_SECURITY_PROTOCOL": "ssl", "ORDERLY_KAFKA_SSL_KEY_PASSWORD": "s3cret-never-shown"},
      "ORDERLY_KAFKA_SSL_KEY_PASSWORD is set without a client certificate"),

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.address_kinds import Dsn, File, HostPorts, Port, Url
 from app.setting_kinds import (
     REQUIRED,
     Choice,
@@ -43,6 +44,10 @@ CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md
 ROWS = {row.env: row for row in TABLE}
 
 
+HOSTS = st.sampled_from(["localhost", "127.0.0.1", "kafka-1.payments.svc", "[::1]", "db"])
+PORTS = st.integers(min_value=1, max_value=65535)
+
+
 def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
     """Environment text that ``kind`` accepts."""
     match kind:
@@ -65,6 +70,19 @@ def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
             return st.lists(part, min_size=1, max_size=3).map(",".join)
         case Directory():
             return st.text(min_size=1)
+        case HostPorts():
+            return st.lists(st.tuples(HOSTS, PORTS), min_size=1, max_size=3).map(
+                lambda pairs: ",".join(f"{h}:{p}" for h, p in pairs))
+        case Url():
+            return st.tuples(st.sampled_from(["http", "https"]), HOSTS, st.one_of(st.just(""), PORTS.map(":{}".format)),
+                             st.sampled_from(["", "/", "/effects", "/v1?x=1"])).map(lambda u: f"{u[0]}://{''.join(u[1:])}")
+        case Dsn():
+            return st.tuples(st.sampled_from(["postgresql", "postgres"]), HOSTS, PORTS).map(
+                lambda d: f"{d[0]}://orderly:pw@{d[1]}:{d[2]}/orderly")
+        case Port(minimum=minimum):
+            return st.integers(min_value=minimum, max_value=65535).map(str)
+        case File():
+            return st.just(__file__)
         case Maybe(kind=inner) | Hidden(kind=inner):
             return texts(inner)
     raise AssertionError(f"no strategy for {kind!r}: add one for the new kind")
@@ -135,7 +153,8 @@ def test_dev_defaults_build() -> None:
 def test_every_setting_round_trips_through_a_childs_environment(env: dict[str, str]) -> None:
     settings = Settings.from_env(env)
     child = settings.to_env()
-    assert set(child) == set(ROWS)  # every variable set, so none is inherited from the parent's environment
+    # every variable set, so none is inherited from the parent's environment (nor a secret's file)
+    assert set(child) == set(ROWS) | {f"{row.env}_FILE" for row in TABLE if row.is_secret}
     assert Settings.from_env(child) == settings
     assert Settings.from_env(child).to_env() == child
     for row in TABLE:
@@ -274,7 +293,9 @@ def test_read_timeout_must_be_a_finite_positive_number(value: str) -> None:
 
 def test_the_markdown_table_has_a_row_per_variable() -> None:
     lines = markdown_table().splitlines()
-    assert [line.split(" | ")[0].removeprefix("| `").rstrip("`") for line in lines[2:]] == list(ROWS)
+    names = [re.search(r"`(ORDERLY_\w+)`", line.split(" | ")[0]) for line in lines[2:]]
+    assert [name.group(1) if name else None for name in names] == list(ROWS)
+    assert all(f'<a id="{env.lower()}"></a>' in line for env, line in zip(ROWS, lines[2:], strict=True))
 
 
 def test_the_configuration_table_is_the_generated_one() -> None:

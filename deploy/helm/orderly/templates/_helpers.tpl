@@ -53,7 +53,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/*
 The environment of one process: dict "root" $ "process" "ingest". What every process reads
 (Kafka, PostgreSQL, the namespace, logging), then what only this one reads, then its `env` value.
-tests/integration/test_helm_chart.py holds each process's list to what its code reads.
+tests/integration/test_helm_chart.py holds each process's list to app/setting_uses.py's table.
 */}}
 {{- define "orderly.env" -}}
 {{- $v := .root.Values -}}
@@ -135,12 +135,12 @@ tests/integration/test_helm_chart.py holds each process's list to what its code 
 {{ include "orderly.secretEnv" (dict "name" "ORDERLY_ADMIN_OIDC_CLIENT_SECRET" "ref" $v.secrets.adminOidcClientSecret) }}
 {{- end }}
 {{- end }}
-{{- if or (eq $p "ingest") $v.everyProcessRequiresEverySecret }}
-{{- /* the ingest checks the signatures and serves the correlation API; the others only while every process requires them */}}
+{{- if eq $p "ingest" }}
+{{- /* the ingest checks the signatures and serves the correlation API; no other process uses them (app/setting_uses.py) */}}
 {{ include "orderly.secretEnv" (dict "name" "ORDERLY_API_TOKEN" "ref" $v.secrets.apiToken) }}
 {{- include "orderly.gatewaySecrets" .root }}
 {{- end }}
-{{- if $v.gatewaysSetting }}
+{{- if and $v.gatewaysSetting (has $p (list "ingest" "fetcher" "admin")) }}{{/* the processes that use it */}}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_GATEWAYS" "value" (join "," $v.gateways)) }}
 {{- end }}
 {{- $extra := index $v $p "env" }}
