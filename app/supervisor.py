@@ -41,7 +41,6 @@ log = logging.getLogger("orderly.dev")
 # The production processes that exist so far, each started as `orderly <name>`.
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
 CHILD_STOP_S = 10.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
-SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
 STATIC_MEMBERS = ("projector", "effects", "fetcher")  # consumer groups' static members (ORDERLY_INSTANCE_ID)
 
 
@@ -63,7 +62,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
-    metrics_port: int = 0  # 0: the process serves no /metrics of its own (ingest serves it on its port)
+    metrics_port: int = 0  # 0: the process serves no /metrics
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -149,7 +148,8 @@ class Stack:
         env = {**os.environ, **settings.to_env(), "ORDERLY_WORKER_INSTANCE_ID": "", "ORDERLY_INSTANCE_ID": ""}
         # One child per process; with more than one worker they are worker-1, worker-2, … in one
         # consumer group, each with a state folder of its own (RocksDB holds a lock per partition).
-        # Every process but the admin serves /metrics on a port of its own from the ingest port + 1.
+        # Every process serves /metrics on a port of its own from the ingest port + 1 (never on the
+        # webhook port, nor on the admin's, where every route but sign-in and health needs a credential).
         named: list[tuple[str, str, dict[str, str]]] = []
         for name in processes:
             if name == "worker" and workers > 1:
@@ -165,7 +165,7 @@ class Stack:
                 named.append((name, name, {}))
         self.children = [
             Child(child, [sys.executable, "-m", "app.cli", command], {**env, **extra}, self.data_dir / f"{child}.log",
-                  metrics_port=settings.ingest_port + 1 + i if command not in SERVES_OWN_METRICS else 0)
+                  metrics_port=settings.ingest_port + 1 + i)
             for i, (child, command, extra) in enumerate(named)
         ]
 
@@ -200,8 +200,8 @@ class Stack:
                 c.name: f"http://{host}:{c.metrics_port}/metrics" for c in self.children if c.metrics_port
             },
             "processes": {c.name: {"pid": c.proc.pid if c.proc else None,
-                                   "port": self.settings.ingest_port if c.name == "ingest"
-                                   else c.metrics_port or self.settings.admin_port,
+                                   "port": {"ingest": self.settings.ingest_port,
+                                            "admin": self.settings.admin_port}.get(c.name, c.metrics_port),
                                    "metrics_port": c.metrics_port or None}
                           for c in self.children},
             "postgres": {"pid": self.postgres.proc.pid if self.postgres.proc else None, "port": self.postgres.port},

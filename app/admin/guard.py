@@ -18,9 +18,10 @@ from app.admin.sessions import Identity
 log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# The API document and /metrics hold no resource data; the admin port is never internet-facing.
+# Sign-in, health and the console's static files: everything else asks for a credential. /metrics
+# is not on this port at all (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT, app/admin/app.py).
 PUBLIC = {"/login", "/auth/start", "/auth/callback", "/openapi.json", "/static/console.css", "/static/console.js",
-          "/healthz", "/metrics"}
+          "/healthz"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",

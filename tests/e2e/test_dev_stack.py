@@ -100,10 +100,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "replication_factor": 1, "min_insync_replicas": 1,
                          "metrics_url": f"http://127.0.0.1:{ingest_port + 1}/metrics"}
-        assert sorted(process_metrics) == ["effects", "fetcher", "ingest", "projector", "worker"]
+        assert sorted(process_metrics) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
         assert sorted(processes) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
         assert processes["ingest"]["port"] == ingest_port and processes["admin"]["port"] == admin_port
-        assert processes["admin"]["metrics_port"] is None  # on its own port, behind nothing
+        assert processes["admin"]["metrics_port"] not in (None, admin_port)  # a bind of its own, like every process
         for name, url in process_metrics.items():
             assert url == f"http://127.0.0.1:{processes[name]['metrics_port']}/metrics"
         assert [(b["node_id"], b["port"]) for b in brokers] == [(1, kafka_port)]
@@ -135,6 +135,9 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             # the admin serves behind its token on its own port; the webhook port serves no resource data
             async with http.get(f"{stack['admin_url']}/api/overview") as resp:
                 assert resp.status == 401
+            async with http.get(f"{stack['admin_url']}/metrics", allow_redirects=False) as resp:
+                assert resp.status == 401  # not served on the admin port, and nothing there answers without a credential
+            assert "orderly_admin_requests_total" in await eventually_get(http, process_metrics["admin"])
             async with http.get(f"{stack['admin_url']}/api/overview",
                                 headers={"Authorization": f"Bearer {admin_token(settings)}"}) as resp:
                 assert resp.status == 200 and "parked" in await resp.json()
