@@ -7,13 +7,14 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from app.seams import UnsupportedVersion, check_versions
-from app.settings import Settings, SettingsError, dev_settings
+from app.settings import Settings, SettingsError, dev_settings, stack_credentials
 from topics.catalog import names
 
 
@@ -115,11 +116,12 @@ def _embedded_stack(run: Callable[[], int]) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from app.stack.credentials import stack_settings
     from app.supervisor import run_dev
 
-    settings = dev_settings()
+    settings, made = stack_settings(dict(os.environ))  # random credentials, each stack its own
     use_logging(settings)
-    return _embedded_stack(lambda: run_dev(settings, brokers=args.brokers, workers=args.workers))
+    return _embedded_stack(lambda: run_dev(settings, brokers=args.brokers, workers=args.workers, made=made))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -132,8 +134,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"orderly demo: --fetch-api: {exc}", file=sys.stderr)
         return 2
-    return _embedded_stack(lambda: run_demo(dev_settings(), size, keep=getattr(args, "keep", False),
-                                            fetch_apis=fetch_apis))
+    from app.stack.credentials import stack_settings
+
+    settings, made = stack_settings(dict(os.environ))  # random credentials, each stack its own
+    return _embedded_stack(lambda: run_demo(settings, size, keep=getattr(args, "keep", False),
+                                            fetch_apis=fetch_apis, made=made))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -221,7 +226,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from app.simulator.cli import run
 
-    return run(dev_settings(), args)
+    # a running `orderly dev`'s credentials (its stack.json), the environment's over them
+    return run(dev_settings({**stack_credentials(), **os.environ}), args)
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:

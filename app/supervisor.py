@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from app.bootstrap import prepare
 from app.settings import Settings
+from app.stack import credentials
 from app.stack.kafka import KafkaBroker, KafkaCluster
 from app.stack.postgres import PostgresServer
 from app.stack.process import (
@@ -218,7 +219,14 @@ class Stack:
         return self.data_dir / "stack.json"
 
     def write_stack_file(self) -> None:
-        self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        """stack.json holds the stack's credentials: created mode 0600 (never readable by others, not
+        even for a moment) and moved into place whole."""
+        draft = self.stack_file.with_name(f".{self.stack_file.name}.{os.getpid()}")
+        draft.unlink(missing_ok=True)
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({**self.describe(), "credentials": credentials.of(self.settings)}, indent=2) + "\n")
+        os.replace(draft, self.stack_file)
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -318,12 +326,14 @@ def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: 
         time.sleep(0.2)
 
 
-def run_dev(settings: Settings, brokers: int = 1, workers: int = 1) -> int:
+def run_dev(settings: Settings, brokers: int = 1, workers: int = 1, made: dict[str, str] | None = None) -> int:
+    """``made``: the credentials app/stack/credentials.py drew for this stack (printed)."""
     stack = Stack(settings, brokers=brokers, workers=workers)
 
     def started() -> None:
         stack.start()
         print(json.dumps(stack.describe(), indent=2), flush=True)
+        print(credentials.announce(made or {}, stack.stack_file), flush=True)
         print(f"stack description written to {stack.stack_file}; Ctrl-C stops", flush=True)
 
     try:

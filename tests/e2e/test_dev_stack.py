@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -86,6 +87,12 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     proc = start_dev(env, log)
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        # this stack's own credentials, random, in a file only its user may read
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600
+        made = stack.pop("credentials")
+        assert made["ORDERLY_ADMIN_TOKEN"] in log.read_text()  # printed
+        assert "dev-admin-token" not in made.values() and made["ORDERLY_API_TOKEN"] != "dev-api-token"
+        settings = dev_settings({**env, **made})
         process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
         processes: dict[str, dict[str, int]] = stack.pop("processes")
         brokers, workers = stack.pop("brokers"), stack.pop("workers")
@@ -136,7 +143,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             async with http.get(f"{stack['admin_url']}/api/overview") as resp:
                 assert resp.status == 401
             async with http.get(f"{stack['admin_url']}/metrics", allow_redirects=False) as resp:
-                assert resp.status == 401  # not served on the admin port, and nothing there answers without a credential
+                assert resp.status == 401  # not on the admin port: nothing there answers without a credential
             assert "orderly_admin_requests_total" in await eventually_get(http, process_metrics["admin"])
             async with http.get(f"{stack['admin_url']}/api/overview",
                                 headers={"Authorization": f"Bearer {admin_token(settings)}"}) as resp:
@@ -153,6 +160,11 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         proc = start_dev({**env, "ORDERLY_GATEWAYS": "pg", "ORDERLY_SECRET_CARD": "", "ORDERLY_SECRET_PAYMOS": ""},
                          log)
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        again = stack.pop("credentials")  # the next stack on the same data: credentials of its own
+        assert again["ORDERLY_ADMIN_TOKEN"] != made["ORDERLY_ADMIN_TOKEN"] and again.keys() == made.keys() - {
+            "ORDERLY_SECRET_CARD", "ORDERLY_SECRET_PAYMOS"}  # named empty: not made
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600
+        settings = dev_settings({**env, **again})
         async with aiohttp.ClientSession() as http:
             await eventually_get(http, f"{stack['ingest_url']}/healthz")
             for gateway in ("card", "paymos"):

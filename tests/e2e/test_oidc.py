@@ -4,9 +4,9 @@ Each person of the test realm signs in through Keycloak's own login page, driven
 (the admin's /auth/start, Keycloak's form, the admin's /auth/callback): vera is a viewer, otto an
 operator, ada an admin, nemo in no group is refused. Each role then tries every operation of the
 admin API (401 without a credential, 403 for a role too low, past the guard otherwise); an idle
-session ends; sign-out ends a session for good, at Keycloak too (RP-initiated logout); the audit names each person; the audit table is
-append-only; break-glass is audited on every use. Needs PostgreSQL and Keycloak, not Kafka (the
-actions that need Kafka answer 503, which is past the guard).
+session ends; sign-out ends a session for good, at Keycloak too (RP-initiated logout); the audit
+names each person; the audit table is append-only; break-glass is audited on every use. Needs
+PostgreSQL and Keycloak, not Kafka (the actions that need Kafka answer 503, which is past the guard).
 """
 
 from __future__ import annotations
