@@ -57,12 +57,18 @@ def _row(record: Any) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in dict(record).items()}
 
 
-async def _make(request: web.Request, posted: Any) -> tuple[Any, str]:
-    """A new token of the caller's, from ``posted`` (name, role at most the caller's, expires_days):
-    its row and the token itself; Refused when the request cannot have one."""
+def _person(request: web.Request) -> Identity:
+    """The caller, when a person signed in through the issuer (tokens are a person's); Refused else."""
     identity: Identity = request[IDENTITY]
     if identity.via != "oidc":
         raise Refused(403, "a personal token is created by a person signed in through the issuer")
+    return identity
+
+
+async def _make(request: web.Request, posted: Any) -> tuple[Any, str]:
+    """A new token of the caller's, from ``posted`` (name, role at most the caller's, expires_days):
+    its row and the token itself; Refused when the request cannot have one."""
+    identity = _person(request)
     name, role, days = str(posted.get("name", "")).strip(), str(posted.get("role", "")), posted.get("expires_days", 30)
     if not name or len(name) > 100 or "\x00" in name:
         raise Refused(400, "name: 1 to 100 characters")
@@ -80,6 +86,7 @@ async def _make(request: web.Request, posted: Any) -> tuple[Any, str]:
 
 
 async def create(request: web.Request) -> web.Response:
+    _person(request)  # before the body is read: break-glass is refused whatever it sends
     posted = await request.json() if request.content_type == "application/json" else dict(await form(request))
     made, token = await _make(request, posted)
     return json_response({**_row(made), "token": token}, 201)
@@ -126,6 +133,10 @@ async def page(request: web.Request) -> web.Response:
 
 async def page_create(request: web.Request) -> web.Response:
     """The new token is in this answer only (never in a URL or a redirect): shown once."""
+    try:
+        _person(request)
+    except Refused as exc:
+        return await _page(request, exc.status, error=exc.error)
     posted = dict(await form(request))
     days = str(posted.get("expires_days", "30")).strip()
     posted["expires_days"] = int(days) if days.isascii() and days.isdigit() and len(days) < 4 else days
