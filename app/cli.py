@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import inspect
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from app.check import failure_line, start_checks, with_page
+from app.process_setup import tune_gc, until_terminated, use_event_loop
 from app.seams import UnsupportedVersion, check_versions
 from app.setting_uses import USES
-from app.settings import Settings, SettingsError, dev_settings, operator_settings
+from app.settings import Settings, SettingsError, dev_settings, operator_settings, stack_credentials
 from topics.catalog import names
 
 
@@ -33,33 +32,12 @@ def _operator_settings(command: str) -> Settings:
     return operator_settings(uses=USES[command])
 
 
-def use_event_loop(name: str) -> None:
-    """uvloop unless ORDERLY_LOOP=asyncio: every process here is an asyncio loop, and the worker
-    decides faster on uvloop (docs/benchmarks.md)."""
-    if name == "uvloop":
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    elif name != "asyncio":
-        raise SystemExit(f"ORDERLY_LOOP must be uvloop or asyncio, not {name!r}")
-
-
 def use_logging(settings: Settings) -> None:
     """The process's log lines as ORDERLY_LOG_FORMAT says (app/logs.py), with its secrets kept out."""
     from app import logs
 
     logs.protect(logs.secrets_of(settings))
     logs.configure(settings.log_format)
-
-
-def tune_gc(threshold: int) -> None:
-    """Collect the young generation every ``threshold`` allocations instead of every 700, after
-    moving what start-up built out of the collector's sight (gc.freeze). These processes allocate
-    a few objects per record and keep few cycles, so most collections find nothing to free
-    (docs/benchmarks.md). 0 keeps Python's default."""
-    if threshold:
-        gc.freeze()
-        gc.set_threshold(threshold, 10, 10)
 
 
 def _process(process: str, run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None,
@@ -90,24 +68,6 @@ def _process(process: str, run: Callable[[Settings], Any], first: Callable[[Sett
     return 0
 
 
-async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
-    """Run ``main`` until it ends or SIGTERM arrives, which cancels it as Ctrl-C does: its
-    ``finally`` clauses run — a consumer leaves its group, so a restarted one is given its
-    partitions at once instead of after the dead member's session timeout (10 s), and a producer
-    flushes. Without a handler SIGTERM ended the process on the spot, cleaning up nothing."""
-    task = asyncio.ensure_future(main)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
-        await task
-    except asyncio.CancelledError:
-        me = asyncio.current_task()
-        if me is not None and me.cancelling():
-            raise  # cancelled from outside (Ctrl-C through asyncio.run): asyncio.run makes it KeyboardInterrupt
-    finally:
-        loop.remove_signal_handler(signal.SIGTERM)
-
-
 def _embedded_stack(run: Callable[[], int]) -> int:
     """Run the embedded stack; a port it cannot have ends it with what to do, not a traceback."""
     from app.stack.process import PortTakenError
@@ -121,11 +81,12 @@ def _embedded_stack(run: Callable[[], int]) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from app.stack.credentials import stack_settings
     from app.supervisor import run_dev
 
-    settings = dev_settings()
+    settings, made = stack_settings(dict(os.environ))  # random credentials, each stack its own
     use_logging(settings)
-    return _embedded_stack(lambda: run_dev(settings, brokers=args.brokers, workers=args.workers))
+    return _embedded_stack(lambda: run_dev(settings, brokers=args.brokers, workers=args.workers, made=made))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -138,8 +99,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"orderly demo: --fetch-api: {exc}", file=sys.stderr)
         return 2
-    return _embedded_stack(lambda: run_demo(dev_settings(), size, keep=getattr(args, "keep", False),
-                                            fetch_apis=fetch_apis))
+    from app.stack.credentials import stack_settings
+
+    settings, made = stack_settings(dict(os.environ))  # random credentials, each stack its own
+    return _embedded_stack(lambda: run_demo(settings, size, keep=getattr(args, "keep", False),
+                                            fetch_apis=fetch_apis, made=made))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -224,7 +188,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from app.simulator.cli import run
 
-    return run(dev_settings(), args)
+    # a running `orderly dev`'s credentials (its stack.json), the environment's over them
+    return run(dev_settings({**stack_credentials(), **os.environ}), args)
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ from app.simulator import api, lifecycles, plugins
 from app.simulator.deliver import Chaos, Stats, deliver
 from app.simulator.expected import Fetched
 from app.simulator.plugins import DemoInput
+from app.stack import credentials
 from app.stack.process import free_port
 from app.supervisor import Stack, supervise_until_stopped
 from projections.migrate import quote_ident
@@ -247,9 +248,10 @@ async def _merchant_accepts(request: web.Request) -> web.Response:
 
 
 def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: bool = False,
-             fetch_apis: Sequence[str] = DEFAULT_FETCH_APIS) -> int:
+             fetch_apis: Sequence[str] = DEFAULT_FETCH_APIS, made: dict[str, str] | None = None) -> int:
     """One pass per fetch API mode, each in a namespace of its own on the same stack, every pass
-    with the same seeded lifecycles and deliveries; exit 0 only if every pass matched."""
+    with the same seeded lifecycles and deliveries; exit 0 only if every pass matched. ``made``: the
+    credentials app/stack/credentials.py drew for this stack (printed once it is up)."""
     size = size or Size()
     api_port = free_port()
     base = settings.with_overrides(api_urls={g.name: f"http://127.0.0.1:{api_port}" for g in registry.GATEWAYS.values()
@@ -280,6 +282,7 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
             if stack is None:
                 stack = Stack(pass_settings)
                 stack.start()
+                print(credentials.announce(made or {}, stack.stack_file), flush=True)
             else:
                 _switch_namespace(stack, pass_settings)
             print(f"\npass {n + 1} of {len(passes)}: fetch API {done.fetch_api} ({FETCH_API_MEANS[done.fetch_api]}), "

@@ -198,7 +198,7 @@ async def start_service(started: contextlib.AsyncExitStack, service: Service, re
                         port: int | None, host: str) -> None:
     """Start a process's ``service`` and its /metrics endpoint (when ``port``), each stopped by
     ``started`` in reverse order however the run ends: a SIGTERM during the start included, so a
-    consumer that joined its group leaves it (app/cli.until_terminated)."""
+    consumer that joined its group leaves it (app/process_setup.until_terminated)."""
     started.push_async_callback(service.stop)
     await service.start()
     if port:

@@ -243,7 +243,7 @@ class Projector:
 async def run(settings: Settings) -> None:
     projector = Projector(settings)
     # Everything started is stopped in reverse order however the run ends, a SIGTERM during the
-    # start included: a consumer that joined its group leaves it (app/cli.until_terminated).
+    # start included: a consumer that joined its group leaves it (app/process_setup.until_terminated).
     async with contextlib.AsyncExitStack() as started:
         await start_service(started, projector, projector.metrics.registry, settings.metrics_port,
                             settings.metrics_host)

@@ -48,7 +48,7 @@ from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN
 TRANSACTION_TIMEOUT_S = 10.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
-           "Store", "dev_settings", "operator_settings"]
+           "Store", "dev_settings", "operator_settings", "stack_credentials"]
 GATEWAYS = tuple(registry.GATEWAYS)  # each reads its secrets from ORDERLY_SECRET_<NAME>
 
 Guarantee = Literal["at_least_once", "exactly_once"]
@@ -362,6 +362,17 @@ def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
     return Settings.from_env({**DEV_DEFAULTS, **env})
 
 
+def stack_credentials(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The random credentials of the `orderly dev` or `orderly demo` running next to this command
+    (its ``stack.json``, app/stack/credentials.py); none when there is none."""
+    env = os.environ if env is None else env
+    try:
+        found = json.loads((Path(env.get("ORDERLY_DATA_DIR") or ".orderly") / "stack.json").read_text())
+        return {str(k): str(v) for k, v in dict(found.get("credentials") or {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
 def operator_settings(env: Mapping[str, str] | None = None, uses: Collection[str] | None = None) -> Settings:
     """Settings for a command an operator runs by hand (using ``uses``, as from_env): from the
     environment, or — when it lacks the Kafka or the PostgreSQL the command uses — from the
@@ -377,6 +388,7 @@ def operator_settings(env: Mapping[str, str] | None = None, uses: Collection[str
         found = {"ORDERLY_KAFKA": str(stack["kafka_bootstrap"]), "ORDERLY_POSTGRES_DSN": str(stack["postgres_dsn"])}
         if stack.get("namespace") and not env.get("ORDERLY_NAMESPACE"):
             found["ORDERLY_NAMESPACE"] = str(stack["namespace"])
+        found = {**stack_credentials(env), **env, **found}  # the environment's own credentials first
     except (OSError, ValueError, KeyError, TypeError):
         try:
             return Settings.from_env(env, uses)

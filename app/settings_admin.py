@@ -10,8 +10,8 @@ from app.setting_kinds import Hidden, Integer, Maybe, Setting, Text
 
 admin_token = Setting("ORDERLY_ADMIN_TOKEN", Maybe(Hidden(Text())),
         None, "break-glass bearer token of the admin API and console (unset: off); every use is audited as "
-        "`break-glass` and the console shows a banner; keep it apart from the correlation token",
-        dev="dev-admin-token")
+        "`break-glass` and the console shows a banner; keep it apart from the correlation token "
+        "(`orderly dev`: random per stack)")
 admin_oidc_issuer = Setting("ORDERLY_ADMIN_OIDC_ISSUER", Maybe(Text(r"https?://\S+", "an issuer URL")), None,
         "OpenID Connect issuer of the console's sign-in (its discovery document is "
         "`<issuer>/.well-known/openid-configuration`); unset: break-glass only")

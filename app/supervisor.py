@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from app.bootstrap import prepare
 from app.settings import Settings
+from app.stack import credentials
 from app.stack.kafka import KafkaBroker, KafkaCluster
 from app.stack.postgres import PostgresServer
 from app.stack.process import (
@@ -41,7 +42,6 @@ log = logging.getLogger("orderly.dev")
 # The production processes that exist so far, each started as `orderly <name>`.
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
 CHILD_STOP_S = 10.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
-SERVES_OWN_METRICS = ("admin",)  # on its own HTTP port; the ingest never on the webhook port (DESIGN §3)
 STATIC_MEMBERS = ("projector", "effects", "fetcher")  # consumer groups' static members (ORDERLY_INSTANCE_ID)
 
 
@@ -63,7 +63,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     log_path: Path
-    metrics_port: int = 0  # 0: the process serves no /metrics of its own (ingest serves it on its port)
+    metrics_port: int = 0  # 0: the process serves no /metrics
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -149,7 +149,8 @@ class Stack:
         env = {**os.environ, **settings.to_env(), "ORDERLY_WORKER_INSTANCE_ID": "", "ORDERLY_INSTANCE_ID": ""}
         # One child per process; with more than one worker they are worker-1, worker-2, … in one
         # consumer group, each with a state folder of its own (RocksDB holds a lock per partition).
-        # Every process but the admin serves /metrics on a port of its own from the ingest port + 1.
+        # Every process serves /metrics on a port of its own from the ingest port + 1 (never on the
+        # webhook port, nor on the admin's, where every route but sign-in and health needs a credential).
         named: list[tuple[str, str, dict[str, str]]] = []
         for name in processes:
             if name == "worker" and workers > 1:
@@ -165,7 +166,7 @@ class Stack:
                 named.append((name, name, {}))
         self.children = [
             Child(child, [sys.executable, "-m", "app.cli", command], {**env, **extra}, self.data_dir / f"{child}.log",
-                  metrics_port=settings.ingest_port + 1 + i if command not in SERVES_OWN_METRICS else 0)
+                  metrics_port=settings.ingest_port + 1 + i)
             for i, (child, command, extra) in enumerate(named)
         ]
 
@@ -200,8 +201,8 @@ class Stack:
                 c.name: f"http://{host}:{c.metrics_port}/metrics" for c in self.children if c.metrics_port
             },
             "processes": {c.name: {"pid": c.proc.pid if c.proc else None,
-                                   "port": self.settings.ingest_port if c.name == "ingest"
-                                   else c.metrics_port or self.settings.admin_port,
+                                   "port": {"ingest": self.settings.ingest_port,
+                                            "admin": self.settings.admin_port}.get(c.name, c.metrics_port),
                                    "metrics_port": c.metrics_port or None}
                           for c in self.children},
             "postgres": {"pid": self.postgres.proc.pid if self.postgres.proc else None, "port": self.postgres.port},
@@ -218,7 +219,14 @@ class Stack:
         return self.data_dir / "stack.json"
 
     def write_stack_file(self) -> None:
-        self.stack_file.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        """stack.json holds the stack's credentials: created mode 0600 (never readable by others, not
+        even for a moment) and moved into place whole."""
+        draft = self.stack_file.with_name(f".{self.stack_file.name}.{os.getpid()}")
+        draft.unlink(missing_ok=True)
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps({**self.describe(), "credentials": credentials.of(self.settings)}, indent=2) + "\n")
+        os.replace(draft, self.stack_file)
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -318,12 +326,14 @@ def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: 
         time.sleep(0.2)
 
 
-def run_dev(settings: Settings, brokers: int = 1, workers: int = 1) -> int:
+def run_dev(settings: Settings, brokers: int = 1, workers: int = 1, made: dict[str, str] | None = None) -> int:
+    """``made``: the credentials app/stack/credentials.py drew for this stack (printed)."""
     stack = Stack(settings, brokers=brokers, workers=workers)
 
     def started() -> None:
         stack.start()
         print(json.dumps(stack.describe(), indent=2), flush=True)
+        print(credentials.announce(made or {}, stack.stack_file), flush=True)
         print(f"stack description written to {stack.stack_file}; Ctrl-C stops", flush=True)
 
     try:

@@ -14,9 +14,9 @@ import asyncpg
 import orjson
 from aiohttp import web
 
-from app.cli import tune_gc
 from app.gateways import pg
 from app.gateways.base import SignatureError
+from app.process_setup import tune_gc
 from app.settings import dev_settings
 
 SCHEMA = """

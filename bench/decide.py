@@ -21,9 +21,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
 
-from app.cli import tune_gc
 from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
+from app.process_setup import tune_gc
 from app.settings import dev_settings
 from app.simulator import card as card_simulator
 from app.simulator import lifecycles

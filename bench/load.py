@@ -112,7 +112,7 @@ if __name__ == "__main__":
     requests = orjson.loads(Path(requests_file).read_bytes())
     import uvloop
 
-    from app.cli import tune_gc
+    from app.process_setup import tune_gc
     from app.settings import dev_settings
 
     tune_gc(dev_settings().gc_threshold)  # the generator's CPU comes out of what the servers measured get

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from app.cli import tune_gc
+from app.process_setup import tune_gc
 from app.replay import copy_log, merged_log, prepare_target, rebuild
 from app.settings import dev_settings
 from app.stack.kafka import KafkaBroker

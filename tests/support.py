@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -27,12 +28,13 @@ def make_settings(kafka_bootstrap: str, postgres_dsn: str, namespace: str, **ove
     env = {**DEV_DEFAULTS, "ORDERLY_KAFKA": kafka_bootstrap, "ORDERLY_POSTGRES_DSN": postgres_dsn,
            "ORDERLY_NAMESPACE": namespace, "ORDERLY_PARTITIONS": "3", "ORDERLY_SECRET_PG": "pg-test-secret",
            "ORDERLY_SECRET_CARD": CARD_SECRET, "ORDERLY_SECRET_PAYMOS": "paymos-test-secret",
-           "ORDERLY_API_TOKEN": "test-token", "ORDERLY_APPEND_TIMEOUT_S": "3"}
+           "ORDERLY_API_TOKEN": "test-token", "ORDERLY_APPEND_TIMEOUT_S": "3",
+           "ORDERLY_ADMIN_TOKEN": secrets.token_urlsafe(24)}  # each test's own, as each stack's
     return Settings.from_env(env).with_overrides(**overrides)
 
 
 def admin_token(settings: Settings) -> str:
-    """The admin API's bearer token, which every test's settings hold (DEV_DEFAULTS)."""
+    """The admin API's break-glass token, which every test's settings hold (random, make_settings)."""
     assert settings.admin_token is not None
     return settings.admin_token.reveal()
 

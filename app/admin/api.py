@@ -1,4 +1,7 @@
-"""The admin API: JSON reads and audited actions under /api/, its OpenAPI document, health and metrics (I/O shell)."""
+"""The admin API: JSON reads and audited actions under /api/, its OpenAPI document and health (I/O shell).
+
+Its /metrics is not here: the admin serves it on a bind of its own like every process (app/admin/app.py).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from app.admin import actions, bulk, queries, timeline
 from app.admin.context import ADMIN, IDENTITY, Admin
@@ -228,11 +230,6 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-async def metrics_endpoint(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(request.app[ADMIN].metrics.registry),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/api/overview", api_overview)
@@ -252,4 +249,3 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/me", api_me)
     r.add_get("/openapi.json", openapi)
     r.add_get("/healthz", healthz)
-    r.add_get("/metrics", metrics_endpoint)

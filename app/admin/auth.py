@@ -61,7 +61,7 @@ _RAW_BODY = re.compile(r"^/(api/)?quarantine/[^/]+$")
 def required_role(method: str, path: str) -> Role:
     """The least role a request needs: tokens are an admin's, actions and raw bodies an operator's,
     every other page and listing a viewer's."""
-    if path.startswith("/api/tokens"):
+    if path.startswith(("/api/tokens", "/tokens")):  # the API and the console's page alike
         return "admin"
     if path == "/logout":  # everyone may sign out
         return "viewer"

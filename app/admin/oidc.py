@@ -107,6 +107,20 @@ class Issuer:
                            "code_challenge": challenge(verifier), "code_challenge_method": "S256"})
         return Started(state, nonce, verifier, f"{meta['authorization_endpoint']}?{query}")
 
+    async def end_session_url(self, id_token: str | None, post_logout_redirect_uri: str) -> str | None:
+        """Where to send the browser so the issuer ends its own session too (OpenID Connect
+        RP-Initiated Logout 1.0 §2), when its discovery document names an ``end_session_endpoint``;
+        None when it names none or cannot be read (the console's session is ended either way)."""
+        try:
+            endpoint = (await self.metadata()).get("end_session_endpoint")
+        except SignInError:
+            return None
+        if not isinstance(endpoint, str) or not endpoint.startswith(("https://", "http://")):
+            return None
+        query = {"client_id": self.client_id, "post_logout_redirect_uri": post_logout_redirect_uri,
+                 **({"id_token_hint": id_token} if id_token else {})}
+        return f"{endpoint}{'&' if '?' in endpoint else '?'}{urlencode(query)}"
+
     async def exchange(self, code: str, verifier: str) -> str:
         """The code for the ID token at the token endpoint (client secret in HTTP Basic)."""
         meta = await self.metadata()

@@ -166,10 +166,6 @@ def identity_paths() -> dict[str, Json]:
         "/healthz": {"servers": [ADMIN_SERVER, INGEST_SERVER], "get": operation(
             "getHealth", "liveness, of the admin and of the ingest", ok("alive", shapes.Health),
             tags=[*API, "ingest"], security=[])},
-        "/metrics": {"get": operation("getAdminMetrics", "the admin's Prometheus metrics (the other processes serve "
-                                      "theirs on ORDERLY_METRICS_PORT)",
-                                      text(200, "Prometheus text", "text/plain; version=0.0.4"), tags=API,
-                                      security=[])},
     }
 
 
@@ -223,6 +219,12 @@ def console_paths() -> dict[str, Json]:
         "/effects/{dedupe_key}/retry": {"post": _form("consoleRetry", "a dead effect back to pending",
                                                       [path_param("dedupe_key", "the effect's dedupe key")])},
         "/audit": {"get": _page("consoleAudit", "the audit trail page")},
+        "/tokens": {"get": _page("consoleTokens", "your personal API tokens (an admin's)"),
+                    "post": _form("consoleCreateToken", "make a personal API token, shown once on the page that "
+                                  "answers", answers={**text(200, "the page with the new token, shown this once",
+                                                             "text/html"), **_refused(401, 408), **PAGE_REFUSED})},
+        "/tokens/{token_id}/revoke": {"post": _form("consoleRevokeToken", "revoke one of your personal API tokens",
+                                                    [path_param("token_id", "the token's id")])},
         "/static/{filename}": {"get": operation("consoleStatic", "the console's stylesheet and script",
                                                 {"200": {"description": "the file", "content": {
                                                     media: {"schema": {"type": "string"}} for media in

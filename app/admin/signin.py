@@ -4,8 +4,11 @@
 set). ``/auth/start`` keeps the sign-in's state, nonce and PKCE verifier server-side, binds the
 browser to it with a short-lived cookie and sends the browser to the issuer; ``/auth/callback``
 takes the state once, exchanges the code, checks the ID token, maps the person's groups to a role
-and opens a server-side session. Every sign-in, failed sign-in and sign-out is audited with the
-person and the source address.
+and opens a server-side session. ``/logout`` ends it and, when the issuer's discovery document names
+an ``end_session_endpoint``, sends the browser there with the session's ID token as
+``id_token_hint`` to end the person's session at the issuer too, back to ``/login`` afterwards
+(RP-Initiated Logout). Every sign-in, failed sign-in and sign-out is audited with the person and the
+source address.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import time
 
 from aiohttp import web
+from yarl import URL
 
 from app.admin import auth, queries, sessions
 from app.admin.console import render
@@ -24,6 +28,11 @@ from app.admin.oidc import SignInError, person
 
 log = logging.getLogger("orderly.admin")
 BINDING_COOKIE = "orderly_sign_in"  # SameSite=Lax: it must come back on the issuer's redirect
+
+
+def limits(admin: Admin) -> tuple[int, int]:
+    """The sessions' idle and absolute limits (seconds): past them a session is purged."""
+    return admin.settings.admin_session_idle_s, admin.settings.admin_session_max_s
 
 
 def _page(request: web.Request, status: int = 200, error: str | None = None, target: str = "/") -> web.Response:
@@ -54,7 +63,8 @@ async def login(request: web.Request) -> web.StreamResponse:
         return _page(request, 404, "break-glass sign-in is off (ORDERLY_ADMIN_TOKEN is not set)", target)
     if auth.token_ok(admin.token, str(posted.get("token", ""))):  # a right token is never throttled
         async with admin.db() as conn:
-            identity = await sessions.create(conn, auth.BREAK_GLASS, "admin", auth.BREAK_GLASS, who)
+            identity = await sessions.create(conn, auth.BREAK_GLASS, "admin", auth.BREAK_GLASS, who,
+                                             limits=limits(admin))
             await queries.audit(conn, f"{auth.BREAK_GLASS}@{who}", "console.login", "console",
                                 "signed in with the break-glass token")
         return _open(request, admin, identity, target)
@@ -101,7 +111,8 @@ async def callback(request: web.Request) -> web.StreamResponse:
         if pending is None:
             raise SignInError("this sign-in is unknown, expired (10 minutes) or already used")
         nonce, verifier, target = pending
-        claims = await admin.issuer.verify(await admin.issuer.exchange(code, verifier), nonce)
+        id_token = await admin.issuer.exchange(code, verifier)
+        claims = await admin.issuer.verify(id_token, nonce)
     except SignInError as exc:
         async with admin.db() as conn:
             await queries.audit(conn, f"?@{who}", "console.login", "oidc", f"refused: {exc}")
@@ -115,7 +126,7 @@ async def callback(request: web.Request) -> web.StreamResponse:
                                 f"refused: no role for the groups in {admin.settings.admin_roles_claim!r}")
             return _page(request, 403, f"{name} is signed in at the issuer but has no role here: "
                                        "ask an admin to add you to a group ORDERLY_ADMIN_ROLE_MAP names")
-        identity = await sessions.create(conn, name, role, "oidc", who)
+        identity = await sessions.create(conn, name, role, "oidc", who, id_token, limits(admin))
         await queries.audit(conn, f"{name}@{who}", "console.login", "oidc", f"signed in as {role}")
     response = _open(request, admin, identity, target)
     response.del_cookie(BINDING_COOKIE, path="/auth/")
@@ -123,14 +134,19 @@ async def callback(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    """Ends the session server-side: a copy of the cookie is refused from then on."""
+    """Ends the session server-side (a copy of the cookie is refused from then on), then at the
+    issuer when it offers that."""
     admin = request.app[ADMIN]
     identity = request.get(IDENTITY)
+    target = "/login"
     if identity is not None and identity.session is not None:  # a bearer token has no session to end
         async with admin.db() as conn:
-            await sessions.end(conn, identity.session)
+            ended = await sessions.end(conn, identity.session)
             await queries.audit(conn, admin.actor(request), "console.logout", "console", "signed out")
-    response = redirect("/login")
+        if ended is not None and ended.id_token is not None and admin.issuer is not None:
+            back = str(URL(admin.issuer.redirect_url).with_path("/login").with_query(None))
+            target = await admin.issuer.end_session_url(ended.id_token, back) or target
+    response = redirect(target)
     response.del_cookie(auth.SESSION_COOKIE, path="/")
     return response
 

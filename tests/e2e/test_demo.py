@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -108,10 +109,12 @@ def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path
 
         # kept up: the console URL and the token are printed, and they work on the demo's data
         admin_url = f"http://127.0.0.1:{ports['admin']}"
-        assert f"console:     {admin_url}/  (admin token: dev-admin-token)" in out
+        token = json.loads((data_dir / "stack.json").read_text())["credentials"]["ORDERLY_ADMIN_TOKEN"]
+        assert f"console:     {admin_url}/  (admin token: {token})" in out and f"ORDERLY_ADMIN_TOKEN={token}" in out
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600
         deadline = time.monotonic() + 60  # the demo's merchant takes every effect
         while True:
-            status, body = get(f"{admin_url}/api/overview", "dev-admin-token")
+            status, body = get(f"{admin_url}/api/overview", token)
             assert status == 200
             overview = json.loads(body)
             if overview["effects_pending"] == 0 or time.monotonic() > deadline:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -86,6 +87,12 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     proc = start_dev(env, log)
     try:
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        # this stack's own credentials, random, in a file only its user may read
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600
+        made = stack.pop("credentials")
+        assert made["ORDERLY_ADMIN_TOKEN"] in log.read_text()  # printed
+        assert "dev-admin-token" not in made.values() and made["ORDERLY_API_TOKEN"] != "dev-api-token"
+        settings = dev_settings({**env, **made})
         process_metrics: dict[str, str] = stack.pop("process_metrics_urls")
         processes: dict[str, dict[str, int]] = stack.pop("processes")
         brokers, workers = stack.pop("brokers"), stack.pop("workers")
@@ -100,10 +107,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                          "kafka_bootstrap": settings.kafka_bootstrap,
                          "replication_factor": 1, "min_insync_replicas": 1,
                          "metrics_url": f"http://127.0.0.1:{ingest_port + 1}/metrics"}
-        assert sorted(process_metrics) == ["effects", "fetcher", "ingest", "projector", "worker"]
+        assert sorted(process_metrics) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
         assert sorted(processes) == ["admin", "effects", "fetcher", "ingest", "projector", "worker"]
         assert processes["ingest"]["port"] == ingest_port and processes["admin"]["port"] == admin_port
-        assert processes["admin"]["metrics_port"] is None  # on its own port, behind nothing
+        assert processes["admin"]["metrics_port"] not in (None, admin_port)  # a bind of its own, like every process
         for name, url in process_metrics.items():
             assert url == f"http://127.0.0.1:{processes[name]['metrics_port']}/metrics"
         assert [(b["node_id"], b["port"]) for b in brokers] == [(1, kafka_port)]
@@ -135,6 +142,10 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             # the admin serves behind its token on its own port; the webhook port serves no resource data
             async with http.get(f"{stack['admin_url']}/api/overview") as resp:
                 assert resp.status == 401
+            async with http.get(f"{stack['admin_url']}/metrics", allow_redirects=False) as resp:
+                # not on the admin port: without a credential a page there sends to sign-in
+                assert resp.status == 303 and resp.headers["Location"] == "/login?next=%2Fmetrics"
+            assert "orderly_admin_requests_total" in await eventually_get(http, process_metrics["admin"])
             async with http.get(f"{stack['admin_url']}/api/overview",
                                 headers={"Authorization": f"Bearer {admin_token(settings)}"}) as resp:
                 assert resp.status == 200 and "parked" in await resp.json()
@@ -150,6 +161,13 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
         proc = start_dev({**env, "ORDERLY_GATEWAYS": "pg", "ORDERLY_SECRET_CARD": "", "ORDERLY_SECRET_PAYMOS": ""},
                          log)
         stack = await asyncio.to_thread(wait_for_stack, data_dir, proc, log)
+        again = stack.pop("credentials")  # the next stack on the same data: credentials of its own
+        assert again["ORDERLY_ADMIN_TOKEN"] != made["ORDERLY_ADMIN_TOKEN"]
+        assert again["ORDERLY_API_TOKEN"] != made["ORDERLY_API_TOKEN"]
+        assert sorted(again) == ["ORDERLY_ADMIN_TOKEN", "ORDERLY_API_TOKEN", "ORDERLY_EFFECTS_SECRET",
+                                 "ORDERLY_SECRET_PG"]  # the gateways served only
+        assert stat.S_IMODE((data_dir / "stack.json").stat().st_mode) == 0o600
+        settings = dev_settings({**env, **again})
         async with aiohttp.ClientSession() as http:
             await eventually_get(http, f"{stack['ingest_url']}/healthz")
             for gateway in ("card", "paymos"):

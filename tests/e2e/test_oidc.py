@@ -4,9 +4,9 @@ Each person of the test realm signs in through Keycloak's own login page, driven
 (the admin's /auth/start, Keycloak's form, the admin's /auth/callback): vera is a viewer, otto an
 operator, ada an admin, nemo in no group is refused. Each role then tries every operation of the
 admin API (401 without a credential, 403 for a role too low, past the guard otherwise); an idle
-session ends; sign-out ends a session for good; the audit names each person; the audit table is
-append-only; break-glass is audited on every use. Needs PostgreSQL and Keycloak, not Kafka (the
-actions that need Kafka answer 503, which is past the guard).
+session ends; sign-out ends a session for good, at Keycloak too (RP-initiated logout); the audit
+names each person; the audit table is append-only; break-glass is audited on every use. Needs
+PostgreSQL and Keycloak, not Kafka (the actions that need Kafka answer 503, which is past the guard).
 """
 
 from __future__ import annotations
@@ -248,8 +248,22 @@ async def test_an_idle_session_ends_and_a_signed_out_one_stays_ended(
             async with http.get(f"{admin.url}/effects") as resp:
                 csrf = re.search(r'name="csrf" value="([^"]+)"', await resp.text())
             assert csrf is not None
+            # Keycloak remembers otto: a new sign-in comes straight back with a code, no password asked
+            async with http.get(f"{admin.url}/auth/start", allow_redirects=False) as resp:
+                to_issuer = resp.headers["Location"]
+            async with http.get(to_issuer, allow_redirects=False) as resp:
+                assert resp.status == 302 and resp.headers["Location"].startswith(f"{admin.url}/auth/callback?")
             async with http.post(f"{admin.url}/logout", data={"csrf": csrf.group(1)}, allow_redirects=False) as resp:
                 assert resp.status == 303
+                to_end = URL(resp.headers["Location"])  # RP-initiated logout at the issuer's end_session_endpoint
+            assert str(to_end.with_query(None)) == f"{admin.keycloak.issuer}/protocol/openid-connect/logout"
+            assert to_end.query["post_logout_redirect_uri"] == f"{admin.url}/login"
+            assert to_end.query["client_id"] == CLIENT_ID and to_end.query["id_token_hint"].count(".") == 2
+            async with http.get(to_end, allow_redirects=False) as resp:  # the hint's session: no confirmation asked
+                assert resp.status == 302 and resp.headers["Location"].startswith(f"{admin.url}/login"), \
+                    (resp.status, (await resp.text())[:500])
+            async with http.get(to_issuer, allow_redirects=False) as resp:  # signed out there too: the password again
+                assert resp.status == 200 and 'id="kc-form-login"' in await resp.text()
         async with aiohttp.ClientSession() as copy, copy.get(
                 f"{admin.url}/api/me", headers={"Cookie": f"{auth.SESSION_COOKIE}={cookie}"}) as resp:
             assert resp.status == 401

@@ -3,9 +3,9 @@
 Debian's headless Chromium, driven by Selenium as in tests/e2e/test_console_browser.py, opens the
 console, follows "Sign in with your organisation's account" to Keycloak, types each test person's
 name and password into Keycloak's form and comes back signed in: the header names the person and
-their role, a viewer is refused a raw body (403) that an operator may open, and the admin's audit
-page lists all three by name. Needs PostgreSQL and Keycloak (not Kafka). Screenshots go to
-test-artifacts/oidc/.
+their role, a viewer is refused a raw body (403) that an operator may open, the admin makes and
+revokes a personal token on the Tokens page, and the admin's audit page lists all three by name.
+Needs PostgreSQL and Keycloak (not Kafka). Screenshots go to test-artifacts/oidc/.
 """
 
 from __future__ import annotations
@@ -116,6 +116,17 @@ async def test_each_person_signs_in_through_keycloaks_page_in_chromium(
             else:
                 assert "no quarantined record" in body, body
             browser.save_screenshot(str(SHOTS / f"signed-in-{user}.png"))
+        # ada, the admin signed in last, makes a personal token on the console's page and revokes it
+        await asyncio.to_thread(browser.get, f"{admin}/tokens")
+        browser.find_element(By.NAME, "name").send_keys("ci")
+        browser.find_element(By.CSS_SELECTOR, "#new-token-form button").click()
+        token = wait(browser).until(ec.visibility_of_element_located((By.ID, "token-value"))).text
+        assert token.startswith("oat_")
+        browser.save_screenshot(str(SHOTS / "token-made.png"))
+        browser.find_element(By.CSS_SELECTOR, "#tokens form button").click()
+        wait(browser).until(lambda d: "/tokens?done=" in d.current_url)  # back on the page, which says so
+        assert "revoked" in browser.find_element(By.ID, "tokens").text
+        assert token not in browser.page_source  # shown once
         await asyncio.to_thread(browser.get, f"{admin}/audit")
         page = browser.find_element(By.TAG_NAME, "body").text
         for user in ("vera", "otto", "ada"):

@@ -207,7 +207,7 @@ def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
         # the ingest and the admin as processes of their own, as deployed (the pipeline's in-thread
         # ones share the test's process, whose CPU and memory are not theirs)
         pipe.pipeline.start("ingest", ORDERLY_INGEST_PORT=str(webhook_port), ORDERLY_METRICS_PORT=str(ports["ingest"]))
-        pipe.pipeline.start("admin", ORDERLY_ADMIN_PORT=str(ports["admin"]))
+        pipe.pipeline.start("admin", ORDERLY_ADMIN_PORT=str(free_port()), ORDERLY_METRICS_PORT=str(ports["admin"]))
         ingest = f"http://127.0.0.1:{webhook_port}"
         shortened_rules(tmp_path / "alerts.yml")
         with running_prometheus(scrape_config(ports, tmp_path / "alerts.yml"), tmp_path) as prometheus:

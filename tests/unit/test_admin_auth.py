@@ -61,6 +61,8 @@ def test_each_route_needs_the_role_design_gives_it() -> None:
     assert auth.required_role("POST", "/api/effects/k/retry") == "operator"
     assert auth.required_role("POST", "/logout") == "viewer"
     assert auth.required_role("GET", "/api/tokens") == "admin"
+    assert auth.required_role("GET", "/tokens") == "admin"  # the console's tokens page, as the API
+    assert auth.required_role("POST", "/tokens/3/revoke") == "admin"
     assert auth.required_role("GET", "/api/audit") == "viewer"
 
 

@@ -98,6 +98,11 @@ def test_orderly_processes_reach_every_broker_with_replication_three() -> None:
         assert services[name]["command"][0] in COMMANDS, f"{name} runs `orderly {services[name]['command'][0]}`"
     assert services["worker"]["deploy"]["replicas"] == 3
     assert services["admin"]["environment"]["ORDERLY_ADMIN_TOKEN"].startswith("${ORDERLY_ADMIN_TOKEN:?")
+    # the admin's OpenID Connect settings, each from the environment (docs/security.md)
+    for variable in ("ORDERLY_ADMIN_OIDC_ISSUER", "ORDERLY_ADMIN_OIDC_CLIENT_ID", "ORDERLY_ADMIN_OIDC_CLIENT_SECRET",
+                     "ORDERLY_ADMIN_OIDC_REDIRECT_URL", "ORDERLY_ADMIN_ROLES_CLAIM", "ORDERLY_ADMIN_ROLE_MAP"):
+        assert services["admin"]["environment"][variable].startswith(f"${{{variable}:-"), variable
+    assert services["admin"]["environment"]["ORDERLY_METRICS_PORT"] == "9100"  # /metrics apart from the console
     # the one-shot migrate creates the topics before any process starts
     for name in ORDERLY:
         assert services[name]["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}, name
@@ -145,7 +150,7 @@ def test_prometheus_scrapes_every_orderly_process_on_its_metrics_port() -> None:
     assert sorted(jobs) == sorted(f"orderly-{name}" for name in ORDERLY)
     for name in ORDERLY:
         (sd,) = jobs[f"orderly-{name}"]["dns_sd_configs"]
-        port = 8070 if name == "admin" else int(services[name]["environment"]["ORDERLY_METRICS_PORT"])
+        port = int(services[name]["environment"]["ORDERLY_METRICS_PORT"])  # the admin's too, never its console port
         assert (sd["names"], sd["type"], sd["port"]) == ([name], "A", port), name
     rule_files = prometheus()["rule_files"]
     mounts = services["prometheus"]["volumes"]

@@ -24,7 +24,7 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
     assert [c.name for c in stack.children] == ["ingest", "worker-1", "worker-2", "worker-3", "projector",
                                                 "effects", "fetcher", "admin"]
     ports = [c.metrics_port for c in stack.children]
-    assert ports == [28081, 28082, 28083, 28084, 28085, 28086, 28087, 0]  # never the webhook port
+    assert ports == [28081, 28082, 28083, 28084, 28085, 28086, 28087, 28088]  # never the webhook or admin port
     dirs = [c.env.get("ORDERLY_DATA_DIR") for c in stack.workers]
     assert dirs[0] == str(tmp_path) and dirs[1:] == [str(tmp_path / "worker-2"), str(tmp_path / "worker-3")]
     # static members of the group, each under its own id (a restarted worker takes its partitions back at once)
@@ -115,7 +115,7 @@ def test_dev_runs_the_shape_it_is_asked_for(argv: list[str], shape: tuple[int, i
                                              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     asked: list[tuple[int, int]] = []
 
-    def run_dev(settings: object, brokers: int = 1, workers: int = 1) -> int:
+    def run_dev(settings: object, brokers: int = 1, workers: int = 1, made: object = None) -> int:
         asked.append((brokers, workers))
         return 0
 

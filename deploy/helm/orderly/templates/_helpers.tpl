@@ -86,8 +86,8 @@ tests/integration/test_helm_chart.py holds each process's list to app/setting_us
 {{- if ne $p "migrate" }}{{/* `orderly migrate` logs nothing but its one line */}}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_LOG_FORMAT" "value" $v.logFormat) }}
 {{- end }}
-{{- if has $p (list "ingest" "worker" "projector" "effects" "fetcher") }}
-{{- /* /metrics on a port of its own (the admin serves it on its port) */}}
+{{- if has $p (list "ingest" "worker" "projector" "effects" "fetcher" "admin") }}
+{{- /* /metrics on a port of its own (never the webhook port, nor the admin's console port) */}}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_METRICS_HOST" "value" "0.0.0.0") }}
 {{- include "orderly.plainEnv" (dict "name" "ORDERLY_METRICS_PORT" "value" $v.metrics.port) }}
 {{- end }}
