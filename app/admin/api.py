@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, 
 from app.admin.openapi import document
 from app.gateways import registry
 from app.gateways.limits import id_error
+from app.readiness import PROBE_DEADLINE_S, UNREACHABLE
 from projections import quarantine
 from projections.bulk import Conn
 
@@ -184,6 +186,21 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+async def readyz(request: web.Request) -> web.Response:
+    """PostgreSQL answers now (within 2 s): everything the admin shows is read there. Not ready, it
+    says why; its requests answer 503 meanwhile and it resumes by itself (the pool reconnects)."""
+    admin = request.app[ADMIN]
+    assert admin.pool is not None
+    try:
+        await asyncio.wait_for(admin.pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
+    except UNREACHABLE as exc:
+        admin.readiness.down("postgres", exc)
+    else:
+        admin.readiness.up("postgres")
+    status, body = admin.readiness.answer()
+    return json_response(body, status=status)
+
+
 async def metrics_endpoint(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(request.app[ADMIN].metrics.registry),
                         headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -206,4 +223,5 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/me", api_me)
     r.add_get("/openapi.json", openapi)
     r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
     r.add_get("/metrics", metrics_endpoint)

@@ -20,7 +20,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # The API document and /metrics hold no resource data; the admin port is never internet-facing.
 PUBLIC = {"/login", "/auth/start", "/auth/callback", "/openapi.json", "/static/console.css", "/static/console.js",
-          "/healthz", "/metrics"}
+          "/healthz", "/readyz", "/metrics"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
