@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-unit lint typecheck docs bench clean
 
 # Every package (the build backend included) from requirements.lock, each checked against its hashes;
 # then Orderly itself, whose dependencies the lock already holds. Regenerate the lock after changing
@@ -60,13 +60,18 @@ valgrind:
 helm-tools: $(STAMP)
 	PYTHON=$(PY) bash deploy/helm/tools.sh
 
+# toxiproxy v2.5.0 built from the Go module proxy into ~/.cache/orderly, checksum-pinned
+# (tests/chaos/toxiproxy.sh), for the zombie-worker test (tests/chaos/test_zombie_worker.py): ~15 s once.
+toxiproxy:
+	bash tests/chaos/toxiproxy.sh
+
 dev: setup
 	$(VENV)/bin/orderly dev
 
 demo: setup
 	$(VENV)/bin/orderly demo
 
-test: setup browser faketime prometheus valgrind helm-tools
+test: setup browser faketime prometheus valgrind helm-tools toxiproxy
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)

@@ -27,6 +27,7 @@ from aiokafka.structs import ConsumerRecord
 from app.kafka_client import client_options
 from app.metrics import EffectsMetrics, beside, every, start_service
 from app.producer import KeyedProducer
+from app.readiness import RETRY_S, UNREACHABLE, Readiness, wait_for_postgres
 from app.setting_kinds import SettingsError
 from app.settings import Settings
 from app.signing import signed_headers, signing_key
@@ -169,7 +170,9 @@ class EffectsWorker:
         # The bound on requests in flight, across every claim of this process (DESIGN.md §3.2).
         self.slots = asyncio.Semaphore(settings.effects_concurrency)
         self.in_flight: set[asyncio.Task[None]] = set()
-        self.failed: BaseException | None = None  # a delivery task's own failure (PostgreSQL gone): fatal
+        self.delivering: set[str] = set()  # dedupe keys of the deliveries in flight, their marks included
+        self.failed: BaseException | None = None  # a delivery task's own failure: fatal
+        self.readiness = Readiness()
 
     async def _record(self, conn: Conn, messages: list[ConsumerRecord]) -> None:
         await record(conn, messages)
@@ -215,7 +218,11 @@ class EffectsWorker:
         if free <= 0:
             return 0
         rows = await pool.fetch(CLAIM_DUE, free, self.settings.effects_lease_s)  # its own short transaction
+        # a row whose delivery here still waits to be marked (PostgreSQL was away past its lease) is
+        # not sent again: the merchant answered it already
+        rows = [row for row in rows if row["dedupe_key"] not in self.delivering]
         for row in rows:
+            self.delivering.add(row["dedupe_key"])
             task = asyncio.create_task(self._deliver(row))
             self.in_flight.add(task)
             task.add_done_callback(self._done)
@@ -251,17 +258,41 @@ class EffectsWorker:
         except Exception as exc:  # a row no request can be made from: it backs off and ends dead, visibly
             return f"{type(exc).__name__}: {exc}"
 
+    async def _mark(self, query: str, *args: Any) -> None:
+        """Write a delivery's outcome, waiting for PostgreSQL if it is away: a 2xx not written down
+        would be sent again after the lease."""
+        pool = self.sink.pool
+        assert pool is not None
+        waited = False
+        while True:
+            try:
+                await pool.execute(query, *args)
+            except UNREACHABLE as exc:
+                self.readiness.down("postgres", exc)
+                waited = True
+                await asyncio.sleep(RETRY_S)
+                continue
+            if waited:
+                self.readiness.up("postgres")
+            return
+
     async def _deliver(self, row: Any) -> None:
-        pool, url = self.sink.pool, self.settings.effects_url
-        assert pool is not None and url is not None
+        try:
+            await self._deliver_once(row)
+        finally:
+            self.delivering.discard(row["dedupe_key"])
+
+    async def _deliver_once(self, row: Any) -> None:
+        url = self.settings.effects_url
+        assert url is not None
         error = await self._post(url, row)
         if error is None:
-            await pool.execute(MARK_DELIVERED, row["dedupe_key"])
+            await self._mark(MARK_DELIVERED, row["dedupe_key"])
             self.metrics.delivered.labels(row["type"]).inc()
             return
         attempts = row["attempts"] + 1
-        await pool.execute(MARK_FAILED, row["dedupe_key"], printable(error)[:500],
-                           backoff_s(attempts, self.rng.random()), self.settings.effects_max_attempts)
+        await self._mark(MARK_FAILED, row["dedupe_key"], printable(error)[:500],
+                         backoff_s(attempts, self.rng.random()), self.settings.effects_max_attempts)
         self.metrics.failures.labels(row["type"]).inc()
         if attempts >= self.settings.effects_max_attempts:
             self.metrics.dead.inc()
@@ -287,14 +318,20 @@ async def run(settings: Settings) -> None:
         log.warning("ORDERLY_EFFECTS_URL is not set: effects are recorded in PostgreSQL but not delivered")
     # stopped in reverse order however the run ends, a SIGTERM during the start included
     async with contextlib.AsyncExitStack() as started:
-        await start_service(started, worker, worker.metrics.registry, settings.metrics_port, settings.metrics_host)
+        await start_service(started, worker, worker.metrics.registry, settings.metrics_port, settings.metrics_host,
+                            worker.readiness)
         beside(started, every(PENDING_EVERY_S, worker.read_lag, "the effects recorder's lag"))
         pending_at = 0.0
         while True:
-            recorded = await worker.sink.run_once(timeout_ms=100)
-            attempted = await worker.deliver_due() if worker.deliver else 0
-            if time.monotonic() >= pending_at:
-                await worker.read_pending()
-                pending_at = time.monotonic() + PENDING_EVERY_S
+            try:
+                recorded = await worker.sink.run_once(timeout_ms=100)
+                attempted = await worker.deliver_due() if worker.deliver else 0
+                if time.monotonic() >= pending_at:
+                    await worker.read_pending()
+                    pending_at = time.monotonic() + PENDING_EVERY_S
+            except UNREACHABLE as exc:  # PostgreSQL away: wait, not ready; deliveries in flight wait to be marked
+                assert worker.sink.pool is not None
+                await wait_for_postgres(worker.sink.pool, worker.readiness, exc)
+                continue
             if not recorded and not attempted:
                 await asyncio.sleep(0.05)

@@ -32,6 +32,7 @@ from app.gateways.registry import Fetch, Gateway
 from app.kafka_client import client_options
 from app.metrics import FetcherMetrics, beside, every, start_service
 from app.producer import KeyedProducer
+from app.readiness import UNREACHABLE, Readiness, wait_for_postgres
 from app.settings import Settings
 from app.sweeper import Sweeper
 from projections import quarantine, sql
@@ -77,6 +78,7 @@ class Fetcher:
         # resource key -> (last answer, repeats, next due)
         self._unchanged: dict[str, tuple[str, int, float]] = {}
         self.requests: AIOKafkaConsumer | None = None  # orderly.fetch's consumer, once started
+        self.readiness = Readiness()
 
     async def read_lag(self) -> None:
         """orderly_consumer_lag of the fetcher's Kafka group: fetch requests not carried out yet."""
@@ -295,6 +297,11 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
                 await fetcher.pool.execute(sql.UNMARK_BACKFILL_REQUESTED, gateway, start)
             except KafkaError:
                 raise  # Kafka out of reach: the supervisor restarts the fetcher
+            except UNREACHABLE as exc:  # PostgreSQL away: not the request's fault; carried out once it is back
+                assert fetcher.pool is not None
+                await wait_for_postgres(fetcher.pool, fetcher.readiness, exc)
+                consumer.seek(TopicPartition(message.topic, message.partition), message.offset)
+                continue
             except Exception as exc:  # the request's own fault: set aside, never retried for ever
                 reason = f"{type(exc).__name__}: {exc}"[:500]
                 log.error("fetch request %s[%d]@%d set aside: %s", message.topic, message.partition, message.offset,
@@ -344,7 +351,8 @@ async def run(settings: Settings) -> None:
     # stopped in reverse order however the run ends, a SIGTERM during the start included: the
     # requests' consumer leaves its group before the process ends
     async with contextlib.AsyncExitStack() as started:
-        await start_service(started, fetcher, fetcher.metrics.registry, settings.metrics_port, settings.metrics_host)
+        await start_service(started, fetcher, fetcher.metrics.registry, settings.metrics_port, settings.metrics_host,
+                            fetcher.readiness)
         # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
         beside(started, _consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait())
         assert fetcher.pool is not None
@@ -356,9 +364,12 @@ async def run(settings: Settings) -> None:
         tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
         next_sync = 0.0
         while True:
-            if time.monotonic() >= next_sync:
-                await fetcher.sync_parked()
-                next_sync = time.monotonic() + settings.fetch_interval_s
-            await sweeper.sweep()
+            try:
+                if time.monotonic() >= next_sync:
+                    await fetcher.sync_parked()
+                    next_sync = time.monotonic() + settings.fetch_interval_s
+                await sweeper.sweep()
+            except UNREACHABLE as exc:  # PostgreSQL away: wait, not ready, then go on
+                await wait_for_postgres(fetcher.pool, fetcher.readiness, exc)
             await asyncio.sleep(tick)
 

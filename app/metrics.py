@@ -21,6 +21,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from app.readiness import Readiness
+
 log = logging.getLogger("orderly.metrics")
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0, 3600.0)
@@ -173,15 +175,22 @@ class ProjectorMetrics(_Metrics):
                                         registry=self.registry)
 
 
-async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> web.AppRunner:
+async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1",
+                        readiness: Readiness | None = None) -> web.AppRunner:
     """A /metrics endpoint of its own (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT), apart from any port a
-    process serves its clients on."""
+    process serves its clients on; with ``readiness``, /readyz beside it (app/readiness.py)."""
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", handle)
+    if readiness is not None:
+        async def readyz(request: web.Request) -> web.Response:
+            status, body = readiness.answer()
+            return web.json_response(body, status=status)
+
+        app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
@@ -195,14 +204,14 @@ class Service(Protocol):
 
 
 async def start_service(started: contextlib.AsyncExitStack, service: Service, registry: CollectorRegistry,
-                        port: int | None, host: str) -> None:
+                        port: int | None, host: str, readiness: Readiness | None = None) -> None:
     """Start a process's ``service`` and its /metrics endpoint (when ``port``), each stopped by
     ``started`` in reverse order however the run ends: a SIGTERM during the start included, so a
     consumer that joined its group leaves it (app/process_setup.until_terminated)."""
     started.push_async_callback(service.stop)
     await service.start()
     if port:
-        runner = await serve_metrics(registry, port, host)
+        runner = await serve_metrics(registry, port, host, readiness)
         started.push_async_callback(runner.cleanup)
 
 

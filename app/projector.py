@@ -22,6 +22,7 @@ from app.gateways import registry
 from app.kafka_client import client_options
 from app.metrics import ProjectorMetrics, beside, every, start_service
 from app.producer import KeyedProducer
+from app.readiness import UNREACHABLE, Readiness, wait_for_postgres
 from app.settings import Settings
 from app.sink import PgSink
 from projections import quarantine, sql
@@ -202,6 +203,8 @@ class Projector:
         pool = self.sink.pool
         assert pool is not None
         m = self.metrics
+        for sink in (self.sink, self.quarantine):  # first: read with PostgreSQL away too (PgSink.lag)
+            m.consumer_lag.labels(sink.name, sink.topic).set(await sink.lag())
         parked = {r["gateway"]: r for r in await pool.fetch(PARKED_BY_GATEWAY,
                                                             float(self.settings.parked_alert_after_s))}
         for gateway in sorted(set(registry.GATEWAYS) | set(parked)):
@@ -213,8 +216,6 @@ class Projector:
         quarantined = {r["stage"]: r["records"] for r in await pool.fetch(QUARANTINED_BY_STAGE)}
         for stage in sorted(set(STAGES) | set(quarantined)):
             m.quarantine_records.labels(stage).set(quarantined.get(stage, 0))
-        for sink in (self.sink, self.quarantine):
-            m.consumer_lag.labels(sink.name, sink.topic).set(await sink.lag())
 
     async def request_backfills(self) -> int:
         """Emit one fetch request per gap open longer than the limit (default 4 days), of each
@@ -241,18 +242,22 @@ class Projector:
 
 
 async def run(settings: Settings) -> None:
-    projector = Projector(settings)
+    projector, readiness = Projector(settings), Readiness()
     # Everything started is stopped in reverse order however the run ends, a SIGTERM during the
     # start included: a consumer that joined its group leaves it (app/process_setup.until_terminated).
     async with contextlib.AsyncExitStack() as started:
         await start_service(started, projector, projector.metrics.registry, settings.metrics_port,
-                            settings.metrics_host)
+                            settings.metrics_host, readiness)
         beside(started, every(GAUGES_EVERY_S, projector.read_gauges, "the projector's gauges"))
         last_check = 0.0
         while True:
-            await projector.run_once()
-            if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
-                last_check = time.monotonic()
-                await projector.request_backfills()
+            try:
+                await projector.run_once()
+                if time.monotonic() - last_check > min(30.0, settings.gap_backfill_after_s / 2):
+                    last_check = time.monotonic()
+                    await projector.request_backfills()
+            except UNREACHABLE as exc:  # PostgreSQL away: wait, not ready, and take the batch again
+                assert projector.sink.pool is not None
+                await wait_for_postgres(projector.sink.pool, readiness, exc)
 
 

@@ -24,6 +24,7 @@ from aiokafka.structs import ConsumerRecord
 
 from app.core.pacing import busy_pause
 from app.kafka_client import client_options
+from app.readiness import UNREACHABLE
 from app.settings import Settings
 from projections import sql
 from projections.bulk import Conn, printable
@@ -33,10 +34,8 @@ from topics.catalog import REQUEST_BYTES
 log = logging.getLogger("orderly.sink")
 Apply = Callable[[Conn, list[ConsumerRecord]], Awaitable[None]]
 SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
-# What stops a sink, to be restarted: PostgreSQL out of reach. Anything else a record causes is the
-# record's, and the record is set aside (DESIGN.md §2.4).
-UNREACHABLE = (OSError, TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-               asyncpg.CannotConnectNowError, asyncpg.TooManyConnectionsError)
+# What stops a sink's batch: PostgreSQL out of reach (app/readiness.py: its process waits for it and
+# resumes). Anything else a record causes is the record's, and the record is set aside (DESIGN.md §2.4).
 REASON_MAX = 500
 DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 
@@ -107,7 +106,16 @@ class PgSink:
         if not batch:
             return 0
         taken = time.monotonic()
-        written = await self._write(batch)
+        try:
+            written = await self._write(batch)
+        except UNREACHABLE:
+            # the batch is taken again once PostgreSQL is back: nothing of it was written (one
+            # transaction), and the consumer's position is already past it
+            mine = self.consumer.assignment()
+            for tp, messages in batch.items():
+                if tp in mine:
+                    self.consumer.seek(tp, messages[0].offset)
+            raise
         size = sum(len(messages) for messages in batch.values())
         # Under load a sink's batches are let grow like the worker's (app/core/pacing.py): after a batch
         # of 100+ records it takes the next one no sooner than sink_busy_interval_s after it, unless a
@@ -195,8 +203,11 @@ class PgSink:
         if not tps:
             return 0
         ends = await self.consumer.end_offsets(tps)
-        stored = {r["partition"]: r["next_offset"] for r in await self.pool.fetch(sql.SELECT_OFFSETS, self.name,
-                                                                                   self.topic)}
+        try:
+            stored = {r["partition"]: r["next_offset"] for r in await self.pool.fetch(sql.SELECT_OFFSETS, self.name,
+                                                                                       self.topic)}
+        except UNREACHABLE:  # PostgreSQL away: this consumer's own positions, so the lag still shows it grow
+            stored = {}
         mine = self.consumer.assignment()
         lag = 0
         for tp in tps:

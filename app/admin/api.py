@@ -5,6 +5,7 @@ Its /metrics is not here: the admin serves it on a bind of its own like every pr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from app.admin.openapi import document
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
+from app.readiness import PROBE_DEADLINE_S, UNREACHABLE
 from projections import quarantine
 from projections.bulk import Conn
 
@@ -230,6 +232,21 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+async def readyz(request: web.Request) -> web.Response:
+    """PostgreSQL answers now (within 2 s): everything the admin shows is read there. Not ready, it
+    says why; its requests answer 503 meanwhile and it resumes by itself (the pool reconnects)."""
+    admin = request.app[ADMIN]
+    assert admin.pool is not None
+    try:
+        await asyncio.wait_for(admin.pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
+    except UNREACHABLE as exc:
+        admin.readiness.down("postgres", exc)
+    else:
+        admin.readiness.up("postgres")
+    status, body = admin.readiness.answer()
+    return json_response(body, status=status)
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/api/overview", api_overview)
@@ -249,3 +266,4 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/me", api_me)
     r.add_get("/openapi.json", openapi)
     r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)

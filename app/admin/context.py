@@ -19,6 +19,7 @@ from app.admin.sessions import Identity
 from app.kafka_client import client_options
 from app.metrics import AdminMetrics
 from app.producer import KeyedProducer
+from app.readiness import Readiness
 from app.settings import Settings, SettingsError
 from projections.migrate import quote_ident
 from topics.catalog import TopicNames, names
@@ -64,6 +65,7 @@ class Admin:
         self.names: TopicNames = names(settings.namespace)
         self.metrics = AdminMetrics()
         self.throttle = auth.LoginThrottle()
+        self.readiness = Readiness()  # /readyz: what the admin waits for (PostgreSQL), and why
         self.pool: asyncpg.Pool | None = None
         self.acting = asyncio.Semaphore(ACTIONS_AT_ONCE)
         self._producer: KeyedProducer | None = None

@@ -18,11 +18,11 @@ from app.admin.sessions import Identity
 log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# Sign-in, health and the console's static files: everything else asks for a credential. /metrics
+# Sign-in, health, readiness and the console's static files: everything else asks for a credential. /metrics
 # is not on this port at all (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT, app/admin/app.py). The API
 # document is a viewer's like every other route (DESIGN.md §3.1), and refuses like the API (401, not
 # a redirect).
-PUBLIC = {"/login", "/auth/start", "/auth/callback", "/static/console.css", "/static/console.js", "/healthz"}
+PUBLIC = {"/login", "/auth/start", "/auth/callback", "/static/console.css", "/static/console.js", "/healthz", "/readyz"}
 API_DOCUMENT = "/openapi.json"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

@@ -28,6 +28,7 @@ from app.admin.openapi_parts import (
     path_param,
     problems,
     query,
+    ref,
     text,
 )
 from app.gateways import registry
@@ -249,6 +250,16 @@ def console_paths() -> dict[str, Json]:
     }
 
 
+def readiness_path() -> Json:
+    """/readyz on both ports: the ingest's (Kafka and PostgreSQL) and the admin's (PostgreSQL)."""
+    answer = {"oneOf": [ref(shapes.Readiness), ref(shapes.ProcessReadiness)]}
+    return {"servers": [ADMIN_SERVER, INGEST_SERVER], "get": operation(
+        "getReadiness", "ready now: the ingest when Kafka answers (PostgreSQL reported beside it), the admin "
+        "when PostgreSQL answers; each within 2 s", {**ok("ready", answer), "503": {
+            "description": "not ready: what did not answer, and why",
+            "content": {"application/json": {"schema": answer}}}}, tags=[*API, "ingest"], security=[])}
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -263,7 +274,7 @@ def document() -> dict[str, Any]:
                  {"name": "console", "description": "the console's HTML pages and sign-in, for people"},
                  {"name": "ingest", "description": "the webhook port (`orderly ingest`)"},
                  {"name": "effects", "description": "what Orderly sends the merchant (`orderly effects`)"}],
-        "paths": {**admin_paths(), **console_paths(), **ingest_paths()},
+        "paths": {**admin_paths(), **console_paths(), **ingest_paths(), "/readyz": readiness_path()},
         "webhooks": webhooks(),
         "components": {
             "securitySchemes": {

@@ -67,12 +67,6 @@ def ingest_paths() -> dict[str, Json]:
     return {
         "/webhooks/{gateway}": webhook_path(),
         "/correlations/pg/deposits/{deposit_id}": correlation_path(),
-        "/readyz": {"servers": [INGEST_SERVER], "get": operation(
-            "getReadiness", "Kafka and PostgreSQL answer now (each within 2 s)",
-            {**ok("ready", shapes.Readiness),
-             "503": {"description": "not ready: what did not answer, and why",
-                     "content": {"application/json": {"schema": ref(shapes.Readiness)}}}},
-            tags=INGEST, security=PUBLIC)},
     }
 
 

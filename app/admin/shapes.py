@@ -339,8 +339,22 @@ class Readiness(Shape):
     errors: ReadinessErrors | None = None
 
 
+class Waiting(Shape):
+    """What a process waits for (app/readiness.py): the error that made it wait, and since how long."""
+
+    reason: str
+    for_s: float
+
+
+class ProcessReadiness(Shape):
+    """The admin's /readyz (and, on their metrics bind, the projector's, effects' and fetcher's)."""
+
+    ready: bool
+    waiting_for: dict[str, Waiting] | None = None
+
+
 ANSWERS: tuple[type[Shape], ...] = (
     Problem, Done, BulkOutcome, Overview, Resource, ResourcePage, ParkedList, GapList, QuarantineList,
     QuarantinedRecord, EffectList, AuditList, Me, TokenList, TokenCreated, TokenRequest, Revoked, Health, Stored,
-    StoredQuarantined, CorrelationStored, CorrelationRequest, Readiness,
+    StoredQuarantined, CorrelationStored, CorrelationRequest, Readiness, ProcessReadiness,
 )
