@@ -1,0 +1,51 @@
+"""The core's small rules at their edges (killing mutmut's survivors in app/core, docs/testing.md):
+a gap due at exactly its limit, a backlog of exactly a busy batch, a state read back as its type, a
+re-decided delivery keeping a resource id that holds a colon."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from app.core.gaps import Gap, due_for_backfill
+from app.core.model import Delivery, Recent, redecided
+from app.core.pacing import BUSY_BATCH, hold_take
+from app.core.reducer import state_codec
+
+
+def test_a_gap_is_due_at_exactly_its_limit_counted_from_when_it_was_seen() -> None:
+    gap, asked = Gap(3, 4, first_seen_ms=1_000), Gap(7, 7, first_seen_ms=1_000, backfill_requested=True)
+    assert due_for_backfill([gap, asked], now_ms=6_000, after_ms=5_000) == [gap]
+    assert due_for_backfill([gap, asked], now_ms=5_999, after_ms=5_000) == []
+
+
+def test_a_backlog_of_exactly_a_busy_batch_holds_a_short_take() -> None:
+    assert hold_take(7, BUSY_BATCH, 0.0, 10 * BUSY_BATCH)
+
+
+class Counted(msgspec.Struct):
+    n: int = 0
+    name: str = ""
+
+
+def test_the_state_codec_reads_back_the_state_type() -> None:
+    load, dump = state_codec(Counted)
+    again = load(dump(Counted(3, "x")))
+    assert isinstance(again, Counted) and again == Counted(3, "x")
+
+
+@dataclass
+class State:
+    n: int = 0
+    recent: Recent = field(default_factory=list)
+
+
+def test_a_recent_delivery_is_redecided_under_its_whole_resource_id() -> None:
+    state = State(5, [("d1", [("d1", "applied", 4, "evt_1", "deposit.settled")])])
+    d = Delivery("d1", "pg", "pg:dep:1", received_at_ms=9, seq=3)
+    (again,) = redecided(state, d) or []
+    assert (again.gateway, again.resource_id, again.outcome, again.seq) == ("pg", "dep:1", "applied", 4)
+    assert (again.event_id, again.event_type, again.received_at_ms) == ("evt_1", "deposit.settled", 9)
+    assert redecided(state, Delivery("d2", "pg", "pg:dep:1", 9, 3)) is None
+    assert redecided(None, d) is None
