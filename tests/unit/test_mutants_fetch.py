@@ -48,7 +48,8 @@ def test_stripe_answers_refused_with_the_reason() -> None:
     assert str(wrong.value) == f"answer.id: asked for 'pi_1', got {long_id!r}"[:300]
     with pytest.raises(ValueError, match=r"^answer: the PaymentIntent is not a JSON object$"):
         stripe.synced_from([intent], {"object": "list", "data": []}, 1)
-    for refunds in ([], {"object": "dict", "data": []}, {"object": "list", "data": {}}):
+    not_lists: list[object] = [[], {"object": "dict", "data": []}, {"object": "list", "data": {}}]
+    for refunds in not_lists:
         with pytest.raises(ValueError, match=r"^answer: the refunds are not a list object$"):
             stripe.synced_from(intent, refunds, 1)
     with pytest.raises(ValueError, match=r"^answer.has_more: more than 100 refunds, the list is incomplete$"):
