@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import msgspec
+import orjson
+import pytest
 
+from app.core.card import CardEvent, stored_event
 from app.core.gaps import Gap, due_for_backfill
 from app.core.model import Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
@@ -49,3 +52,14 @@ def test_a_recent_delivery_is_redecided_under_its_whole_resource_id() -> None:
     assert (again.event_id, again.event_type, again.received_at_ms) == ("evt_1", "deposit.settled", 9)
     assert redecided(state, Delivery("d2", "pg", "pg:dep:1", 9, 3)) is None
     assert redecided(None, d) is None
+
+
+def stored(**changed: object) -> bytes:
+    return orjson.dumps({"id": "e1", "type": "payment.captured", "payment_ref": "pay_1", "sequence": 4,
+                         "occurred_at": "2026-11-29T10:02:15.123Z", "amount_minor": 50, "currency": "EUR", **changed})
+
+
+def test_a_stored_card_event_is_read_back_as_the_reducer_orders_it() -> None:
+    assert stored_event(stored()) == CardEvent("e1", "captured", 1_795_946_535_123, 50, 4)
+    with pytest.raises(ValueError, match=r"^unusable card event: amount_minor: expected int >= 0$"):
+        stored_event(stored(amount_minor=-5))
