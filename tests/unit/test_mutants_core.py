@@ -10,7 +10,7 @@ import msgspec
 import orjson
 import pytest
 
-from app.core.card import CardEvent, stored_event
+from app.core.card import CardEvent, effects_due, reduce, stored_event
 from app.core.gaps import Gap, due_for_backfill
 from app.core.model import Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
@@ -63,3 +63,17 @@ def test_a_stored_card_event_is_read_back_as_the_reducer_orders_it() -> None:
     assert stored_event(stored()) == CardEvent("e1", "captured", 1_795_946_535_123, 50, 4)
     with pytest.raises(ValueError, match=r"^unusable card event: amount_minor: expected int >= 0$"):
         stored_event(stored(amount_minor=-5))
+
+
+def test_an_order_is_paid_once_a_captured_payment_holds_money() -> None:
+    def due(*events: CardEvent) -> list[str]:
+        return effects_due(reduce(list(events)), set())
+
+    auth = CardEvent("a", "authorised", 1, 100)
+    assert due(auth, CardEvent("c", "captured", 2, 1)) == ["mark_order_paid"]  # one minor unit is money
+    assert due(auth, CardEvent("c", "captured", 2, 0)) == []  # a capture of nothing pays nothing
+    fetched = {"state": "authorised", "authorised_minor": 100, "captured_minor": 50, "refunded_minor": 0}
+    assert due(CardEvent("s", "synced", 1, 0, synced=fetched)) == []  # money, but not a captured state
+    assert due(auth, CardEvent("c", "captured", 2, 100), CardEvent("r", "refunded", 3, 100)) == [
+        "mark_order_paid", "mark_order_refunded"]
+    assert effects_due(reduce([auth, CardEvent("c", "captured", 2, 100)]), {"mark_order_paid"}) == []
