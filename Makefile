@@ -89,11 +89,14 @@ docs: $(STAMP)
 # Mutation testing of app/core and app/gateways with mutmut (docs/testing.md, "Mutation testing"):
 # each mutant runs against only the pure unit tests that call the mutated function
 # (pyproject.toml [tool.mutmut]). CPU only, one process, niced; the last line printed is
-# `mutation: killed K of N`. The full run takes hours on 2 cores; mutants/ keeps the results, and a
-# later run re-tests only the functions whose source changed.
+# `mutation: killed K of N`. mutants/ keeps the results: a later run first runs again each mutant
+# the last one did not kill (a test added since may kill it), then the mutants of changed functions.
 MUTMUT = nice -n 10 $(VENV)/bin/mutmut
 mutation: $(STAMP)
-	$(MUTMUT) run --max-children 1 >mutants.log 2>&1 || { tail -n 40 mutants.log; exit 1; }
+	@: >mutants.log; if [ -d mutants ]; then names="$$($(PY) -m tests.mutation_report --names)"; \
+	  [ -z "$$names" ] || $(MUTMUT) run --max-children 1 $$names >>mutants.log 2>&1 \
+	  || { tail -n 40 mutants.log; exit 1; }; fi
+	$(MUTMUT) run --max-children 1 >>mutants.log 2>&1 || { tail -n 40 mutants.log; exit 1; }
 	$(PY) -m tests.mutation_report --survivors
 
 # The CI-sized run: only the mutants of the app/core and app/gateways files changed since BASE.

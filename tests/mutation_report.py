@@ -4,7 +4,7 @@ mutmut 3 writes one `mutants/<file>.meta` per mutated file, mapping each mutant 
 its tests. Killed means a test failed (or hung, or crashed) with the mutant in place; a mutant that
 no selected test reaches counts as not killed. The last line printed is `mutation: killed K of N`.
 
-    python -m tests.mutation_report [--survivors] [--only app/core/pg.py ...]
+    python -m tests.mutation_report [--survivors | --names] [--only app/core/pg.py ...]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Tally:
     killed: int = 0
     not_run: int = 0
     survivors: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)  # each survivor's: survived, or no test reaches it
 
 
 def tally(root: Path, only: Sequence[str] = ()) -> dict[str, Tally]:
@@ -50,23 +51,28 @@ def tally(root: Path, only: Sequence[str] = ()) -> dict[str, Tally]:
             elif code is NOT_RUN:
                 t.not_run += 1
             else:
-                t.survivors.append(f"{name} ({'no test reaches it' if code in NO_TESTS else 'survived'})")
+                t.survivors.append(name)
+                t.why.append("no test reaches it" if code in NO_TESTS else "survived")
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--survivors", action="store_true", help="list each mutant not killed")
+    parser.add_argument("--names", action="store_true", help="print only the names of the mutants not killed")
     parser.add_argument("--only", nargs="*", default=(), help="only these files (app/core/pg.py ...)")
     args = parser.parse_args(argv)
     tallies = tally(Path.cwd(), args.only)
+    if args.names:  # for `mutmut run NAME...`: a mutant named is run again, so a new test can kill it
+        print("\n".join(name for t in tallies.values() for name in t.survivors))
+        return 0
     killed = total = 0
     for module, t in tallies.items():
         pending = f", {t.not_run} not run" if t.not_run else ""
         print(f"{module}: killed {t.killed} of {t.total}{pending}")
         if args.survivors:
-            for name in t.survivors:
-                print(f"    {name}")
+            for name, why in zip(t.survivors, t.why, strict=True):
+                print(f"    {name} ({why})")
         killed += t.killed
         total += t.total
     print(f"mutation: killed {killed} of {total}")
