@@ -77,3 +77,20 @@ def test_an_order_is_paid_once_a_captured_payment_holds_money() -> None:
     assert due(auth, CardEvent("c", "captured", 2, 100), CardEvent("r", "refunded", 3, 100)) == [
         "mark_order_paid", "mark_order_refunded"]
     assert effects_due(reduce([auth, CardEvent("c", "captured", 2, 100)]), {"mark_order_paid"}) == []
+
+
+def test_card_ties_on_one_millisecond_are_decided_by_the_rank_not_the_id() -> None:
+    """Issue #46: a refund and a capture at the same millisecond; the refund's id sorts first."""
+    out = reduce([CardEvent("a", "authorised", 0, 100), CardEvent("c1", "captured", 1, 50),
+                  CardEvent("a-r", "refunded", 2, 50), CardEvent("b-c", "captured", 2, 50)])
+    assert (out.state, out.captured_minor, out.refunded_minor, out.parked) == ("captured", 100, 50, [])
+    assert out.applied == ["a", "c1", "b-c", "a-r"]
+
+
+def test_card_sequences_order_the_events_whatever_their_clocks_say() -> None:
+    """Issue #46: by the clocks the refund comes before the second capture (refunded, a capture parked
+    for ever); by the sequences after it."""
+    out = reduce([CardEvent("a", "authorised", 0, 100, sequence=1), CardEvent("c1", "captured", 1, 50, sequence=2),
+                  CardEvent("c2", "captured", 3, 50, sequence=3), CardEvent("r", "refunded", 2, 50, sequence=4)])
+    assert (out.state, out.captured_minor, out.refunded_minor, out.parked) == ("captured", 100, 50, [])
+    assert out.applied == ["a", "c1", "c2", "r"]
