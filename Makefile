@@ -7,7 +7,8 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-unit lint typecheck docs bench clean
+.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-unit lint typecheck docs bench clean \
+        mutation mutation-changed
 
 # Every package (the build backend included) from requirements.lock, each checked against its hashes;
 # then Orderly itself, whose dependencies the lock already holds. Regenerate the lock after changing
@@ -90,8 +91,30 @@ docs: $(STAMP)
 	$(PY) -m app.settings_doc --readme docs/configuration.md
 	$(PY) -m app.export --write-schemas docs/schemas
 
+# Mutation testing of app/core and app/gateways with mutmut (docs/testing.md, "Mutation testing"):
+# each mutant runs against only the pure unit tests that call the mutated function
+# (pyproject.toml [tool.mutmut]). CPU only, one process, niced; the last line printed is
+# `mutation: killed K of N`. mutants/ keeps the results: a later run first runs again each mutant
+# the last one did not kill (a test added since may kill it), then the mutants of changed functions.
+MUTMUT = nice -n 10 $(VENV)/bin/mutmut
+mutation: $(STAMP)
+	@: >mutants.log; if [ -d mutants ]; then names="$$($(PY) -m tests.mutation_report --names)"; \
+	  [ -z "$$names" ] || $(MUTMUT) run --max-children 1 $$names >>mutants.log 2>&1 \
+	  || { tail -n 40 mutants.log; exit 1; }; fi
+	$(MUTMUT) run --max-children 1 >>mutants.log 2>&1 || { tail -n 40 mutants.log; exit 1; }
+	$(PY) -m tests.mutation_report --survivors
+
+# The CI-sized run: only the mutants of the app/core and app/gateways files changed since BASE.
+BASE ?= HEAD~1
+MUTATION_FILES = $(shell git diff --name-only $(BASE) -- app/core app/gateways | grep '\.py$$')
+mutation-changed: $(STAMP)
+	@if [ -z "$(MUTATION_FILES)" ]; then echo "mutation: killed 0 of 0 (no core or gateway file changed since $(BASE))"; \
+	else $(MUTMUT) run --max-children 1 $(foreach f,$(MUTATION_FILES),'$(subst /,.,$(f:.py=)).*') >mutants.log 2>&1 \
+	       || { tail -n 40 mutants.log; exit 1; }; \
+	     $(PY) -m tests.mutation_report --survivors --only $(MUTATION_FILES); fi
+
 bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .orderly .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .orderly .pytest_cache .mypy_cache .ruff_cache mutants mutants.log

@@ -99,10 +99,6 @@ _CURRENT = msgspec.json.Decoder(Current)
 _encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
-def new_state() -> State:
-    return State()
-
-
 def _key(data: Resource | Current) -> tuple[int, int]:
     return data.updated_at, RANK.get(data.status, 1)
 

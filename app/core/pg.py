@@ -98,10 +98,6 @@ load, dump = state_codec(State)
 _encode = msgspec.json.Encoder().encode  # the snapshot's
 
 
-def new_state() -> State:
-    return State()
-
-
 def _required(name: str, value: int | None) -> int:
     # Money is an integer (the schema has made it one); a settled snapshot must carry it.
     if value is None:

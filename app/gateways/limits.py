@@ -74,22 +74,6 @@ def int64_error(field: str, value: Any) -> str | None:
     return None
 
 
-def depth(value: Any) -> int:
-    """How deeply arrays and objects nest in a decoded JSON value (a scalar is 0), iteratively."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, level)
-        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
-
-
 def may_nest_deeper(raw: bytes, limit: int = DEPTH_MAX) -> bool:
     """False when ``raw`` cannot nest deeper than ``limit``: it opens no more arrays and objects
     than that in all (a count in C, so the common body needs no walk of its decoded value)."""
