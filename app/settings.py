@@ -43,8 +43,11 @@ from app.setting_kinds import (
 from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN.md §3.1)
 
 # exactly-once: the broker aborts a worker's transaction open this long (app/seams/faust/producer.py;
-# Kafka Streams' value, Kafka's default is 60 s): a worker lost for good holds its partitions that long
-TRANSACTION_TIMEOUT_S = 10.0
+# Kafka's default is 60 s, Kafka Streams' 10): a worker lost for good holds its partitions that long
+# (plus the broker's scan for them, transaction.abort.timed.out.transaction.cleanup.interval.ms). A
+# transaction lasts one commit interval (0.3 s busy); 4 s also outlasts a broker's loss, whose partitions
+# wait for new leaders for the cluster's 3 s broker session (app/stack/kafka.py) while it is open.
+TRANSACTION_TIMEOUT_S = 4.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
            "Store", "dev_settings", "operator_settings"]
@@ -153,21 +156,30 @@ class Settings:
     worker_stall_s = Setting("ORDERLY_WORKER_STALL_S", Number(), 60.0,
             "a worker that decides nothing this many seconds while records wait exits (code 3) for its "
             "supervisor to restart it")
+    # What the session protects: a member whose heartbeats stop this long (dead, or its event loop
+    # stalled) is expelled and its partitions are given to the others; static members (below) are
+    # not even expelled by a restart within it. Kafka's broker refuses a session under its
+    # group.min.session.timeout.ms (6 s by default): INVALID_SESSION_TIMEOUT (docs/production.md).
+    session_timeout_s = Setting("ORDERLY_SESSION_TIMEOUT_MS", Millis(minimum=1000), 3.0,
+            "the consumer groups' session (worker, projector, effects, fetcher, sinks): a process that "
+            "died without leaving (kill -9, a lost machine) holds its partitions this long; heartbeats go "
+            "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "
+            "(Kafka's default is 6000; `orderly dev` sets 1000)")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",
             Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
             "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
-            "restarted worker takes its partitions back at once instead of after the 10 s session; a worker "
-            "stopped for good holds them those 10 s. With exactly-once it also names the worker's "
+            "restarted worker takes its partitions back at once instead of after the session; a worker "
+            "stopped for good holds them for ORDERLY_SESSION_TIMEOUT_MS. With exactly-once it also names the worker's "
             "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
             "one transaction per commit instead of one per partition (docs/architecture.md)")
     instance_id = Setting("ORDERLY_INSTANCE_ID",
             Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "static member id of a projector, effects worker or fetcher in its groups, unique per process of "
             "a kind (`orderly dev`: `<process>-1`; `{hostname}`: the host's name): restarted, even after kill "
-            "-9, it has its partitions at once, not after the 10 s session; unset: it leaves them on a clean stop")
+            "-9, it has its partitions at once, not after the session; unset: it leaves them on a clean stop")
     worker_batch_max = Setting("ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most")
     worker_busy_interval_s = Setting("ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -229,6 +241,12 @@ class Settings:
     busy_commit_interval_s = Setting("ORDERLY_BUSY_COMMIT_INTERVAL_S", Maybe(Number()), None,
             f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}; "
             f"with exactly-once at most {TRANSACTION_TIMEOUT_S / 2:g}")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """A sixth of the session: a member outlives a pause of its event loop of most of the
+        session (5/6 of it, minus a round trip) before the coordinator expels it."""
+        return self.session_timeout_s / 6
 
     @property
     def instance_member(self) -> str | None:

@@ -71,7 +71,8 @@ class PgSink:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
-            max_poll_records=self.max_records, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
+            max_poll_records=self.max_records, session_timeout_ms=round(self.settings.session_timeout_s * 1000),
+            heartbeat_interval_ms=round(self.settings.heartbeat_interval_s * 1000),
             group_instance_id=self.settings.instance_member,  # static membership (ORDERLY_INSTANCE_ID)
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU

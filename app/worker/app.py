@@ -102,8 +102,9 @@ def faust_app(settings: Settings) -> WorkerApp:
         TableManager=WorkerTableManager,
         # static membership: a worker restarted under its id gets its partitions back at once
         consumer_group_instance_id=settings.worker_member,
-        broker_session_timeout=10,
-        broker_heartbeat_interval=1,
+        # a worker lost for good (kill -9, its machine gone) holds its partitions this long
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",  # values are JSON bytes made by orjson, not Faust's codecs

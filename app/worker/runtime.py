@@ -148,7 +148,7 @@ class WorkerRuntime:
         if member and self.joined_as is not None and member != self.joined_as:
             exit_for_restart(FAILED_EXIT_CODE, "this worker joined its consumer group again as a new member, so its "
                              "group forgot it: another worker with ORDERLY_WORKER_INSTANCE_ID=%s took its place (each "
-                             "worker needs an id of its own), or it was away past the %d s session timeout; exiting "
+                             "worker needs an id of its own), or it was away past the %g s session timeout; exiting "
                              "so that the supervisor restarts it", self.settings.worker_member,
                              self.app.conf.broker_session_timeout)
         if member and self.joined_as is None:
