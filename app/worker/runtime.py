@@ -47,6 +47,8 @@ log = logging.getLogger("orderly.worker")
 LAG_EVERY_S = 5.0  # how often the group's consumer lag is read for /metrics
 MEMBERSHIP_EVERY_S = 1.0  # how often the worker checks that its consumer is still a member of its group
 WATCHDOG_EVERY_S = 5.0  # how often the stall watchdog looks
+LOOP_TICK_S = 0.05  # the event-loop watch's sleep: a wake-up that late by more was held up by a stall
+LOOP_REPORT_EVERY_S = 10.0  # how often the longest stall is logged
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
 # the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
@@ -168,6 +170,24 @@ class WorkerRuntime:
                 exit_for_restart(FAILED_EXIT_CODE, "this worker's membership of its consumer group ended (%r), so "
                                  "it is given no partitions%s: exiting so that the supervisor restarts it",
                                  failure, same_id)
+
+    async def watch_loop(self) -> None:
+        """Logs the event loop's longest stall every LOOP_REPORT_EVERY_S. aiokafka's heartbeats are a
+        task on this loop: a stall delays them, and one near the session (ORDERLY_SESSION_TIMEOUT_MS)
+        has the group expel this worker (a warning from a third of it on). The figures under load
+        are what the session's default was chosen from (docs/production.md)."""
+        session = self.settings.session_timeout_s
+        longest, since = 0.0, time.monotonic()
+        while not self.app.should_stop:
+            before = time.monotonic()
+            await asyncio.sleep(LOOP_TICK_S)
+            now = time.monotonic()
+            longest = max(longest, now - before - LOOP_TICK_S)
+            if now - since >= LOOP_REPORT_EVERY_S:
+                log.log(logging.WARNING if longest > session / 3 else logging.INFO,
+                        "event loop: longest stall %.3f s in the last %.0f s (the group's session: %g s)",
+                        longest, now - since, session)
+                longest, since = 0.0, now
 
     # --- lag and stalls ---
 
