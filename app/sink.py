@@ -23,8 +23,9 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
 from app.core.pacing import busy_pause
+from app.group_session import session_refusal
 from app.kafka_client import client_options
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from projections import sql
 from projections.bulk import Conn, printable
 from projections.migrate import quote_ident
@@ -65,9 +66,13 @@ class PgSink:
         self.consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
+        # the brokers' session bounds are read while the pool connects: no wait added to a restart
+        refused = asyncio.ensure_future(session_refusal(self.settings))
         self.pool = await asyncpg.create_pool(
             self.settings.postgres_dsn.reveal(), min_size=1, max_size=4,
             server_settings={"search_path": quote_ident(self.settings.namespace)})
+        if (reason := await refused) is not None:
+            raise SettingsError(reason)
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",

@@ -19,6 +19,7 @@ from aiokafka import TopicPartition
 from faust.types import TP
 
 from app.core.pacing import busy_pause
+from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.liveness import Liveness
 from app.producer import KeyedProducer
@@ -49,6 +50,7 @@ MEMBERSHIP_EVERY_S = 1.0  # how often the worker checks that its consumer is sti
 WATCHDOG_EVERY_S = 5.0  # how often the stall watchdog looks
 LOOP_TICK_S = 0.05  # the event-loop watch's sleep: a wake-up that late by more was held up by a stall
 LOOP_REPORT_EVERY_S = 10.0  # how often the longest stall is logged
+CONFIGURATION_EXIT_CODE = 2  # as app/cli.py's configuration errors: a restart alone will not help
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
 # the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
@@ -83,9 +85,12 @@ class WorkerRuntime:
         # read while the group is joined and the table recovered (the agent starts before either),
         # not before the app starts: it would add a Kafka round trip to every restart
         limit = asyncio.ensure_future(record_limit(self.settings)) if self.max_record_bytes is None else None
+        refused = asyncio.ensure_future(session_refusal(self.settings)) if limit is not None else None
         await self.producer.start()  # here, not in a task: the agent may receive records before tasks run
         if limit is not None:
             self.batches.max_record_bytes = await checked_limit(limit)
+        if refused is not None and (reason := await refused) is not None:
+            exit_for_restart(CONFIGURATION_EXIT_CODE, "%s", reason)
         # Events are acked by hand, only once their outputs are acknowledged and the table written:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         batch_max = self.settings.worker_batch_max

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from app.bootstrap import prepare
+from app.group_session import broker_group_configs, refusal, session_refusal
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port
@@ -147,3 +148,14 @@ async def test_a_worker_lost_for_good_has_its_partitions_decided_by_the_other(tw
     assert _owned(after) == pipe.settings.partitions, after[-3000:]
     assert decided_s < OLD_SESSION_S - 2, (decided_s, after[-3000:])
     assert "as a new member" not in after, after[-3000:]  # the survivor itself was not expelled
+
+
+async def test_the_broker_allows_the_groups_session_and_says_so(kafka: KafkaBroker, postgres: PostgresServer,
+                                                                 namespace: str) -> None:
+    """The embedded broker lowers group.min.session.timeout.ms (Kafka's 6 s would refuse the 3 s
+    default): the start-up check reads it and finds the session accepted, a shorter one refused."""
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace)
+    configs = await broker_group_configs(settings)
+    assert configs is not None and configs["group.min.session.timeout.ms"] == "1000", configs
+    assert await session_refusal(settings) is None
+    assert "INVALID_SESSION_TIMEOUT" in (refusal(999, configs) or "")
