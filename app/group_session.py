@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
 from app.kafka_client import client_options
 from app.settings import Settings
+from topics.admin import broker_configs
 
 log = logging.getLogger("orderly.kafka")
 KAFKA_MIN_MS, KAFKA_MAX_MS = 6000, 1_800_000  # Kafka's defaults of the two bounds
@@ -41,20 +39,11 @@ def refusal(session_ms: int, configs: dict[str, str]) -> str | None:
 
 async def broker_group_configs(settings: Settings) -> dict[str, str] | None:
     """A broker's configuration (the brokers of a cluster share the group settings), or None."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000,
-                                **client_options(settings))
     try:
-        await admin.start()
-        cluster = await admin.describe_cluster()
-        node = cluster["brokers"][0]["node_id"]
-        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(node))])
+        return await broker_configs(settings.kafka_bootstrap, **client_options(settings))
     except Exception as exc:  # not readable: the join itself will refuse or accept
         log.info("the brokers' session bounds could not be read (%r); not checked", exc)
         return None
-    finally:
-        await admin.close()
-    return {entry[0]: entry[1] for response in responses
-            for _error, _message, _kind, _name, entries in response.resources for entry in entries}
 
 
 async def session_refusal(settings: Settings) -> str | None:

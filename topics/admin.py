@@ -74,3 +74,19 @@ async def topic_configs(bootstrap: str, topics: Iterable[str], **client: Any) ->
         for _error, _message, _kind, name, entries in response.resources:
             found[name] = {entry[0]: entry[1] for entry in entries}
     return found
+
+
+async def broker_configs(bootstrap: str, **client: Any) -> dict[str, str]:
+    """One broker's effective configuration (the brokers of a cluster share their group settings;
+    app/group_session.py's start-up check)."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000, **client)
+    await admin.start()
+    try:
+        node = (await admin.describe_cluster())["brokers"][0]["node_id"]
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(node))])
+    finally:
+        await admin.close()
+    return {entry[0]: entry[1] for response in responses
+            for _error, _message, _kind, _name, entries in response.resources for entry in entries}
