@@ -310,11 +310,14 @@ async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_2
     broker_window = [lat for sent, lat in poster.latencies if kills["broker"] <= sent <= kills["broker back"] + 5]
 
     # no false expulsion under this load with the 3 s session (ORDERLY_SESSION_TIMEOUT_MS): no worker
-    # but the two killed was started again, those once, none found its group had forgotten it; and the
-    # event loop's longest stall, which the heartbeats wait out (app/worker/runtime.py watch_loop)
+    # found its group had forgotten it or its transactions fenced (another took its partitions, or one
+    # outlived the 4 s transaction timeout, a broker's loss included). A restart for records Faust
+    # skipped (exit 5, app/worker/exits.py OffsetGuard) is not one. And the event loop's longest stall,
+    # which the heartbeats wait out (app/worker/runtime.py watch_loop).
     logs = {w.name: w.log_path.read_text(errors="replace") for w in stack.workers}
-    assert sorted(shape.restarts) == ["worker-1", "worker-3"], shape.restarts
-    assert not [n for n, text in logs.items() if "as a new member" in text or "membership of its" in text], logs
+    expelled = [n for n, text in logs.items() if "as a new member" in text or "membership of its" in text
+                or "were fenced" in text]
+    assert not expelled, {n: logs[n][-3000:] for n in expelled}
     stalls = {n: max(map(float, STALL.findall(text)), default=0.0) for n, text in logs.items()}
 
     for name in ("ingest", "worker-1", "worker-2", "worker-3", "projector", "effects"):
