@@ -15,7 +15,8 @@ from app.check import failure_line, start_checks, with_page
 from app.process_setup import tune_gc, until_terminated, use_event_loop
 from app.seams import UnsupportedVersion, check_versions
 from app.setting_uses import USES
-from app.settings import Settings, SettingsError, dev_settings, operator_settings, stack_credentials
+from app.settings import Settings, SettingsError, dev_settings
+from app.settings_operator import operator_settings, stack_credentials
 from topics.catalog import names
 
 

@@ -275,6 +275,8 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
     consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
                                 group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
                                 group_instance_id=settings.instance_member,  # static membership
+                                session_timeout_ms=round(settings.session_timeout_s * 1000),
+                                heartbeat_interval_ms=round(settings.heartbeat_interval_s * 1000),
                                 auto_offset_reset="earliest", isolation_level="read_committed",
                                 **client_options(settings))
     await consumer.start()

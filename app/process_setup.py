@@ -35,7 +35,7 @@ def tune_gc(threshold: int) -> None:
 async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
     """Run ``main`` until it ends or SIGTERM arrives, which cancels it as Ctrl-C does: its
     ``finally`` clauses run — a consumer leaves its group, so a restarted one is given its
-    partitions at once instead of after the dead member's session timeout (10 s), and a producer
+    partitions at once instead of after the dead member's session timeout (ORDERLY_SESSION_TIMEOUT_MS), and a producer
     flushes. Without a handler SIGTERM ended the process on the spot, cleaning up nothing."""
     task = asyncio.ensure_future(main)
     loop = asyncio.get_running_loop()

@@ -96,12 +96,14 @@ class Number:
 class Millis:
     """Whole milliseconds in the environment, seconds in Settings."""
 
+    minimum: int = 0
+
     @property
     def accepts(self) -> str:
-        return "whole milliseconds ≥ 0"
+        return f"whole milliseconds ≥ {self.minimum}"
 
     def parse(self, raw: str) -> float:
-        return Integer(minimum=0).parse(raw) / 1000
+        return Integer(minimum=self.minimum).parse(raw) / 1000
 
     def render(self, value: float) -> str:
         return str(round(value * 1000))

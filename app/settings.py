@@ -12,7 +12,6 @@ costs every process and command about 80 ms more to import and 1.2 ms instead of
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Collection, Mapping
@@ -44,11 +43,14 @@ from app.setting_kinds import (
 from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN.md §3.1)
 
 # exactly-once: the broker aborts a worker's transaction open this long (app/seams/faust/producer.py;
-# Kafka Streams' value, Kafka's default is 60 s): a worker lost for good holds its partitions that long
-TRANSACTION_TIMEOUT_S = 10.0
+# Kafka's default is 60 s, Kafka Streams' 10): a worker lost for good holds its partitions that long
+# (plus the broker's scan for them, transaction.abort.timed.out.transaction.cleanup.interval.ms). A
+# transaction lasts one commit interval (0.3 s busy); 4 s also outlasts a broker's loss, whose partitions
+# wait for new leaders for the cluster's 3 s broker session (app/stack/kafka.py) while it is open.
+TRANSACTION_TIMEOUT_S = 4.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
-           "Store", "dev_settings", "operator_settings", "stack_credentials"]
+           "Store", "dev_settings"]
 GATEWAYS = tuple(registry.GATEWAYS)  # each reads its secrets from ORDERLY_SECRET_<NAME>
 
 Guarantee = Literal["at_least_once", "exactly_once"]
@@ -157,21 +159,30 @@ class Settings:
     worker_stall_s = Setting("ORDERLY_WORKER_STALL_S", Number(), 60.0,
             "a worker that decides nothing this many seconds while records wait exits (code 3) for its "
             "supervisor to restart it")
+    # What the session protects: a member whose heartbeats stop this long (dead, or its event loop
+    # stalled) is expelled and its partitions are given to the others; static members (below) are
+    # not even expelled by a restart within it. Kafka's broker refuses a session under its
+    # group.min.session.timeout.ms (6 s by default): INVALID_SESSION_TIMEOUT (docs/production.md).
+    session_timeout_s = Setting("ORDERLY_SESSION_TIMEOUT_MS", Millis(minimum=1000), 3.0,
+            "the consumer groups' session (worker, projector, effects, fetcher, sinks): a process that "
+            "died without leaving (kill -9, a lost machine) holds its partitions this long; heartbeats go "
+            "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "
+            "(Kafka's default is 6000; `orderly dev` sets 1000)")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",
             Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
             "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
-            "restarted worker takes its partitions back at once instead of after the 10 s session; a worker "
-            "stopped for good holds them those 10 s. With exactly-once it also names the worker's "
+            "restarted worker takes its partitions back at once instead of after the session; a worker "
+            "stopped for good holds them for ORDERLY_SESSION_TIMEOUT_MS. With exactly-once it also names the worker's "
             "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
             "one transaction per commit instead of one per partition (docs/architecture.md)")
     instance_id = Setting("ORDERLY_INSTANCE_ID",
             Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "static member id of a projector, effects worker or fetcher in its groups, unique per process of "
             "a kind (`orderly dev`: `<process>-1`; `{hostname}`: the host's name): restarted, even after kill "
-            "-9, it has its partitions at once, not after the 10 s session; unset: it leaves them on a clean stop")
+            "-9, it has its partitions at once, not after the session; unset: it leaves them on a clean stop")
     worker_batch_max = Setting("ORDERLY_WORKER_BATCH", Integer(minimum=1), 1000,
             "records the worker takes and decides per batch, at most")
     worker_busy_interval_s = Setting("ORDERLY_WORKER_BUSY_INTERVAL_MS", Millis(), 0.1,
@@ -233,6 +244,12 @@ class Settings:
     busy_commit_interval_s = Setting("ORDERLY_BUSY_COMMIT_INTERVAL_S", Maybe(Number()), None,
             f"the same after a commit of 250+ records; unset: {_per_guarantee(BUSY_COMMIT_INTERVAL_S)}; "
             f"with exactly-once at most {TRANSACTION_TIMEOUT_S / 2:g}")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """A sixth of the session: a member outlives a pause of its event loop of most of the
+        session (5/6 of it, minus a round trip) before the coordinator expels it."""
+        return self.session_timeout_s / 6
 
     @property
     def instance_member(self) -> str | None:
@@ -360,40 +377,3 @@ def dev_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Settings for the embedded stack: the development defaults, overridden by the environment."""
     env = os.environ if env is None else env
     return Settings.from_env({**DEV_DEFAULTS, **env})
-
-
-def stack_credentials(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The random credentials of the `orderly dev` or `orderly demo` running next to this command
-    (its ``stack.json``, app/stack/credentials.py); none when there is none."""
-    env = os.environ if env is None else env
-    try:
-        found = json.loads((Path(env.get("ORDERLY_DATA_DIR") or ".orderly") / "stack.json").read_text())
-        return {str(k): str(v) for k, v in dict(found.get("credentials") or {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
-
-
-def operator_settings(env: Mapping[str, str] | None = None, uses: Collection[str] | None = None) -> Settings:
-    """Settings for a command an operator runs by hand (using ``uses``, as from_env): from the
-    environment, or — when it lacks the Kafka or the PostgreSQL the command uses — from the
-    ``stack.json`` of an `orderly dev` running next to it (in ``ORDERLY_DATA_DIR``, default
-    ``.orderly``), with the development defaults for the rest."""
-    env = os.environ if env is None else env
-    wanted = [r.env for r in (Settings.kafka_bootstrap, Settings.postgres_dsn) if uses is None or r.field in uses]
-    if all(env.get(v) or env.get(f"{v}_FILE") for v in wanted):
-        return Settings.from_env(env, uses)
-    stack_file = Path(env.get("ORDERLY_DATA_DIR") or ".orderly") / "stack.json"
-    try:
-        stack = json.loads(stack_file.read_text())
-        found = {"ORDERLY_KAFKA": str(stack["kafka_bootstrap"]), "ORDERLY_POSTGRES_DSN": str(stack["postgres_dsn"])}
-        if stack.get("namespace") and not env.get("ORDERLY_NAMESPACE"):
-            found["ORDERLY_NAMESPACE"] = str(stack["namespace"])
-        found = {**stack_credentials(env), **env, **found}  # the environment's own credentials first
-    except (OSError, ValueError, KeyError, TypeError):
-        try:
-            return Settings.from_env(env, uses)
-        except SettingsError as exc:
-            first, *more = str(exc).split("\n")
-            raise SettingsError("\n".join([f"{first} (and no running `orderly dev` was found: {stack_file} is "
-                                            "missing or unreadable)", *more])) from None
-    return dev_settings({**env, **found})

@@ -23,9 +23,10 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
 from app.core.pacing import busy_pause
+from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.readiness import UNREACHABLE
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 from projections import sql
 from projections.bulk import Conn, printable
 from projections.migrate import quote_ident
@@ -64,13 +65,18 @@ class PgSink:
         self.consumer: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
+        # the brokers' session bounds are read while the pool connects: no wait added to a restart
+        refused = asyncio.ensure_future(session_refusal(self.settings))
         self.pool = await asyncpg.create_pool(
             self.settings.postgres_dsn.reveal(), min_size=1, max_size=4,
             server_settings={"search_path": quote_ident(self.settings.namespace)})
+        if (reason := await refused) is not None:
+            raise SettingsError(reason)
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap, group_id=f"{self.settings.namespace}-{self.name}",
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest",
-            max_poll_records=self.max_records, session_timeout_ms=10_000, heartbeat_interval_ms=1000,
+            max_poll_records=self.max_records, session_timeout_ms=round(self.settings.session_timeout_s * 1000),
+            heartbeat_interval_ms=round(self.settings.heartbeat_interval_s * 1000),
             group_instance_id=self.settings.instance_member,  # static membership (ORDERLY_INSTANCE_ID)
             # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
             # the machine, and fewer, larger fetches cost it far less CPU

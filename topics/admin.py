@@ -94,3 +94,18 @@ async def replace_topic_config(bootstrap: str, spec: TopicSpec, **client: Any) -
         raise RuntimeError(f"{spec.name}: Kafka refused its configuration {dict(spec.config)}: error "
                            f"{errors[0][0]} {errors[0][1] or ''}".rstrip())
 
+
+async def broker_configs(bootstrap: str, **client: Any) -> dict[str, str]:
+    """One broker's effective configuration (the brokers of a cluster share their group settings;
+    app/group_session.py's start-up check)."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000, **client)
+    await admin.start()
+    try:
+        node = (await admin.describe_cluster())["brokers"][0]["node_id"]
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, str(node))])
+    finally:
+        await admin.close()
+    return {entry[0]: entry[1] for response in responses
+            for _error, _message, _kind, _name, entries in response.resources for entry in entries}

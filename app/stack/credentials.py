@@ -4,7 +4,7 @@ No stack runs on a credential anyone can read in the repository: the break-glass
 correlation API token, the effects signing secret and every gateway's signing secret are drawn
 from ``secrets`` for each stack, unless the environment sets them. They are printed once and kept
 in ``.orderly/stack.json`` (written mode 0600, app/supervisor.py), where `orderly simulate` and the
-operator commands find them (app/settings.stack_credentials). docs/configuration.md's `orderly dev`
+operator commands find them (app/settings_operator.stack_credentials). docs/configuration.md's `orderly dev`
 column keeps the shapes the unit tests build settings with; a stack never uses those values.
 """
 

@@ -65,7 +65,7 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     async def process(stream: faust.StreamT[bytes]) -> None:  # a function: Faust names the agent after it
         await runtime.process(stream)
 
-    app.early_tasks = (runtime.watch_membership,)
+    app.early_tasks = (runtime.watch_membership, runtime.watch_loop)
     app.run_timer(WATCHDOG_EVERY_S, runtime.watchdog)
     app.run_timer(LAG_EVERY_S, runtime.export_lag)
     if settings.metrics_port:
@@ -102,8 +102,9 @@ def faust_app(settings: Settings) -> WorkerApp:
         TableManager=WorkerTableManager,
         # static membership: a worker restarted under its id gets its partitions back at once
         consumer_group_instance_id=settings.worker_member,
-        broker_session_timeout=10,
-        broker_heartbeat_interval=1,
+        # a worker lost for good (kill -9, its machine gone) holds its partitions this long
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",  # values are JSON bytes made by orjson, not Faust's codecs

@@ -19,6 +19,7 @@ from aiokafka import TopicPartition
 from faust.types import TP
 
 from app.core.pacing import busy_pause
+from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.liveness import Liveness
 from app.producer import KeyedProducer
@@ -47,6 +48,9 @@ log = logging.getLogger("orderly.worker")
 LAG_EVERY_S = 5.0  # how often the group's consumer lag is read for /metrics
 MEMBERSHIP_EVERY_S = 1.0  # how often the worker checks that its consumer is still a member of its group
 WATCHDOG_EVERY_S = 5.0  # how often the stall watchdog looks
+LOOP_TICK_S = 0.05  # the event-loop watch's sleep: a wake-up that late by more was held up by a stall
+LOOP_REPORT_EVERY_S = 10.0  # how often the longest stall is logged
+CONFIGURATION_EXIT_CODE = 2  # as app/cli.py's configuration errors: a restart alone will not help
 BATCH_WITHIN_S = 0.02  # a batch waits at most this for more records: part of the latency at low load
 # Under load, batches are let grow (app/core/pacing.py): after a batch of BUSY_BATCH records or more,
 # the next one is taken no sooner than Settings.worker_busy_interval_s after it, unless a full batch
@@ -81,9 +85,12 @@ class WorkerRuntime:
         # read while the group is joined and the table recovered (the agent starts before either),
         # not before the app starts: it would add a Kafka round trip to every restart
         limit = asyncio.ensure_future(record_limit(self.settings)) if self.max_record_bytes is None else None
+        refused = asyncio.ensure_future(session_refusal(self.settings)) if limit is not None else None
         await self.producer.start()  # here, not in a task: the agent may receive records before tasks run
         if limit is not None:
             self.batches.max_record_bytes = await checked_limit(limit)
+        if refused is not None and (reason := await refused) is not None:
+            exit_for_restart(CONFIGURATION_EXIT_CODE, "%s", reason)
         # Events are acked by hand, only once their outputs are acknowledged and the table written:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         batch_max = self.settings.worker_batch_max
@@ -148,7 +155,7 @@ class WorkerRuntime:
         if member and self.joined_as is not None and member != self.joined_as:
             exit_for_restart(FAILED_EXIT_CODE, "this worker joined its consumer group again as a new member, so its "
                              "group forgot it: another worker with ORDERLY_WORKER_INSTANCE_ID=%s took its place (each "
-                             "worker needs an id of its own), or it was away past the %d s session timeout; exiting "
+                             "worker needs an id of its own), or it was away past the %g s session timeout; exiting "
                              "so that the supervisor restarts it", self.settings.worker_member,
                              self.app.conf.broker_session_timeout)
         if member and self.joined_as is None:
@@ -168,6 +175,24 @@ class WorkerRuntime:
                 exit_for_restart(FAILED_EXIT_CODE, "this worker's membership of its consumer group ended (%r), so "
                                  "it is given no partitions%s: exiting so that the supervisor restarts it",
                                  failure, same_id)
+
+    async def watch_loop(self) -> None:
+        """Logs the event loop's longest stall every LOOP_REPORT_EVERY_S. aiokafka's heartbeats are a
+        task on this loop: a stall delays them, and one near the session (ORDERLY_SESSION_TIMEOUT_MS)
+        has the group expel this worker (a warning from a third of it on). The figures under load
+        are what the session's default was chosen from (docs/production.md)."""
+        session = self.settings.session_timeout_s
+        longest, since = 0.0, time.monotonic()
+        while not self.app.should_stop:
+            before = time.monotonic()
+            await asyncio.sleep(LOOP_TICK_S)
+            now = time.monotonic()
+            longest = max(longest, now - before - LOOP_TICK_S)
+            if now - since >= LOOP_REPORT_EVERY_S:
+                log.log(logging.WARNING if longest > session / 3 else logging.INFO,
+                        "event loop: longest stall %.3f s in the last %.0f s (the group's session: %g s)",
+                        longest, now - since, session)
+                longest, since = 0.0, now
 
     # --- lag and stalls ---
 

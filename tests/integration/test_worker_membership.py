@@ -1,11 +1,16 @@
 """The worker as a static member of its consumer group (ORDERLY_WORKER_INSTANCE_ID), on the started
-broker: two workers given the same id do not leave one of them idle in silence. (A worker killed and
-restarted under its id: tests/chaos/test_worker_kill9.py and test_production_shape.py.)"""
+broker: two workers given the same id do not leave one of them idle in silence; a worker lost for good
+has its partitions decided by the other well before the old 10 s session would have let it (how soon:
+`python -m bench restart --scenario gone`). (A worker killed and restarted under its id:
+tests/chaos/test_worker_kill9.py and test_production_shape.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +18,20 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from app.bootstrap import prepare
+from app.group_session import broker_group_configs, refusal, session_refusal
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from app.stack.process import free_port
 from app.worker.exits import FAILED_EXIT_CODE
-from tests.pipeline import Pipeline
+from tests.pg_events import deposit
+from tests.pipeline import Pipeline, Running, running_pipeline
 from tests.support import make_settings
+
+# Before ORDERLY_SESSION_TIMEOUT_MS the session was 10 s, and with exactly-once the dead worker's
+# transaction held its partitions 10 s more. A lost worker's partitions decided within this of its
+# kill were moved by the shorter session (and transaction timeout), not by the old bound.
+OLD_SESSION_S = 10.0
+PROBES = 24  # pg deposits, each on the partition of its id: all 3 partitions hit but with odds of 3·(2/3)^24
 
 
 @pytest.mark.parametrize("web", ["no web port", "a metrics port each"])
@@ -122,3 +135,52 @@ async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, po
         pipeline.assert_alive()
     finally:
         pipeline.stop()
+
+
+@pytest.fixture(params=["at_least_once", "exactly_once"])
+def two_workers(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer, namespace: str,
+                tmp_path: Path) -> Iterator[Running]:
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace, processing_guarantee=request.param)
+    with running_pipeline(settings, tmp_path) as running:
+        running.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
+        yield running
+
+
+def _owned(log: str) -> int:
+    """The partitions of the raw topic a worker was given at its last assignment (0 before any)."""
+    found = re.findall(r"Assigned partitions: (\d+) of", log)
+    return int(found[-1]) if found else 0
+
+
+async def test_a_worker_lost_for_good_has_its_partitions_decided_by_the_other(two_workers: Running) -> None:
+    pipe, pipeline = two_workers, two_workers.pipeline
+    await _until(pipeline, lambda: _owned(pipeline.log("worker2")) >= 1
+                 and _owned(pipeline.log("worker")) + _owned(pipeline.log("worker2")) == pipe.settings.partitions,
+                 "the two workers sharing the partitions")
+    warm = [f"warm{uuid.uuid4().hex[:8]}{i}" for i in range(PROBES)]
+    await pipe.correlate(warm)  # both deciding: the group settled
+    mark = len(pipeline.log("worker"))
+    pipeline.kill("worker2")  # and not started again
+    killed = time.monotonic()
+    probes = [f"lost{uuid.uuid4().hex[:8]}{i}" for i in range(PROBES)]
+    await pipe.correlate(probes)
+    await pipe.post("pg", *(deposit(dep, 3, "settled") for dep in probes))
+    await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = $2 FROM pg_deposits WHERE pg_deposit_id = ANY($1) "
+                                             "AND status = 'settled'", probes, len(probes)), timeout=90)
+    decided_s = time.monotonic() - killed
+    after = pipeline.log("worker")[mark:]
+    # the survivor was given every partition, the killed one's too, and decided a probe on each
+    assert _owned(after) == pipe.settings.partitions, after[-3000:]
+    assert decided_s < OLD_SESSION_S - 2, (decided_s, after[-3000:])
+    assert "as a new member" not in after, after[-3000:]  # the survivor itself was not expelled
+
+
+async def test_the_broker_allows_the_groups_session_and_says_so(kafka: KafkaBroker, postgres: PostgresServer,
+                                                                 namespace: str) -> None:
+    """The embedded broker lowers group.min.session.timeout.ms (Kafka's 6 s would refuse the 3 s
+    default): the start-up check reads it and finds the session accepted, a shorter one refused."""
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace)
+    configs = await broker_group_configs(settings)
+    assert configs is not None and configs["group.min.session.timeout.ms"] == "1000", configs
+    assert await session_refusal(settings) is None
+    assert "INVALID_SESSION_TIMEOUT" in (refusal(999, configs) or "")

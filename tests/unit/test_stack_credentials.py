@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.settings import DEV_DEFAULTS, Settings, operator_settings, stack_credentials
+from app.settings import DEV_DEFAULTS, Settings
+from app.settings_operator import operator_settings, stack_credentials
 from app.stack import credentials
 from app.supervisor import Stack
 
