@@ -3,9 +3,9 @@
 ``iso_ms(ms)`` is exactly ``datetime.fromtimestamp(ms / 1000, UTC).isoformat()``, which release 0.2
 wrote, and which the decision path called two or three times per card or pg record (about 4 % of
 its instructions). For the years 2000..2099 it is built from cached pieces instead: the day's date
-once per day, a second's text once per second, then a table lookup. That is exact there: ``ms / 1000`` is within a quarter of a
-microsecond of the true value, so ``fromtimestamp`` rounds it to exactly the millisecond's
-microseconds. Any other value takes ``datetime``'s own path (and raises as it does).
+once per day, a second's text once per second, then a table lookup. That is exact there:
+``ms / 1000`` is within a quarter of a microsecond of the true value, so ``fromtimestamp`` rounds it
+to exactly the millisecond's microseconds. Any other value takes ``datetime``'s own path (and raises as it does).
 """
 
 from __future__ import annotations
