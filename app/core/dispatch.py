@@ -115,10 +115,25 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
     """What :func:`decide_record` reads of a record's headers (its Delivery, whether it is a
     correlation, whether the ingest checked it), without a dict of them: about 6 k instructions
     less per record. It fails where that dict would have (a value that is not UTF-8: the careful
-    pass takes the batch then), and the same header given twice counts as the last, as there."""
+    pass takes the batch then), and the same header given twice counts as the last, as there.
+
+    The headers the ingest writes, in its order (``raw_headers`` then ``checked: 1``), are taken
+    apart in one unpacking: the same result as the loop below for them, at a third of its cost."""
+    headers = record.headers
+    if len(headers) == 5:
+        (n1, gateway_b), (n2, delivery_b), (n3, received_b), (n4, source_b), (n5, checked_b) = headers
+        if n1 == "gateway" and n2 == "delivery_id" and n3 == "received_at" and n4 == "source" and \
+                n5 == H_CHECKED and checked_b == b"1":
+            # every value decoded before the key and the number, as the loop fails first on those
+            named, delivered, text, sent_by = (
+                gateway_b.decode(), delivery_b.decode(), received_b.decode(), source_b.decode())
+            resource_key = record.key.decode()
+            return Delivery(delivered or f"{record.topic}:{record.partition}:{record.offset}",
+                            named or resource_key.partition(":")[0], resource_key,
+                            int(text) if text else 0, record.offset, sent_by), False, True
     delivery_id = gateway = received = None
     source, correlation, checked = "webhook", False, False
-    for name, value in record.headers:
+    for name, value in headers:
         if name == "delivery_id":
             delivery_id = value.decode()
         elif name == "received_at":

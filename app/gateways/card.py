@@ -17,7 +17,7 @@ import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
-from app.gateways.limits import IdText, IsoText, Minor, Seq, Text, body_error, int64_error
+from app.gateways.limits import IdText, IsoText, Minor, Seq, TakenId, Text, body_error, int64_error
 from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
 
 name = "card"
@@ -79,11 +79,11 @@ def verify(raw: bytes, headers: Mapping[str, str], secrets: tuple[str, ...], now
 
 class Fields(Body):
     """Every field app/core/card.py and the projector read (DESIGN.md §2.4), with the checks msgspec
-    makes in C; :class:`Event` adds those made in Python."""
+    makes in C but the ids' dots pattern; :class:`Event` adds that pattern and the checks made in Python."""
 
-    id: IdText
+    id: TakenId
     type: Text
-    payment_ref: IdText
+    payment_ref: TakenId
     occurred_at: IsoText  # the ordering key when a payment's events lack a sequence
     sequence: Seq | None = None
     amount_minor: Minor = 0
@@ -100,6 +100,9 @@ def check(event: Fields) -> None:
 class Event(Fields):
     """A webhook's body as the ingest checks it."""
 
+    id: IdText
+    payment_ref: IdText
+
     def __post_init__(self) -> None:
         check(self)
 
@@ -115,7 +118,7 @@ class Synced(Body):
 
 class Fetched(Fields):
     """What the worker reads of a card record the ingest checked (or the fetcher wrote): a webhook,
-    or the fetcher's ``synced`` answer. The ingest's Python checks are not made again.
+    or the fetcher's ``synced`` answer. The ingest's Python checks and dots pattern are not made again.
     ``synced`` is kept as the document holds it (any JSON value), as the state has always stored it:
     only a ``synced`` event's is read, by the reducer (:func:`synced_totals`); on a webhook it is one
     more field the gateway may add, which the ingest's schema skips and so must the worker's."""
@@ -151,6 +154,9 @@ def synced_totals(value: Any) -> Synced:
 class Unchecked(Fetched):
     """A record no adapter took yet (an older log, a direct append): the ingest's checks, on the
     same read."""
+
+    id: IdText
+    payment_ref: IdText
 
     def __post_init__(self) -> None:
         check(self)

@@ -14,7 +14,7 @@ import msgspec
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
-from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, Text, body_error
+from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, TakenId, Text, body_error
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
 name = "pg"
@@ -88,7 +88,7 @@ class Rejection(Body):
 class Overpayment(Body):
     """An immutable flag: appended to pg_deposit_overpayment_flags keyed on claim_id."""
 
-    claim_id: IdText | None = None
+    claim_id: TakenId | None = None
     cause: Text | None = None
     amount_minor: Minor | None = None
     slip_received_at: IsoText | None = None
@@ -96,13 +96,9 @@ class Overpayment(Body):
     action_required: Text | None = None
     expected_response_at: IsoText | None = None
 
-    def __post_init__(self) -> None:
-        require_ids(claim_id=self.claim_id)
-        require_times(slip_received_at=self.slip_received_at, expected_response_at=self.expected_response_at)
-
 
 class Deposit(Body, tag_field="object", tag="deposit"):
-    id: IdText
+    id: TakenId
     version: Int64
     status: Text
     is_terminal: bool | None = None
@@ -114,31 +110,20 @@ class Deposit(Body, tag_field="object", tag="deposit"):
     credited_amount_minor: Minor | None = None
     fee_breakdown: Any = None  # stored raw (jsonb); the body-wide limits cover it
     overpayment: Overpayment | None = None
-    balance_transaction_id: IdText | None = None
+    balance_transaction_id: TakenId | None = None
     clearing_available_at: IsoText | None = None
     partial: bool | None = None
     cancel_reason_code: Text | None = None
     review: Review | None = None
     rejection: Rejection | None = None
 
-    def __post_init__(self) -> None:
-        if not (self.id.isprintable() and (self.balance_transaction_id or "").isprintable()):
-            require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)  # which one, by name
-        if self.late_slip_accepted_until is not None or self.clearing_available_at is not None:
-            require_times(late_slip_accepted_until=self.late_slip_accepted_until,
-                          clearing_available_at=self.clearing_available_at)
-
 
 class PayoutMetadata(Body):
-    payout_id: IdText  # close_payout's key: the merchant's payout
-
-    def __post_init__(self) -> None:
-        if not self.payout_id.isprintable():
-            require_ids(payout_id=self.payout_id)
+    payout_id: TakenId  # close_payout's key: the merchant's payout
 
 
 class Withdrawal(Body, tag_field="object", tag="withdrawal"):
-    id: IdText
+    id: TakenId
     version: Int64
     status: Text
     amount_total_minor: Minor
@@ -150,20 +135,13 @@ class Withdrawal(Body, tag_field="object", tag="withdrawal"):
     refunded_minor: Minor | None = None
     settled_splits: SmallCount | None = None
 
-    def __post_init__(self) -> None:
-        if not self.id.isprintable():
-            require_ids(id=self.id)
-
 
 class Source(Body):
-    id: IdText | None = None
-
-    def __post_init__(self) -> None:
-        require_ids(id=self.id)
+    id: TakenId | None = None
 
 
 class BalanceTransaction(Body, tag_field="object", tag="balance_transaction"):
-    id: IdText
+    id: TakenId
     type: Text
     direction: Text
     amount_minor: Minor
@@ -173,25 +151,17 @@ class BalanceTransaction(Body, tag_field="object", tag="balance_transaction"):
     source: Source | None = None
     balance_after: Int64 | None = None  # a snapshot, may be below zero
 
-    def __post_init__(self) -> None:
-        require_ids(id=self.id)
-        require_times(created_at=self.created_at)
-
 
 class Fill(Body):
     """One chunk of a withdrawal, appended to pg_withdrawal_fills keyed on leg_ref."""
 
-    leg_ref: IdText
+    leg_ref: TakenId
     amount_minor: Minor
     sequence: SmallCount | None = None
     fee_recognized_minor: Minor | None = None
     settled_at: IsoText | None = None
     auto_confirm_at: IsoText | None = None
-    balance_transaction_id: IdText | None = None
-
-    def __post_init__(self) -> None:
-        require_ids(leg_ref=self.leg_ref, balance_transaction_id=self.balance_transaction_id)
-        require_times(settled_at=self.settled_at, auto_confirm_at=self.auto_confirm_at)
+    balance_transaction_id: TakenId | None = None
 
 
 class Data(Body):
@@ -200,11 +170,95 @@ class Data(Body):
     previous_attributes: dict[str, Any] | None = None
 
 
-class Event(Body):
-    id: IdText
+class Taken(Body):
+    """A body as the worker reads a record the ingest took: every field the core and the projector
+    read, typed and bounded in C; the ingest's checks made in Python and its ids' dots pattern
+    (:class:`Event`) were made on these same bytes there, and are not made again."""
+
+    id: TakenId
     type: Text
     data: Data
     sequence: Seq | None = None  # global per merchant: gap detection only
+
+
+# --- the ingest's schema: the same fields, each id also matched against the dots pattern, and the
+# checks msgspec cannot make in C (printable ids, times in range) in __post_init__. One subclass per
+# struct: a field's position is its base's, so a refusal names the same field as it always did.
+
+
+class StrictOverpayment(Overpayment):
+    claim_id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(claim_id=self.claim_id)
+        require_times(slip_received_at=self.slip_received_at, expected_response_at=self.expected_response_at)
+
+
+class StrictDeposit(Deposit):
+    id: IdText
+    overpayment: StrictOverpayment | None = None
+    balance_transaction_id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.id.isprintable() and (self.balance_transaction_id or "").isprintable()):
+            require_ids(id=self.id, balance_transaction_id=self.balance_transaction_id)  # which one, by name
+        if self.late_slip_accepted_until is not None or self.clearing_available_at is not None:
+            require_times(late_slip_accepted_until=self.late_slip_accepted_until,
+                          clearing_available_at=self.clearing_available_at)
+
+
+class StrictPayoutMetadata(PayoutMetadata):
+    payout_id: IdText
+
+    def __post_init__(self) -> None:
+        if not self.payout_id.isprintable():
+            require_ids(payout_id=self.payout_id)
+
+
+class StrictWithdrawal(Withdrawal):
+    id: IdText
+    metadata: StrictPayoutMetadata
+
+    def __post_init__(self) -> None:
+        if not self.id.isprintable():
+            require_ids(id=self.id)
+
+
+class StrictSource(Source):
+    id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id)
+
+
+class StrictBalanceTransaction(BalanceTransaction):
+    id: IdText
+    source: StrictSource | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(id=self.id)
+        require_times(created_at=self.created_at)
+
+
+class StrictFill(Fill):
+    leg_ref: IdText
+    balance_transaction_id: IdText | None = None
+
+    def __post_init__(self) -> None:
+        require_ids(leg_ref=self.leg_ref, balance_transaction_id=self.balance_transaction_id)
+        require_times(settled_at=self.settled_at, auto_confirm_at=self.auto_confirm_at)
+
+
+class StrictData(Data):
+    object: StrictDeposit | StrictWithdrawal | StrictBalanceTransaction
+    fill: StrictFill | None = None
+
+
+class Event(Taken):
+    """A webhook's body as the ingest checks it (and the worker, a record no adapter took)."""
+
+    id: IdText
+    data: StrictData
 
     def __post_init__(self) -> None:
         if not (self.id.isprintable() and self.type.isprintable()):
@@ -227,7 +281,7 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A pg body read once, for the worker: the typed event, and the document as orjson read it
     (``body``, its ``data.object`` and ``data.fill``), which decisions and state carry unchanged."""
 
-    event: Event
+    event: Taken
     body: Document
     object: Document
     fill: Document | None
@@ -241,7 +295,7 @@ def route(raw: bytes) -> Route:
     return accept(event)
 
 
-def accept(event: Event) -> Route:
+def accept(event: Taken) -> Route:
     """Where a body the schema took goes."""
     return Route(f"{name}:{event.data.object.id}", event.id, event.type)
 
@@ -251,7 +305,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
     if not checked and (problem := body_error(raw)) is not None:
         return refused(raw, Refusal("invalid", problem))
-    parsed = schema.parse(raw, Event)
+    parsed: tuple[Taken, Document] | Refusal = schema.parse(raw, Taken if checked else Event)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
     event, body = parsed

@@ -50,3 +50,17 @@ def test_a_later_header_of_the_same_name_counts() -> None:
     delivery, correlation, checked = read_headers(record)
     assert (delivery.received_at_ms, correlation, checked) == (7, False, False)
     assert delivery.delivery_id == "t.raw:1:3" and delivery.gateway == "pg" and delivery.source == "webhook"
+
+
+INGEST_ORDER = ["gateway", "delivery_id", "received_at", "source", "checked"]
+
+
+@settings(max_examples=1000)
+@given(st.lists(VALUES, min_size=5, max_size=5), st.sampled_from([b"pg:dep_1", b"card:pay_1", b"\xff:x", b"x"]),
+       st.booleans())
+def test_the_ingest_s_own_headers_read_as_the_dict_of_them_gave(values: list[bytes], key: bytes, ingest: bool) -> None:
+    # the ingest's order of names (the one-unpacking path), its checked value or any other
+    if ingest:
+        values[4] = b"1"
+    record = Incoming(key, b"{}", list(zip(INGEST_ORDER, values, strict=True)), 7, 2, "t.raw")
+    assert read(record) == by_dict(record)
