@@ -25,7 +25,7 @@ from tests.support import make_settings
 
 # What the admin port serves to anyone: sign-in, health, the console's static files, and the API
 # document (whose guard is issue #48's, app/admin/guard.PUBLIC).
-OPEN = {"/login", "/auth/start", "/auth/callback", "/healthz", "/openapi.json"}
+OPEN = {"/login", "/auth/start", "/auth/callback", "/healthz", "/readyz"}  # /openapi.json is a viewer's: 401 like the API
 
 
 @asynccontextmanager
