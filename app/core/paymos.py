@@ -148,11 +148,13 @@ def _effects(state: State, event_type: str, w: Webhook, d: Delivery) -> list[Eff
     return []
 
 
-def _allowed(current: Current | None, event_type: str, resource: Resource) -> bool:
+def _allowed(current: Current | None, w: Webhook) -> bool:
     if current is None or not current.is_final:
         return True
-    # terminal: only the named reorgs (or a newer snapshot of the same status) may follow
-    return event_type in REORGS or resource.status == current.status
+    # terminal: only the named reorgs may follow. A newer snapshot of the same terminal status is no
+    # exception: "a terminal event ends the resource's state machine", so one newer than the current
+    # (a withdrawal completed again) implies the reorg between them and waits for it
+    return w.event_type in REORGS
 
 
 def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
@@ -194,7 +196,7 @@ def _retry_parked(state: State) -> list[Decision]:
                 out.append(decide(p.delivery, STALE, **_common(w)))
                 progressed = True
                 break
-            if _allowed(current, w.event_type, w.resource):
+            if _allowed(current, w):
                 state.parked.remove(p)
                 out.append(_apply(state, w, p.delivery, UNPARKED))
                 progressed = True
@@ -230,7 +232,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     current = _current(state)
     if current is not None and _key(resource) <= _key(current):
         return numbered(state, [decide(d, STALE, event_id=event_id, event_type=event_type, payload=w.body)])
-    if not _allowed(current, event_type, resource):
+    if not _allowed(current, w):
         state.parked.append(Parked(msgspec.Raw(orjson.dumps(w.body)), d))
         return numbered(state, [decide(d, PARKED, error="change out of a terminal state waits for its reorg",
                                        **_common(w))])

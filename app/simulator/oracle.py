@@ -21,10 +21,10 @@ Each gateway's oracle is its simulator module's (app/simulator/<name>.py, ``orac
   way earned: a one-shot effect is not taken back (see ``card``; counted apart as ``transient``).
 - paymos: the document's state machine in true order: a snapshot older than the current one is
   stale; a terminal state is left only by the reorg the document names for it (awaiting_payment out
-  of a paid invoice, completion_rewound out of completed, reorged out of confirmed; the core's extra
-  "same status" clause is kept as a named, open disagreement: paymos.SAME_STATUS_LEAVES_TERMINAL),
-  anything else waits for its reorg; `paid_late` is one note per invoice; one credit per invoice
-  (paid or paid_over, whichever came first), a payout's completion per completion cycle.
+  of a paid invoice, completion_rewound out of completed, reorged out of confirmed; a newer snapshot
+  of the same terminal status is no exception), anything else waits for its reorg; `paid_late` is
+  one note per invoice; one credit per invoice (paid or paid_over, whichever came first), a
+  payout's completion per completion cycle.
 
 Counted, not collected: the check counts each effect the core emits (one emitted twice is a mismatch,
 ``repeated``), and compares each delivery's outcomes in order (``outcomes``: applied, stale,

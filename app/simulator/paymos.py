@@ -87,15 +87,11 @@ def generate(rng: random.Random, seed: int, stem: str) -> History:
 # reorg cancels a channel deposit's transaction. Anything else after a terminal state waits for its reorg.
 REORGS_OUT_OF = {"awaiting_payment": {"paid", "paid_over", "underpaid"}, "completion_rewound": {"completed"},
                  "reorged": {"confirmed"}}
-# An open disagreement (issue #46), kept visible rather than copied silently: the core also lets a newer
-# snapshot of the *same* terminal status through (app/core/paymos.py's _allowed), which no document
-# states. By the document's rule such a snapshot (a withdrawal completed, reopened by completion_rewound,
-# completed again, the second completion delivered before the rewind) waits for its reorg, and the
-# merchant gets payout_reopened and the second cycle's payout_completed; by the core's, the rewind then
-# arrives stale and neither is sent. With this False the check reports it (~3 % of paymos histories;
-# tests/unit/test_oracle_rules.py holds it). Flip it when the core follows the document (its golden
-# bytes change with it).
-SAME_STATUS_LEAVES_TERMINAL = True
+# Nor does a newer snapshot of the same terminal status (the document's processing rules: "a terminal
+# event ends the resource's state machine; a redelivery of the same event_id stays a duplicate, not a
+# new transition"; completion_rewound: "the completion or the failure comes with a later event"). A
+# withdrawal completed, reopened and completed again, the second completion delivered before the
+# rewind, waits for it: the merchant hears payout_reopened and the second cycle's payout_completed.
 
 
 def oracle(history: History) -> Outcome:
@@ -108,8 +104,7 @@ def oracle(history: History) -> Outcome:
     def allowed(event: Any) -> bool:
         if current is None or current.fact["status"] not in TERMINAL:
             return True
-        same = SAME_STATUS_LEAVES_TERMINAL and event.fact["status"] == current.fact["status"]
-        return same or current.fact["status"] in REORGS_OUT_OF.get(event.fact["step"], set())
+        return current.fact["status"] in REORGS_OUT_OF.get(event.fact["step"], set())
 
     def take(event: Any) -> None:
         nonlocal current, cycle

@@ -98,6 +98,41 @@ def test_withdrawal_rewound_reopens_and_closes_again() -> None:
     assert applied(state)["status"] == "completed"
 
 
+def test_a_second_completion_before_its_rewind_waits_for_it() -> None:
+    """The document names no "same status" exception: a terminal event ends the state machine, so a
+    newer completion of a completed withdrawal implies the rewind between them and waits for it. The
+    merchant hears the reopening and the second cycle's completion (a core that took the second
+    completion at once sent neither: the rewind then arrived stale)."""
+    state, out = run([event("withdrawal.completed", "wdr_1", "completed", 300),
+                      event("withdrawal.completed", "wdr_1", "completed", 500),
+                      event("withdrawal.completion_rewound", "wdr_1", "signed", 400)], key="paymos:wdr_1")
+    assert [d.outcome for d in out] == ["applied", "parked", "applied", "unparked"]
+    assert effect_keys(out) == ["paymos:wdr_1:payout_completed:0", "paymos:wdr_1:payout_reopened:0",
+                                "paymos:wdr_1:payout_completed:1"]
+    assert applied(state)["updated_at"] == T0 + 500 and state.parked == []
+
+
+WITHDRAWAL_HISTORY = [("withdrawal.completed", "completed", 300), ("withdrawal.completion_rewound", "signed", 400),
+                      ("withdrawal.completed", "completed", 500)]
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_a_heard_completion_is_reopened_and_closed_again_in_any_order(data: st.DataObject) -> None:
+    """Whatever the order (redeliveries included), the withdrawal ends at the second completion, each
+    effect at most once, and once the first completion was heard before the rest, the merchant also
+    hears the reopening and the second completion."""
+    history = [event(t, "wdr_1", s, at) for t, s, at in WITHDRAWAL_HISTORY]
+    order = data.draw(st.permutations(history + data.draw(st.lists(st.sampled_from(history), max_size=3))))
+    state, out = run(order, key="paymos:wdr_1")
+    assert (applied(state)["status"], applied(state)["updated_at"]) == ("completed", T0 + 500)
+    keys = effect_keys(out)
+    assert len(keys) == len(set(keys)) and state.parked == []
+    if order[0] == history[0]:
+        assert keys == ["paymos:wdr_1:payout_completed:0", "paymos:wdr_1:payout_reopened:0",
+                        "paymos:wdr_1:payout_completed:1"]
+
+
 def test_channel_deposit_confirmed_again_after_reorg_is_credited_once() -> None:
     _, out = run([event("payment_channel.deposit.confirmed", "pcd_1", "confirmed", 300, net_amount="1.25"),
                   event("payment_channel.deposit.reorged", "pcd_1", "reorged", 400),
