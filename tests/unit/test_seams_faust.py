@@ -25,7 +25,6 @@ Producer, Thread = faust_aiokafka.Producer, faust_aiokafka.AIOKafkaConsumerThrea
 # Each method the seam overrides (its behaviour replayed or extended there), at the source it was read.
 SOURCES = {
     "Consumer._drain_messages": (Consumer._drain_messages, "44a2500309e83c63"),
-    "Consumer._wait_next_records": (Consumer._wait_next_records, "6218e1969a636b3f"),
     "Consumer._commit_handler": (Consumer._commit_handler.fun, "4e5da5df073082d6"),
     "Consumer._new_offset": (Consumer._new_offset, "1d2c7ea89a7ad4f1"),
     "Consumer._commit_offsets": (Consumer._commit_offsets, "1a69799041188441"),
@@ -50,8 +49,6 @@ def test_each_method_the_seam_overrides_is_the_source_it_was_written_against() -
 
 @pytest.mark.parametrize(("owner", "method", "wanted"), [
     (Consumer, "_drain_messages", ["self", "fetcher"]),
-    (Consumer, "_wait_next_records", ["self", "timeout"]),
-    (Consumer, "_get_active_partitions", ["self"]),
     (Consumer, "_new_offset", ["self", "tp"]),
     (Consumer, "_commit_offsets", ["self", "offsets", "start_new_transaction"]),
     (Consumer, "_should_commit", ["self", "tp", "offset"]),

@@ -29,7 +29,6 @@ from app.seams.faust.app import hooks_of
 FETCH_MAX_WAIT_MS = 100
 DRAIN_YIELD_EVERY = 100  # the fetch loop lets other tasks run after this many records (as Faust's does)
 START_OFFSET_TIMEOUT_S = 5.0  # the skip guard's question to the broker (ask_start_offset), at most
-NONE_ACTIVE_WAIT_S = 0.05  # the fetch loop's look again while no partition is active (Faust: 1 s)
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -54,20 +53,6 @@ class Consumer(faust_aiokafka.Consumer):
         # faust/transport/drivers/aiokafka.py Consumer._new_consumer_thread (line 237), called by
         # faust/transport/consumer.py ThreadDelegateConsumer.__init__ (line 1398) to set self._thread
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-    async def _wait_next_records(self, timeout: float) -> tuple[Any, set[TP] | None]:  # noqa: ASYNC109  Faust's signature
-        """Faust's (transport/consumer.py Consumer._wait_next_records, line 776), but while no partition
-        is active (every one paused: a rebalance's recovery) it looks again after NONE_ACTIVE_WAIT_S,
-        not after Faust's second: the partitions a lost exactly-once worker left were decided 1.0 s
-        after the survivor's "Worker ready" (`bench restart --scenario gone`), that sleep."""
-        if self.app.client_only or self._get_active_partitions():
-            result: tuple[Any, set[TP] | None] = await super()._wait_next_records(timeout)
-            return result
-        if not self.flow_active:
-            await self.wait(self.can_resume_flow)  # type: ignore[arg-type]  # an asyncio.Event, as in Faust
-        self.not_waiting_next_records.set()  # as Faust's: its stop waits for this
-        await self.sleep(NONE_ACTIVE_WAIT_S)
-        return {}, set()
 
     def client(self) -> AIOKafkaConsumer | None:
         """aiokafka's consumer under this one (Consumer._thread: transport/consumer.py line 1398)."""
