@@ -2,7 +2,9 @@
 gateway's order (pure layer; gateway-docs/card-gateway-order-playbook.txt).
 
 Ordering key, stated here in code as the playbook asks:
-- ``sequence`` when every event of the payment carries one;
+- ``sequence`` when every webhook event of the payment carries one; a ``synced`` event (the GET
+  answer, which carries none) then sits right after the last sequenced event it covers, read from
+  its totals and state (``covered_upto``), answers placed alike in the order they were fetched;
 - otherwise ``(occurred_at, rank)``: an authorisation and its auto-capture can share a timestamp,
   so the rank keeps authorised < captured < refunded, and voided after authorised;
 - the event id last, so the order is total and a replay sorts identically.
@@ -95,14 +97,52 @@ def stored_event(raw: bytes) -> CardEvent:
     return event_of(found.event)
 
 
-def ordering_key(events: list[CardEvent]) -> Callable[[CardEvent], tuple[int, int, str]]:
+def covered_upto(fetch: CardEvent, sequenced: list[CardEvent]) -> int:
+    """The sequence after which a synced answer sits among the payment's sequenced events (those in
+    sequence order).
+
+    The GET answer carries no sequence, only the state and totals the gateway reached after its
+    events up to some sequence. Totals only grow along the sequence and every event moves them or
+    the state, so over a run of stored events without a gap the totals decide: the answer covers
+    them up to the first capture or refund that would go above its totals, an authorisation while
+    it says ``created``, a void while it is not ``voided``. After a gap (events not stored yet) the
+    totals cannot tell whether the missing events or this one make them up; there the fetch's own
+    moment decides: an event stamped after it is not covered."""
+    s = synced_totals(fetch.synced)
+    captured = refunded = upto = 0
+    for e in sequenced:
+        captured += e.amount_minor if e.kind == "captured" else 0
+        refunded += e.amount_minor if e.kind == "refunded" else 0
+        if captured > s.captured_minor or refunded > s.refunded_minor \
+                or (e.kind == "authorised" and s.state == "created") or (e.kind == "voided" and s.state != "voided"):
+            break
+        gap = (e.sequence or 0) > upto + 1
+        if gap and e.occurred_at_ms > fetch.occurred_at_ms:
+            break
+        upto = e.sequence or 0
+    return upto
+
+
+def ordering_key(events: list[CardEvent]) -> Callable[[CardEvent], tuple[int, int, int, str]]:
     """The sort key for this payment's events (see the module docstring)."""
-    for e in events:  # a loop, not all() over a generator: this runs on every delivery
-        if e.sequence is None:
-            return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), e.id)
-    if events:
-        return lambda e: (e.sequence or 0, RANK.get(e.kind, 3), e.id)
-    return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), e.id)
+    sequenced, synced = [], []
+    for e in events:  # loops, not all() over a generator: this runs on every delivery
+        if e.kind == "synced" and e.sequence is None:
+            synced.append(e)
+        elif e.sequence is None:
+            return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), 0, e.id)
+        else:
+            sequenced.append(e)
+    if not sequenced:
+        return lambda e: (e.occurred_at_ms, RANK.get(e.kind, 3), 0, e.id)
+    if not synced:
+        return lambda e: (e.sequence or 0, RANK.get(e.kind, 3), 0, e.id)
+    sequenced.sort(key=lambda e: (e.sequence or 0, RANK.get(e.kind, 3), e.id))
+    # a synced answer right after the last sequenced event it covers (rank 4: after every kind);
+    # answers placed alike in the order they were fetched (a later answer is the newer state)
+    place = {e.id: covered_upto(e, sequenced) if e.synced is not None else 0 for e in synced}
+    return lambda e: (place[e.id], 4, e.occurred_at_ms, e.id) if e.id in place \
+        else (e.sequence or 0, RANK.get(e.kind, 3), 0, e.id)
 
 
 def reduce(events: list[CardEvent]) -> Reduced:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,13 +36,6 @@ from app.simulator.plugins import DemoInput, DemoTable, GatewaySimulator
 from app.simulator.truths import T0_MS, iso
 
 RETRYING = Retrying((0, 30_000, 2 * MIN, 10 * MIN, HOUR, 6 * HOUR))
-# An open question (issue #46), kept visible rather than settled here: once a synced event (the GET
-# answer, without a sequence) is stored, the core orders all of the payment's events by their clocks
-# (app/core/card.py's ordering_key: sequence only when every event has one), so sequenced events whose
-# clocks disagree can end wrong after a fetch (a refund stamped before the capture it follows refunds
-# the payment in full and parks that capture). With this False the clocks disagree only in histories
-# without a fetch; tests/unit/test_simulator_cases.py shows what True finds.
-SKEW_WITH_FETCH = False
 
 
 # --- card: one payment (card-gateway-order-playbook.txt) -----------------------------------------
@@ -152,11 +144,6 @@ def generate(rng: random.Random, seed: int, stem: str, first_edition: bool = Fal
     moments = [last + FETCH_AFTER_MS + rng.randrange(0, 30_000) for _, last in lost]
     if rng.random() < 0.1:
         moments.append(rng.randrange(events[0].created_ms, events[-1].created_ms + 120_000))
-    if moments and not SKEW_WITH_FETCH and stamps != [e.created_ms for e in events]:
-        events = [replace(e, body=orjson.dumps({**orjson.loads(e.body), "occurred_at": iso(e.created_ms)}))
-                  for e in events]
-        stamps = [e.created_ms for e in events]
-        deliveries = [replace(d, body=events[d.event].body) for d in deliveries]
     for at in moments:
         # never at an event's own millisecond, nor between an event's creation and its (skewed) stamp:
         # the answer is the truth of the events created before ``at``, which are those stamped before it

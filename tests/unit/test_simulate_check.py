@@ -200,8 +200,8 @@ MUTANTS = [
     # oracle change; the example for the first: a refund and a capture in one millisecond)
     ("card", "app/core/card.py", 'RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}',
      'RANK = {"authorised": 2, "captured": 1, "voided": 1, "refunded": 0, "synced": -1}'),
-    ("card", "app/core/card.py", "        if e.sequence is None:\n            return lambda e: (e.occurred_at_ms",
-     "        if True:\n            return lambda e: (e.occurred_at_ms"),
+    ("card", "app/core/card.py", "        elif e.sequence is None:\n            return lambda e: (e.occurred_at_ms",
+     "        elif True:\n            return lambda e: (e.occurred_at_ms"),
     ("pg", "app/core/pg.py", "if state.version is not None and obj.version <= state.version:\n"
                              "        return decide(d, STALE, facts=facts, event_id",
      "if state.version is not None and obj.version < state.version:\n"

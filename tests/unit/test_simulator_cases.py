@@ -14,8 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from app.simulator import card as card_simulator
-from app.simulator import check, histories, plugins, truths
+from app.simulator import card_oracle, check, histories, plugins, truths
 from app.simulator.truths import T0_MS, iso
 
 SEEDS = 1000
@@ -130,18 +129,16 @@ def test_a_second_completion_delivered_before_its_rewind_waits_for_it() -> None:
     assert check.mismatch(history) == []
 
 
-def test_the_core_orders_by_clock_once_a_synced_event_is_stored(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kept visible (app/simulator/card.py, SKEW_WITH_FETCH): a sequenced payment whose clocks disagree,
-    fetched once (captured 108), then a capture of 6581 and a refund of 108 stamped 5 s before it.
-    The sequence puts the refund last (captured 6689, refunded 108); the core, holding a synced event
-    without a sequence, orders by clock and refunds in full, parking the capture. When the core keeps
-    the sequence among sequenced events this test fails: flip the flag then."""
-    assert check.mismatch(truths.make("card", 2917)) == []
-    monkeypatch.setattr(card_simulator, "SKEW_WITH_FETCH", True)
-    why = check.mismatch(truths.make("card", 2917))
-    assert why[0] == ("rows[pay_2917]: expected {'state': 'captured', 'authorised_minor': 6689, "
-                      "'captured_minor': 6689, 'refunded_minor': 108}, core {'state': 'refunded', "
-                      "'authorised_minor': 6689, 'captured_minor': 108, 'refunded_minor': 108}"), why
+def test_the_core_keeps_the_sequence_once_a_synced_event_is_stored() -> None:
+    """Seed 2917: a sequenced payment whose clocks disagree, fetched once (captured 108), then a
+    capture of 6581 and a refund of 108 stamped 5 s before it. The sequence puts the refund last
+    (captured 6689, refunded 108); a core that orders by clock once it holds the synced answer
+    refunds in full and parks the capture (tests/unit/test_card_synced_order.py holds the shape)."""
+    history = truths.make("card", 2917)
+    assert {"clocks disagree", "the sequence decides", "fetched at random"} <= card_oracle.cases(history)
+    assert card_oracle.oracle(history).rows["pay_2917"] == {
+        "state": "captured", "authorised_minor": 6689, "captured_minor": 6689, "refunded_minor": 108}
+    assert check.mismatch(history) == []
 
 
 ORACLE_MODULES = ["oracle.py", "pg_oracle.py", "card_oracle.py", "card.py", "paymos.py", "pg.py", "expected.py",
