@@ -23,9 +23,9 @@ from app.stack.postgres import PostgresServer
 from app.stack.process import free_port
 from tests.support import make_settings
 
-# What the admin port serves to anyone: sign-in, health, the console's static files, and the API
-# document (whose guard is issue #48's, app/admin/guard.PUBLIC).
-OPEN = {"/login", "/auth/start", "/auth/callback", "/healthz", "/readyz"}  # /openapi.json is a viewer's: 401 like the API
+# What the admin port serves to anyone (app/admin/guard.PUBLIC): sign-in, health, readiness and the
+# console's static files. /openapi.json is a viewer's: it answers 401 like the API.
+OPEN = {"/login", "/auth/start", "/auth/callback", "/healthz", "/readyz"}
 
 
 @asynccontextmanager
