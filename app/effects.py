@@ -44,7 +44,7 @@ BACKOFF_CAP_S = 300.0
 PENDING_EVERY_S = 5.0  # how often the backlog gauges are read from PostgreSQL
 STOP_GRACE_S = 5.0  # deliveries in flight at stop get this long to finish and be marked
 # Of a refusing merchant's answer, this much is read and kept in last_error (the rest is never read:
-# an endless answer costs one bounded read, within the request's 10 s).
+# an endless answer costs one bounded read, within the request's ORDERLY_EFFECTS_TIMEOUT_S).
 ANSWER_BYTES = 300
 
 EFFECTS = unnest_insert("effects", "dedupe_key text, type text, gateway text, resource_id text, payload text::jsonb, "
@@ -186,7 +186,13 @@ class EffectsWorker:
     async def start(self) -> None:
         await self.producer.start()
         await self.sink.start()
-        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self.open_http()
+
+    def open_http(self) -> None:
+        """The client of every delivery. Its deadline is the whole request, the merchant's answer read
+        included (ORDERLY_EFFECTS_TIMEOUT_S): a merchant that never answers holds a delivery slot
+        this long, then the delivery is retried on its schedule."""
+        self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.settings.effects_timeout_s))
 
     async def stop(self) -> None:
         await self.drain(STOP_GRACE_S)

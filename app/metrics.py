@@ -175,10 +175,9 @@ class ProjectorMetrics(_Metrics):
                                         registry=self.registry)
 
 
-async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1",
-                        readiness: Readiness | None = None) -> web.AppRunner:
-    """A /metrics endpoint of its own (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT), apart from any port a
-    process serves its clients on; with ``readiness``, /readyz beside it (app/readiness.py)."""
+def metrics_app(registry: CollectorRegistry, readiness: Readiness | None = None) -> web.Application:
+    """/metrics over ``registry``; with ``readiness``, /readyz beside it (app/readiness.py). Apart
+    from serving it, so that the Helm chart's probes are held to its routes (tests/served_routes.py)."""
 
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -191,7 +190,14 @@ async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127
             return web.json_response(body, status=status)
 
         app.router.add_get("/readyz", readyz)
-    runner = web.AppRunner(app, access_log=None)
+    return app
+
+
+async def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1",
+                        readiness: Readiness | None = None) -> web.AppRunner:
+    """A /metrics endpoint of its own (ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT), apart from any port a
+    process serves its clients on; with ``readiness``, /readyz beside it (app/readiness.py)."""
+    runner = web.AppRunner(metrics_app(registry, readiness), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

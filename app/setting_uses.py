@@ -22,7 +22,7 @@ PROCESS = frozenset({"postgres_dsn", "gc_threshold", "event_loop", "debug_sinks"
 METRICS = frozenset({"metrics_port", "metrics_host"})
 SINK = frozenset({"instance_id", "sink_busy_interval_s", "session_timeout_s"})
 EFFECTS = frozenset({"effects_url", "effects_secret", "effects_allow_http", "effects_concurrency",
-                     "effects_max_attempts", "effects_lease_s"})
+                     "effects_max_attempts", "effects_lease_s", "effects_timeout_s"})
 WORKER = frozenset({"store", "worker_stall_s", "worker_instance_id", "worker_batch_max", "worker_busy_interval_s",
                     "faust_loglevel", "data_dir", "session_timeout_s"})
 ADMIN = frozenset({"admin_token", "admin_oidc_issuer", "admin_oidc_client_id", "admin_oidc_client_secret",

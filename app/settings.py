@@ -217,6 +217,7 @@ class Settings:
             "delivery attempts before an effect is marked dead")
     effects_lease_s = Setting("ORDERLY_EFFECTS_LEASE_S", Number(), 30.0,
             "seconds before a claimed, undelivered effect may be claimed again")
+    effects_timeout_s = Setting("ORDERLY_EFFECTS_TIMEOUT_S", Number(), 10.0, "seconds a delivery's request may take")
     # The API base of each gateway the fetcher can ask (its registry line's ``fetch``).
     api_urls = Keyed({g.name: Setting(f"ORDERLY_{g.name.upper()}_API_URL", Maybe(Url()), None, g.fetch.api_help)
                       for g in registry.GATEWAYS.values() if g.fetch})

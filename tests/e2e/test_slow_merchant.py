@@ -1,10 +1,11 @@
 """A merchant slow for some effects (issue #46, faults): one deposit's credit answered only after
 30 s (the first two attempts; then the merchant is quick again), another's never answered. The
-effects worker gives each request 10 s (app/effects.py), so both time out and are retried on their
-schedule (10 s, then the backoff: 0.25-0.5 s, 0.5-1 s, ...), the never-answered ones until they are
-dead after ORDERLY_EFFECTS_MAX_ATTEMPTS. Meanwhile the other effects keep flowing through the free
-slots, the requests in flight never pass ORDERLY_EFFECTS_CONCURRENCY (counted at the merchant), no
-effect has two requests open at once, and none is answered 2xx twice."""
+effects worker gives each request ORDERLY_EFFECTS_TIMEOUT_S (here 5 s, the default 10), so both
+time out and are retried on their schedule (the timeout, then the backoff: 0.25-0.5 s, 0.5-1 s,
+...), the never-answered ones until they are dead after ORDERLY_EFFECTS_MAX_ATTEMPTS. Meanwhile
+the other effects keep flowing through the free slots, the requests in flight never pass
+ORDERLY_EFFECTS_CONCURRENCY (counted at the merchant), no effect has two requests open at once,
+and none is answered 2xx twice."""
 
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ from tests.support import make_settings, serve_in_thread
 
 CONCURRENCY = 4
 MAX_ATTEMPTS = 3
-REQUEST_TIMEOUT_S = 10.0  # app/effects.py: aiohttp.ClientTimeout(total=10)
+REQUEST_TIMEOUT_S = 5.0  # ORDERLY_EFFECTS_TIMEOUT_S given to the effects process: half the default, half the wait
 SLOW_S, SLOW_ATTEMPTS = 30.0, 2  # the slow deposit's effects: answered after 30 s, twice
-FAST_HOLD_S = 0.5  # every other request: held this long, so that the free slots fill up
+FAST_HOLD_S = 0.25  # every other request: held this long, so that the free slots fill up
 NEVER_S = 3600.0
 
 
@@ -98,7 +99,8 @@ async def test_slow_and_silent_merchants_hold_their_slots_only(pipe: Running) ->
         pipe.pipeline.terminate("effects")
         pipe.pipeline.start("effects", ORDERLY_EFFECTS_URL=f"{url}/effects",
                             ORDERLY_EFFECTS_CONCURRENCY=str(CONCURRENCY),
-                            ORDERLY_EFFECTS_MAX_ATTEMPTS=str(MAX_ATTEMPTS))
+                            ORDERLY_EFFECTS_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
+                            ORDERLY_EFFECTS_TIMEOUT_S=f"{REQUEST_TIMEOUT_S:g}")
         # the two slow credits first: they hold two of the four slots while 40 quick effects (and
         # the two deposits' release_goods) go through the other two
         await pipe.correlate(["dep_slow", "dep_never"])
@@ -139,7 +141,7 @@ async def test_slow_and_silent_merchants_hold_their_slots_only(pipe: Running) ->
         SLOW_ATTEMPTS + 1, SLOW_ATTEMPTS + 1, 1)
     others = [f"deposit:{d}:release_goods" for d in ("dep_slow", "dep_never")]
     assert {k: merchant.answered[k] for k in others} == dict.fromkeys(others, 1)
-    # the schedule: each retry 10 s (the timeout) plus the backoff after n failures (half its ceiling
+    # the schedule: each retry the timeout plus the backoff after n failures (half its ceiling
     # fixed, half jittered) after the previous one, give or take the delivery loop's turn
     gaps = {k: [b - a - REQUEST_TIMEOUT_S for a, b in zip(merchant.started[k], merchant.started[k][1:], strict=False)]
             for k in (never, slow)}

@@ -27,9 +27,11 @@ import kubernetes_validate  # type: ignore[import-untyped]  # the wheel ships no
 import pytest
 import yaml
 
+from app.admin.guard import PUBLIC
 from app.setting_kinds import REQUIRED as SETTING_REQUIRED
 from app.setting_uses import PROCESSES, USES
 from app.settings import DEV_DEFAULTS, GATEWAYS, TABLE, Settings, SettingsError
+from tests import served_routes
 from tests.kafka_security import issue, make_ca
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,12 +191,69 @@ def test_more_workers_than_partitions_is_refused(helm: str) -> None:
     assert result.returncode != 0 and "more than kafka.partitions (12)" in result.stderr
 
 
-def test_probes_and_metrics_ports(rendered: dict[str, list[dict[str, Any]]]) -> None:
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
+
+
+def probe_problems(process: str, container: dict[str, Any]) -> list[str]:
+    """Why a container's probes are wrong ([] when right): a probe at a port the container does not
+    name, or at a path the process does not serve there (tests/served_routes.py, read from the code);
+    on the admin's port a path its guard does not leave public; no readiness probe on the /readyz
+    the process serves; or one on anything else."""
+    serves = served_routes.served(process)
+    problems = []
+    for kind in PROBES:
+        if kind not in container:
+            continue
+        target = container[kind]["httpGet"]
+        path, port = target["path"], target["port"]
+        there = sorted(serves.get(port, []))
+        if path not in there:
+            problems.append(f"{process}: {kind} at {path} on port {port!r}, which serves {there}")
+        elif port == "admin" and path not in PUBLIC:
+            problems.append(f"{process}: {kind} at {path}, which answers 401 to a probe (not public)")
+    ready = container.get("readinessProbe", {}).get("httpGet", {})
+    readyz = [port for port, paths in serves.items() if "/readyz" in paths]
+    if readyz and (ready.get("path"), ready.get("port")) not in [("/readyz", port) for port in readyz]:
+        problems.append(f"{process}: readinessProbe {ready or None}, not the /readyz it serves on {readyz}")
+    return problems
+
+
+def test_probes_ask_what_each_process_serves(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for render, objects in rendered.items():
+        for name, container in containers(objects):
+            if name != "migrate":
+                assert probe_problems(name, container) == [], render
+                assert "livenessProbe" in container, name
     probes = {name: (c["livenessProbe"]["httpGet"]["path"], c.get("readinessProbe", {}).get("httpGet", {}).get("path"))
               for name, c in containers(rendered["production"]) if name != "migrate"}
-    assert probes["ingest"] == ("/healthz", "/readyz") and probes["admin"] == ("/healthz", "/healthz")
-    for name in ("worker", "projector", "effects", "fetcher"):
-        assert probes[name] == ("/metrics", None)
+    assert probes == {"ingest": ("/healthz", "/readyz"), "admin": ("/healthz", "/readyz"), "worker": ("/metrics", None),
+                      "projector": ("/metrics", "/readyz"), "effects": ("/metrics", "/readyz"),
+                      "fetcher": ("/metrics", "/readyz")}
+
+
+def test_a_probe_at_a_path_or_port_not_served_is_caught(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """The check can fail: /healthz on the effects' metrics port, /readyz on the worker's (Faust serves
+    /metrics only), the admin's /readyz asked on its metrics port, the projector's readiness on /metrics."""
+    found = {name: c for name, c in containers(rendered["production"])}
+    effects, worker, admin, projector = (yaml.safe_load(yaml.safe_dump(found[n]))
+                                         for n in ("effects", "worker", "admin", "projector"))
+    effects["livenessProbe"]["httpGet"]["path"] = "/healthz"
+    assert probe_problems("effects", effects) == [
+        "effects: livenessProbe at /healthz on port 'metrics', which serves ['/metrics', '/readyz']"]
+    worker["readinessProbe"] = {"httpGet": {"path": "/readyz", "port": "metrics"}}
+    assert probe_problems("worker", worker) == [
+        "worker: readinessProbe at /readyz on port 'metrics', which serves ['/metrics']"]
+    admin["readinessProbe"]["httpGet"]["port"] = "metrics"
+    assert probe_problems("admin", admin)[0] == (
+        "admin: readinessProbe at /readyz on port 'metrics', which serves ['/metrics']")
+    admin["readinessProbe"]["httpGet"] = {"path": "/api/overview", "port": "admin"}
+    assert "not public" in probe_problems("admin", admin)[0]
+    projector["readinessProbe"]["httpGet"]["path"] = "/metrics"
+    assert probe_problems("projector", projector) == [
+        "projector: readinessProbe {'path': '/metrics', 'port': 'metrics'}, not the /readyz it serves on ['metrics']"]
+
+
+def test_metrics_ports(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for name, container in containers(rendered["production"]):
         ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
         env = {e["name"]: e.get("value") for e in container["env"]}

@@ -18,6 +18,7 @@ import yaml
 from app import metrics
 from app.cli import COMMANDS
 from app.gateways import registry
+from tests.served_routes import served
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SCHEMA = Path(__file__).resolve().parent / "compose-spec.json"
@@ -119,10 +120,12 @@ def test_every_service_has_a_healthcheck_of_its_own_endpoint() -> None:
         assert check["test"][0] in ("CMD", "CMD-SHELL") and check["interval"], name
     probes = {name: " ".join(services[name]["healthcheck"]["test"]) for name in ORDERLY}
     assert "127.0.0.1:8080/readyz" in probes["ingest"]
-    assert "127.0.0.1:8070/healthz" in probes["admin"]
-    for name in ("worker", "projector", "effects", "fetcher"):
+    assert "127.0.0.1:8070/readyz" in probes["admin"]
+    for name in ("worker", "projector", "effects", "fetcher"):  # what each serves (tests/served_routes.py)
         port = services[name]["environment"]["ORDERLY_METRICS_PORT"]
-        assert f"127.0.0.1:{port}/metrics" in probes[name], name
+        path = "/readyz" if "/readyz" in served(name)["metrics"] else "/metrics"
+        assert f"127.0.0.1:{port}{path}" in probes[name], name
+    assert "/metrics" in probes["worker"]
 
 
 def test_compose_references_resolve() -> None:

@@ -1,17 +1,19 @@
 """The effects worker's HTTP client against a merchant on a loopback port (issue #45, item 5): no
 redirect followed (a 307 re-sent the signed body and its Idempotency-Key to wherever it pointed, and
 the 2xx there marked the effect delivered), a refusing answer read only up to ANSWER_BYTES, and
-ORDERLY_EFFECTS_URL over https unless it is a loopback address or ORDERLY_EFFECTS_ALLOW_HTTP is set."""
+ORDERLY_EFFECTS_URL over https unless it is a loopback address or ORDERLY_EFFECTS_ALLOW_HTTP is set;
+each request's deadline ORDERLY_EFFECTS_TIMEOUT_S."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -34,6 +36,7 @@ async def merchant() -> AsyncIterator[tuple[str, list[str]]]:
     """A merchant whose /moved redirects to /elsewhere (which takes anything), whose /endless refuses
     with an answer that never ends; yields its URL and the paths that received a POST."""
     seen: list[str] = []
+    closing = asyncio.Event()
 
     async def moved(request: web.Request) -> web.Response:
         seen.append(request.path)
@@ -52,10 +55,17 @@ async def merchant() -> AsyncIterator[tuple[str, list[str]]]:
             await resp.write(chunk)
         return resp
 
+    async def silent(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), 30)  # no answer before the merchant closes
+        return web.Response(status=204)
+
     app = web.Application()
     app.router.add_post("/moved", moved)
     app.router.add_post("/elsewhere", elsewhere)
     app.router.add_post("/endless", endless)
+    app.router.add_post("/silent", silent)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     with socket.socket() as probe:
@@ -65,12 +75,14 @@ async def merchant() -> AsyncIterator[tuple[str, list[str]]]:
     try:
         yield f"http://127.0.0.1:{port}", seen
     finally:
+        closing.set()
         await runner.cleanup()
 
 
-async def post(url: str) -> str | None:
-    worker = EffectsWorker(settings(url))
-    worker.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+async def post(url: str, config: Settings | None = None) -> str | None:
+    worker = EffectsWorker(config or settings(url))
+    worker.open_http()  # the client start() opens
+    assert worker.http is not None
     try:
         return await worker._post(url, ROW)
     finally:
@@ -91,6 +103,18 @@ async def test_a_refusing_answer_is_read_only_up_to_the_cap() -> None:
     assert error is not None and error.startswith("HTTP 500: merchant says no")
     assert len(error) <= len("HTTP 500: ") + ANSWER_BYTES
     assert time.monotonic() - started < 5 and seen == ["/endless"]
+
+
+async def test_the_request_deadline_is_orderly_effects_timeout_s() -> None:
+    """Read from the environment as the process reads it; the default the 10 s it always was."""
+    assert EffectsWorker(settings("http://127.0.0.1:1/e")).settings.effects_timeout_s == 10.0
+    async with merchant() as (url, seen):
+        config = Settings.from_env({**settings(url).to_env(), "ORDERLY_EFFECTS_TIMEOUT_S": "0.3"})
+        started = time.monotonic()
+        error = await post(f"{url}/silent", config)
+        took = time.monotonic() - started
+    assert error is not None and error.startswith("TimeoutError") and seen == ["/silent"]
+    assert 0.3 <= took < 3, took  # the fixed client: 10 s
 
 
 @pytest.mark.parametrize(("url", "allowed"), [

@@ -241,8 +241,10 @@ spec:
 {{- end -}}
 
 {{/*
-Liveness on /metrics for the processes without an HTTP port of their own (as docker/compose.yaml);
-dict "startupSeconds" N: how long it may take to start (a worker restores its state first).
+Liveness on /metrics for the processes without an HTTP port of their own; dict "startupSeconds" N:
+how long it may take to start (a worker restores its state first); "ready" true: readiness on the
+/readyz the process serves beside /metrics (projector, effects, fetcher: 503 while they wait for
+PostgreSQL, app/readiness.py), so a pod waiting is taken out of its Service, never restarted.
 */}}
 {{- define "orderly.metricsProbes" -}}
 startupProbe:
@@ -254,4 +256,11 @@ livenessProbe:
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
+{{- if .ready }}
+readinessProbe:
+  httpGet: { path: /readyz, port: metrics }
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end }}
 {{- end -}}
