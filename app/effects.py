@@ -123,6 +123,10 @@ def delivery_key(settings: Settings) -> bytes | None:
                             "delivered signed; set ORDERLY_EFFECTS_SECRET=whsec_<base64 key> (the secret the "
                             "merchant verifies with), or unset ORDERLY_EFFECTS_URL to record without delivering")
     check_url(settings)
+    if settings.effects_timeout_s >= settings.effects_lease_s:
+        raise SettingsError(f"ORDERLY_EFFECTS_TIMEOUT_S={settings.effects_timeout_s:g} is not shorter than "
+                            f"ORDERLY_EFFECTS_LEASE_S={settings.effects_lease_s:g}: a request still open when its "
+                            "lease ends would be claimed and sent again; lower the timeout or lengthen the lease")
     try:
         return signing_key(settings.effects_secret.reveal())
     except ValueError as exc:

@@ -130,3 +130,16 @@ def test_the_url_is_https_unless_loopback_or_allowed(url: str, allowed: bool) ->
             delivery_key(settings(url))
     if url.startswith("http://"):  # the explicit setting allows any http host
         assert delivery_key(settings(url, effects_allow_http=True)) is not None
+
+
+@pytest.mark.parametrize(("timeout_s", "lease_s", "refused"), [(10.0, 30.0, False), (29.9, 30.0, False),
+                                                              (30.0, 30.0, True), (45.0, 30.0, True)])
+def test_a_request_may_not_outlast_its_lease(timeout_s: float, lease_s: float, refused: bool) -> None:
+    """A delivery still open when its lease ends would be claimed again and sent twice."""
+    config = Settings.from_env({**settings("https://merchant.example/e").to_env(),
+                                "ORDERLY_EFFECTS_TIMEOUT_S": str(timeout_s), "ORDERLY_EFFECTS_LEASE_S": str(lease_s)})
+    if refused:
+        with pytest.raises(SettingsError, match=r"ORDERLY_EFFECTS_TIMEOUT_S=\S+ is not shorter than ORDERLY_EFFECTS_LEASE"):
+            delivery_key(config)
+    else:
+        assert delivery_key(config) is not None
