@@ -215,6 +215,18 @@ def test_check_names_a_combination_it_refuses(capsys: pytest.CaptureFixture[str]
     assert code == 2 and out[-2].startswith("fail ORDERLY_EFFECTS_URL is http:// to a host that is not a loopback")
 
 
+def test_check_never_prints_a_url_s_password(capsys: pytest.CaptureFixture[str]) -> None:
+    # a merchant behind basic auth is given as https://user:password@host/…: the ok line and the
+    # unreached line show the URL without its password
+    url = "https://orderly:url-pw-never-shown@127.0.0.1:1/effects"
+    code = check.run(["effects"], {**BASE, "ORDERLY_KAFKA": "127.0.0.1:1", "ORDERLY_EFFECTS_URL": url,
+                                   "ORDERLY_EFFECTS_SECRET": "whsec_ZmlsZWQtZWZmZWN0cy1zZWNyZXQ="})
+    out = capsys.readouterr().out
+    assert code == 2 and "never-shown" not in out
+    assert "ok ORDERLY_EFFECTS_URL = https://orderly:***@127.0.0.1:1/effects" in out.splitlines()
+    assert "fail ORDERLY_EFFECTS_URL: https://orderly:***@127.0.0.1:1/effects was not reached" in out
+
+
 def test_check_refuses_an_unknown_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert check.run(["ingset"], BASE) == 2
     assert capsys.readouterr().err.startswith("orderly check: no process or command ingset; one of ingest, worker")
