@@ -46,7 +46,7 @@ def without_password(text: str) -> str:
     except ValueError:
         return text
     user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+    return urlunsplit((parts.scheme, f"{user.partition(':')[0]}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def _shown(row: Setting[Any], env: Mapping[str, str], value: object) -> str:
