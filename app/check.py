@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from app.setting_kinds import REQUIRED, Setting, SettingsError
 from app.setting_uses import PROCESSES, USES, uses
@@ -36,6 +37,18 @@ class Line:
         return f"{'ok' if self.ok else 'fail'} {self.text}"
 
 
+def without_password(text: str) -> str:
+    """``text`` with a URL's password (``https://user:password@host/…``, basic auth) as ``***``."""
+    try:
+        parts = urlsplit(text)
+        if parts.password is None:
+            return text
+    except ValueError:
+        return text
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit((parts.scheme, f"{user.partition(':')[0]}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
 def _shown(row: Setting[Any], env: Mapping[str, str], value: object) -> str:
     """What an ok line says of a value: a secret only its length, never a character of it."""
     if value is None:
@@ -43,7 +56,7 @@ def _shown(row: Setting[Any], env: Mapping[str, str], value: object) -> str:
     if row.is_secret:
         return f"{row.env} set ({len(row.text(env))} chars)"
     default = " (default)" if row.text(env) == "" else ""
-    return f"{row.env} = {row.kind.render(value)}{default}"
+    return f"{row.env} = {without_password(row.kind.render(value))}{default}"
 
 
 def setting_lines(env: Mapping[str, str], fields: frozenset[str]) -> list[Line]:
@@ -146,16 +159,17 @@ async def reach_url(variable: str, url: str, page: str) -> Line:
     discovery document, which must be there (200); no answer in time does not."""
     import aiohttp
 
+    shown = without_password(url)
     timeout = aiohttp.ClientTimeout(total=DEADLINE_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url, allow_redirects=False) as resp:
             if url.endswith(DISCOVERY) and resp.status != 200:
-                return Line(False, f"{variable}: {url} answered HTTP {resp.status}, not the issuer's discovery "
+                return Line(False, f"{variable}: {shown} answered HTTP {resp.status}, not the issuer's discovery "
                                    f"document; is {variable} the issuer's URL? ({page})")
             return Line(True, f"{variable} reached (HTTP {resp.status})")
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         reason = str(exc) or type(exc).__name__
-        return Line(False, f"{variable}: {url} was not reached (deadline {DEADLINE_S:g} s): {reason}; is it up, and "
+        return Line(False, f"{variable}: {shown} was not reached (deadline {DEADLINE_S:g} s): {reason}; is it up, and "
                            f"is {variable} its address? ({page})")
 
 

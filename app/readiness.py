@@ -47,12 +47,15 @@ class Readiness:
         if (was := self.waiting.pop(what, None)) is not None:
             log.warning("%s is back after %.1f s; resuming", what, time.time() - was[0])
 
-    def answer(self) -> tuple[int, dict[str, object]]:
-        """/readyz's status and body: 200 ``{"ready": true}``, or 503 naming each thing waited for."""
+    def answer(self, public: bool = False) -> tuple[int, dict[str, object]]:
+        """/readyz's status and body: 200 ``{"ready": true}``, or 503 naming each thing waited for;
+        ``public`` (a /readyz without a credential): the error's type only, its text (an address, a
+        user name) in the log alone."""
         if not self.waiting:
             return 200, {"ready": True}
         now = time.time()
-        return 503, {"ready": False, "waiting_for": {what: {"reason": why, "for_s": round(now - since, 1)}
+        return 503, {"ready": False, "waiting_for": {what: {"reason": why.partition(":")[0] if public else why,
+                                                            "for_s": round(now - since, 1)}
                                                       for what, (since, why) in self.waiting.items()}}
 
 

@@ -14,6 +14,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 
 T = TypeVar("T")
 C = TypeVar("C", bound=str)  # a Literal of the choices
+MOST_SECRET_FILE = 64 * 1024  # characters a <NAME>_FILE may hold: far more than any secret
 
 
 class SettingsError(ValueError):
@@ -337,11 +338,14 @@ class Setting(Generic[T]):
             raise SettingsError(f"{self.env} and {self.env}_FILE are both set: keep one ({self.page})")
         try:
             with open(path, encoding="utf-8") as file:
-                content = file.read()
+                content = file.read(MOST_SECRET_FILE + 1)  # a wrong path (/dev/zero, a dump) is not read whole
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
             raise SettingsError(f"{self.env}_FILE={path!r}: {reason.lower()}; it takes the path of a readable file "
                                 f"holding {self.env} ({self.page})") from None
+        if len(content) > MOST_SECRET_FILE:
+            raise SettingsError(f"{self.env}_FILE={path!r}: larger than 64 KiB, so no secret; it takes the path of a "
+                                f"readable file holding {self.env} ({self.page})")
         return content.removesuffix("\n").removesuffix("\r")
 
     def read(self, env: Mapping[str, str]) -> T:

@@ -82,14 +82,19 @@ async def redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_i
                              redrive_one(conn, producer, n, delivery_id, now_ms))
 
 
-async def redrive_one(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int) -> str:
-    """The redrive itself, unaudited: :func:`redrive` audits one, app/admin/bulk.py a filter's worth."""
+async def redrive_one(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int,
+                      picked_at_redrives: int | None = None) -> str:
+    """The redrive itself, unaudited: :func:`redrive` audits one, app/admin/bulk.py a filter's worth
+    (``picked_at_redrives``: the redrives the row had when the filter picked it; another call
+    that redrove it since leaves it alone, so two bulk calls at once append each record once)."""
     # the row stays locked until the append is acknowledged and counted: two redrives at once
     # get ~rN and ~rN+1, never the same delivery id twice
     async with conn.transaction():
         stored = await quarantine.one(conn, delivery_id, for_update=True)
         if stored is None:
             raise ActionRefused(f"no quarantined record {delivery_id!r}", 404)
+        if picked_at_redrives is not None and stored["redrives"] != picked_at_redrives:
+            raise ActionRefused(f"{delivery_id}: redriven meanwhile by another call; left as it is", 409)
         body: bytes = stored["body"]
         original = {k: v for k, v in stored["headers"]}
         new_id = f"{delivery_id}~r{stored['redrives'] + 1}"

@@ -243,7 +243,7 @@ async def readyz(request: web.Request) -> web.Response:
         admin.readiness.down("postgres", exc)
     else:
         admin.readiness.up("postgres")
-    status, body = admin.readiness.answer()
+    status, body = admin.readiness.answer(public=True)  # no credential asked (guard.PUBLIC)
     return json_response(body, status=status)
 
 

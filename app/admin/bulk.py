@@ -137,7 +137,7 @@ SELECT dedupe_key, created_at FROM effects
    AND ($2::text IS NULL OR gateway = $2) AND ($3::text IS NULL OR type = $3)
    AND ($4::timestamptz IS NULL OR created_at >= $4) AND ($5::timestamptz IS NULL OR created_at < $5)"""
 QUARANTINE_MATCH = """
-SELECT delivery_id, quarantined_at FROM quarantine
+SELECT delivery_id, quarantined_at, redrives FROM quarantine
  WHERE CASE $1::text WHEN 'waiting' THEN redriven_at IS NULL WHEN 'redriven' THEN redriven_at IS NOT NULL
                      ELSE true END
    AND ($2::text IS NULL OR gateway = $2) AND ($3::text IS NULL OR stage = $3)
@@ -150,7 +150,8 @@ UPDATE effects SET dead_at = NULL, next_attempt_at = now()
  WHERE dedupe_key IN (SELECT dedupe_key FROM ({EFFECTS_MATCH}) m ORDER BY created_at, dedupe_key LIMIT $6)
    AND delivered_at IS NULL
 RETURNING dedupe_key"""
-PICK_QUARANTINED = f"SELECT delivery_id FROM ({QUARANTINE_MATCH}) m ORDER BY quarantined_at, delivery_id LIMIT $7"
+PICK_QUARANTINED = f"""
+SELECT delivery_id, redrives FROM ({QUARANTINE_MATCH}) m ORDER BY quarantined_at, delivery_id LIMIT $7"""
 
 
 def _args(f: Filter) -> list[object]:
@@ -210,11 +211,11 @@ async def redrive_quarantined(conn: Conn, producer: KeyedProducer | None, n: Top
         return _dry("quarantine.redrive.bulk", f, matched)
     if producer is None:  # the caller asked for no producer: only a dry run can be answered then
         raise actions.ActionRefused("Kafka is not reachable, nothing was done", 503)
-    ids = [r["delivery_id"] for r in await conn.fetch(PICK_QUARANTINED, *_args(f), f.limit)]
+    ids = [(r["delivery_id"], r["redrives"]) for r in await conn.fetch(PICK_QUARANTINED, *_args(f), f.limit)]
     done, refused, first_refusal, lost = 0, 0, "", ""
-    for delivery_id in ids:
+    for delivery_id, redrives in ids:
         try:
-            await actions.redrive_one(conn, producer, n, delivery_id, now_ms)
+            await actions.redrive_one(conn, producer, n, delivery_id, now_ms, redrives)
             done += 1
         except actions.ActionRefused as exc:
             if exc.status == 503:

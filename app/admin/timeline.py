@@ -36,7 +36,7 @@ def _whole(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit() and len(value) <= 20:
+    if isinstance(value, str) and value.isascii() and value.removeprefix("-").isdigit() and len(value) <= 20:
         return int(value)
     return None
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import orjson
 from aiohttp import web
 
 from app.admin import auth, queries
@@ -87,7 +88,15 @@ async def _make(request: web.Request, posted: Any) -> tuple[Any, str]:
 
 async def create(request: web.Request) -> web.Response:
     _person(request)  # before the body is read: break-glass is refused whatever it sends
-    posted = await request.json() if request.content_type == "application/json" else dict(await form(request))
+    if request.content_type == "application/json":
+        try:
+            posted = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            posted = None
+        if not isinstance(posted, dict):
+            raise Refused(400, "the body must be a JSON object (name, role, expires_days)")
+    else:
+        posted = dict(await form(request))
     made, token = await _make(request, posted)
     return json_response({**_row(made), "token": token}, 201)
 

@@ -170,6 +170,10 @@ class CorrelationRoute:
                 correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
-            return refusal(503, str(exc))
+            # the internet-facing port: our words and the error's type, never its text (an internal
+            # address, a user name), as /readyz here (readiness.public_reason, whose log has the text)
+            cause = exc.__cause__
+            said = str(exc) if cause is None else f"{str(exc).partition(':')[0]}: {type(cause).__name__}"
+            return refusal(503, said)
         metrics.requests.labels("correlations", "stored").inc()
         return json_response(200, status="stored")

@@ -148,6 +148,14 @@ def test_a_secret_from_its_file_loses_one_trailing_newline(tmp_path: Path) -> No
     assert Settings.from_env({**env, **settings.to_env()}) == settings  # a child's environment wins over the file
 
 
+def test_a_secret_file_larger_than_any_secret_is_refused_unread(tmp_path: Path) -> None:
+    # a wrong path (a log, a dump, /dev/zero) is refused after 64 KiB, not read whole into memory
+    (tmp_path / "big").write_text("x" * (1 << 20), encoding="utf-8")
+    for path in (str(tmp_path / "big"), "/dev/zero"):
+        with pytest.raises(SettingsError, match=f"ORDERLY_API_TOKEN_FILE='{path}': larger than 64 KiB"):
+            Settings.from_env({**BASE, "ORDERLY_API_TOKEN": "", "ORDERLY_API_TOKEN_FILE": path})
+
+
 def test_every_secret_row_takes_a_file_and_only_secrets_do(tmp_path: Path) -> None:
     (tmp_path / "kafka").write_text("db:9092\n", encoding="utf-8")
     with pytest.raises(SettingsError, match="ORDERLY_KAFKA is not set"):
@@ -213,6 +221,18 @@ def test_check_names_a_combination_it_refuses(capsys: pytest.CaptureFixture[str]
                                    "ORDERLY_EFFECTS_SECRET": "whsec_ZmlsZWQtZWZmZWN0cy1zZWNyZXQ="})
     out = capsys.readouterr().out.splitlines()
     assert code == 2 and out[-2].startswith("fail ORDERLY_EFFECTS_URL is http:// to a host that is not a loopback")
+
+
+def test_check_never_prints_a_url_s_password(capsys: pytest.CaptureFixture[str]) -> None:
+    # a merchant behind basic auth is given as https://user:password@host/…: the ok line and the
+    # unreached line show the URL without its password
+    url = "https://orderly:url-pw-never-shown@127.0.0.1:1/effects"
+    code = check.run(["effects"], {**BASE, "ORDERLY_KAFKA": "127.0.0.1:1", "ORDERLY_EFFECTS_URL": url,
+                                   "ORDERLY_EFFECTS_SECRET": "whsec_ZmlsZWQtZWZmZWN0cy1zZWNyZXQ="})
+    out = capsys.readouterr().out
+    assert code == 2 and "never-shown" not in out
+    assert "ok ORDERLY_EFFECTS_URL = https://orderly:***@127.0.0.1:1/effects" in out.splitlines()
+    assert "fail ORDERLY_EFFECTS_URL: https://orderly:***@127.0.0.1:1/effects was not reached" in out
 
 
 def test_check_refuses_an_unknown_process(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from app.admin import auth, bulk, display, timeline
@@ -111,6 +111,16 @@ def test_gateway_times_compare_across_zones_and_units() -> None:
     assert [timeline.instant(v) for v in ("2026-11-29T10:00:00", "soon", None, True, "9" * 30)] == [None] * 5
     assert [timeline.order_of(v) for v in (None, "", "arrival", "gateway", "random")] == [
         "arrival", "arrival", "arrival", "gateway", None]
+
+
+@given(st.text(alphabet="-0123456789+ .eE", max_size=24) | st.text(max_size=24))
+@example("--5")
+@example("-")
+def test_a_hostile_ordering_field_is_no_position_or_its_integer_never_an_error(text: str) -> None:
+    # "--5" passed the old digits check and then int() raised: the resource's page answered 500
+    key = timeline.gateway_key({"version": text, "sequence": text, "gateway_time": text})
+    plain = text.isascii() and len(text) <= 20 and text.removeprefix("-").isdigit()
+    assert key == ((int(text), int(text), int(text)) if plain else None)
 
 
 # --- amounts and times --------------------------------------------------------------------------
