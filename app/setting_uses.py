@@ -41,7 +41,8 @@ PROCESSES: dict[str, frozenset[str]] = {
         "gateways", "api_urls", "api_keys", "fetch_parked_after_s", "fetch_allow_http", "fetch_interval_s",
         "fetch_rate_per_s", "sweep_after_s"},
     "admin": KAFKA | TOPICS | PROCESS | METRICS | ADMIN | {
-        "gateways", "effects_url", "gap_backfill_after_s", "api_urls", "fetch_parked_after_s", "parked_alert_after_s"},
+        "gateways", "effects_url", "effects_lease_s", "gap_backfill_after_s", "api_urls", "fetch_parked_after_s",
+        "parked_alert_after_s"},
     "migrate": KAFKA | TOPICS | {"postgres_dsn"},
 }
 # The commands an operator runs: PostgreSQL's view alone, or Kafka as well where they append

@@ -182,8 +182,8 @@ async def _bulk(request: web.Request, kind: bulk.Kind,
 
 
 async def api_retry_bulk(request: web.Request) -> web.Response:
-    actor = request.app[ADMIN].actor(request)
-    return await _bulk(request, "effects", lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry))
+    actor, lease_s = request.app[ADMIN].actor(request), request.app[ADMIN].settings.effects_lease_s
+    return await _bulk(request, "effects", lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry, lease_s))
 
 
 async def api_redrive_bulk(request: web.Request) -> web.Response:

@@ -145,10 +145,15 @@ SELECT delivery_id, quarantined_at, redrives FROM quarantine
    AND ($6::text IS NULL OR strpos(reason, $6) > 0)"""
 COUNT = "SELECT count(*) FROM ({match}) m"
 # one statement: the rows it picks are back to pending (or due now) together, or none are
+# A pending row claimed by an effects process waits out its lease (next_attempt_at = the claim + the
+# lease) while its request is in flight: made due now, another process would claim and send it
+# again. So a pending row is made due now only when it waits longer than a lease, surely a back-off;
+# one due within the lease is attempted by then anyway. A dead row is never claimed.
 RETRY = f"""
 UPDATE effects SET dead_at = NULL, next_attempt_at = now()
  WHERE dedupe_key IN (SELECT dedupe_key FROM ({EFFECTS_MATCH}) m ORDER BY created_at, dedupe_key LIMIT $6)
    AND delivered_at IS NULL
+   AND (dead_at IS NOT NULL OR next_attempt_at > now() + make_interval(secs => $7))
 RETURNING dedupe_key"""
 PICK_QUARANTINED = f"""
 SELECT delivery_id, redrives FROM ({QUARANTINE_MATCH}) m ORDER BY quarantined_at, delivery_id LIMIT $7"""
@@ -188,13 +193,14 @@ def _dry(action: str, f: Filter, matched: int) -> Outcome:
                    f"dry run: {matched} match, a call would act on {would}")
 
 
-async def retry_effects(conn: Conn, f: Filter, actor: str, dry_run: bool) -> Outcome:
+async def retry_effects(conn: Conn, f: Filter, actor: str, dry_run: bool, lease_s: float) -> Outcome:
     """Every effect the filter matches (at most ``f.limit``, oldest first) due now: a dead one back
-    to pending, a pending one attempted without waiting for its back-off. One audit row."""
+    to pending, a pending one attempted without waiting for its back-off (one that waits no longer
+    than ``lease_s``, ORDERLY_EFFECTS_LEASE_S, may be in flight and is left: see RETRY). One audit row."""
     matched = await count(conn, f)
     if dry_run:
         return _dry("effects.retry.bulk", f, matched)
-    keys = [r["dedupe_key"] for r in await conn.fetch(RETRY, *_args(f), f.limit)]
+    keys = [r["dedupe_key"] for r in await conn.fetch(RETRY, *_args(f), f.limit, lease_s)]
     verb = "back to pending" if f.state == "dead" else "due now"
     result = f"{len(keys)} of {matched} matched {verb}"
     await actions.audited(conn, actor, "effects.retry.bulk", f.describe(), result)

@@ -203,7 +203,7 @@ async def effects(settings: Settings, args: argparse.Namespace) -> int:
             return 0
 
         if args.dedupe_key is None:
-            return await _refusable("effects", _bulk_retry(conn, args))
+            return await _refusable("effects", _bulk_retry(settings, conn, args))
         if args.dry_run:
             print("orderly effects retry: --dry-run counts what a filter matches; name no dedupe key", file=sys.stderr)
             return 2
@@ -232,8 +232,9 @@ def _outcome(done: bulk.Outcome, as_json: bool) -> int:
     return 0
 
 
-async def _bulk_retry(conn: asyncpg.Connection, args: argparse.Namespace) -> int:
-    return _outcome(await bulk.retry_effects(conn, _filter("effects", args), _actor(), args.dry_run), args.json)
+async def _bulk_retry(settings: Settings, conn: asyncpg.Connection, args: argparse.Namespace) -> int:
+    return _outcome(await bulk.retry_effects(conn, _filter("effects", args), _actor(), args.dry_run,
+                                             settings.effects_lease_s), args.json)
 
 
 async def _bulk_redrive(settings: Settings, conn: asyncpg.Connection, args: argparse.Namespace) -> int:

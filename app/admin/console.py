@@ -257,9 +257,9 @@ async def _bulk(request: web.Request, kind: bulk.Kind, page: str,
 
 
 async def retry_bulk(request: web.Request) -> web.StreamResponse:
-    actor = request.app[ADMIN].actor(request)
+    actor, lease_s = request.app[ADMIN].actor(request), request.app[ADMIN].settings.effects_lease_s
     return await _bulk(request, "effects", "/effects",
-                       lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry))
+                       lambda conn, f, dry: bulk.retry_effects(conn, f, actor, dry, lease_s))
 
 
 async def redrive_bulk(request: web.Request) -> web.StreamResponse:
