@@ -59,7 +59,8 @@ def flow() -> Traffic:
 def pipe(flow: Traffic, kafka: KafkaBroker, postgres: PostgresServer, tmp_path: Path) -> Iterator[Running]:
     with serve_in_thread(api.build(flow.truth, flow.events)) as gateway_api:
         s = make_settings(kafka.bootstrap, postgres.dsn, f"every{uuid.uuid4().hex[:8]}",
-                          effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=10.0, sweep_after_s=5.0,
+                          effects_lease_s=LEASE_S, effects_timeout_s=LEASE_S - 1, append_timeout_s=2.0,
+                          worker_stall_s=10.0, sweep_after_s=5.0,
                           ingest_port=free_port(), api_urls={"card": gateway_api, "pg": gateway_api},
                           fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0)
         with running_pipeline(s, tmp_path) as running:

@@ -87,7 +87,8 @@ def own_broker(tmp_path: Path) -> Iterator[KafkaBroker]:
 def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgres: PostgresServer,
                 tmp_path: Path) -> Iterator[Running]:
     s = make_settings(own_broker.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}",
-                      effects_lease_s=LEASE_S, append_timeout_s=2.0, worker_stall_s=STALL_S,
+                      effects_lease_s=LEASE_S, effects_timeout_s=LEASE_S - 1, append_timeout_s=2.0,
+                      worker_stall_s=STALL_S,
                       sweep_after_s=SWEEP_S, processing_guarantee=request.param)
     with running_pipeline(s, tmp_path) as pipe:
         yield pipe
@@ -102,6 +103,7 @@ def broker_pipe(request: pytest.FixtureRequest, own_broker: KafkaBroker, postgre
 def two_worker_pipe(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer,
                     tmp_path: Path) -> Iterator[Running]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"chaos{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
+                      effects_timeout_s=LEASE_S - 1,
                       partitions=4, worker_stall_s=STALL_S, sweep_after_s=SWEEP_S,
                       processing_guarantee="exactly_once")
     with running_pipeline(s, tmp_path) as pipe:

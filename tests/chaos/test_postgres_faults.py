@@ -83,7 +83,7 @@ def pipe(flow: Traffic, kafka: KafkaBroker, own_postgres: PostgresServer, ports:
          tmp_path: Path) -> Iterator[Running]:
     with serve_in_thread(api.build(flow.truth, flow.events)) as gateway_api:
         s = make_settings(kafka.bootstrap, own_postgres.dsn, f"pgf{uuid.uuid4().hex[:8]}",
-                          effects_lease_s=5.0, worker_stall_s=20.0, sweep_after_s=10.0,
+                          effects_lease_s=5.0, effects_timeout_s=4.0, worker_stall_s=20.0, sweep_after_s=10.0,
                           api_urls={"card": gateway_api, "pg": gateway_api},
                           fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0)
         with running_pipeline(s, tmp_path, metrics_ports=ports) as running:

@@ -31,6 +31,7 @@ LEASE_S = 2.0  # a claimed row is claimed again after this long (ORDERLY_EFFECTS
 def pipe(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     # one request in flight at a time: when the chosen one is killed, no other is half done
     s = make_settings(kafka.bootstrap, postgres.dsn, f"re{uuid.uuid4().hex[:8]}", effects_lease_s=LEASE_S,
+                      effects_timeout_s=LEASE_S / 2,  # a request must end within its lease
                       effects_concurrency=1)
     with running_pipeline(s, tmp_path_factory.mktemp("rules-effects")) as running:
         yield running
