@@ -27,6 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from app.gateways import registry
@@ -135,6 +136,22 @@ class Exported:
     seconds: float
 
 
+async def _partitions(settings: Settings, topic: str) -> list[int]:
+    """The topic's own partitions (the ORDERLY_PARTITIONS of the stack that made it), not this
+    command's setting: a stack found through stack.json may run with another count than the default."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=15_000,
+                                **client_options(settings))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    partitions = sorted(p["partition"] for d in described if d["topic"] == topic for p in d["partitions"])
+    if not partitions:
+        raise ValueError(f"no topic {topic} in Kafka at {settings.kafka_bootstrap}")
+    return partitions
+
+
 async def export(settings: Settings, suffix: str, target: Path, row_group: int = ROW_GROUP) -> Exported:
     """orderly.<suffix> up to its end offsets now, into ``target`` (written beside, then renamed)."""
     if suffix not in PROJECTIONS:
@@ -149,8 +166,7 @@ async def export(settings: Settings, suffix: str, target: Path, row_group: int =
     rows = skipped = 0
     await consumer.start()
     try:
-        # co-partitioned with orderly.raw: ORDERLY_PARTITIONS partitions (checked at every process's start)
-        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        tps = [TopicPartition(topic, p) for p in await _partitions(settings, topic)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)

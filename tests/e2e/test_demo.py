@@ -2,7 +2,9 @@
 retries, duplicates and reordering, twice: first with the gateways' GET APIs answering 404, so every
 read model must be what the documents say the reducers alone reach, then answering the truth, when
 the fetcher may sync parked card payments. Then the stack and the console stay up on the demo's data
-until Ctrl-C (exit 0 only if both passes matched)."""
+until Ctrl-C (exit 0 only if both passes matched). While it is up, `orderly export` of its decisions
+run through the DuckDB worked example (docs/analytics/delivery_order.sql) must count per gateway what
+the demo's own table counted for that pass, and what the test counts from the exported rows."""
 
 from __future__ import annotations
 
@@ -17,9 +19,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
+import duckdb
+import pyarrow.parquet as pq
+
 from app.stack.process import free_port, port_is_free
+
+SQL = Path(__file__).resolve().parents[2] / "docs" / "analytics" / "delivery_order.sql"
+GATEWAYS = ("pg", "card", "paymos", "stripe", "adyen")
 
 
 def read_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
@@ -58,10 +67,74 @@ def fetches(table: str) -> dict[str, int]:
     return dict(zip(("requests", "answered", "backfills", "synced"), map(int, line.groups()), strict=True))
 
 
-def card_column(table: str, column: str) -> int:
+def column(table: str, gateway: str, name: str) -> int:
+    """One gateway's count in a pass's table (its header: gateway deliveries ... stale dup parked→ synced)."""
     header = next(row for row in table.splitlines() if row.startswith("gateway ")).replace("dup sent", "dup_sent")
-    card = next(row for row in table.splitlines() if row.startswith("card "))
-    return int(card.split()[header.split().index(column)])
+    row = next(row for row in table.splitlines() if row.startswith(f"{gateway} "))
+    return int(row.split()[header.split().index(name)])
+
+
+def card_column(table: str, name: str) -> int:
+    return column(table, "card", name)
+
+
+def from_rows(path: Path) -> dict[str, Counter[str]]:
+    """Per gateway, counted here from the exported decisions (not by the SQL): each delivery once,
+    its outcome the one of its highest ``seq``; the merchant's correlations apart (``correlation``
+    plus their outcome: the demo's table counts them, the SQL leaves them out)."""
+    columns = ["gateway", "resource_id", "delivery_id", "seq", "outcome", "event_type"]
+    decided: dict[tuple[str, str], dict[int, str]] = {}
+    correlations: set[tuple[str, str]] = set()
+    for r in pq.read_table(path, columns=columns).to_pylist():
+        decided.setdefault((r["gateway"], r["delivery_id"]), {})[r["seq"]] = r["outcome"]
+        if r["event_type"] == "correlation.registered":
+            correlations.add((r["gateway"], r["delivery_id"]))
+    counts = {g: Counter[str]() for g in GATEWAYS}
+    for (gateway, delivery), outcomes in decided.items():
+        last = outcomes[max(outcomes)]
+        if (gateway, delivery) in correlations:
+            counts[gateway][f"correlation {last}"] += 1
+            continue
+        parked = "parked" in outcomes.values()
+        counts[gateway].update(deliveries=1, parked=parked, still_parked=parked and last == "parked",
+                               parked_kept=parked and last in ("parked", "unparked"))
+    return counts
+
+
+def check_the_duckdb_example(data_dir: Path, helped: str, target: Path) -> None:
+    """`orderly export --topic decisions` of the kept namespace (found through stack.json), run
+    through docs/analytics/delivery_order.sql: its counts per gateway against the demo's table for
+    the kept pass (stale, dup and synced count each delivery's current outcome, as the SQL's stale,
+    duplicate and fetched do) and against the exported rows (deliveries, parked: the table's
+    ``parked→`` holds only the parked ones released as applied or still parked, the SQL's every one)."""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("ORDERLY_")}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "export", "--topic", "decisions", "--to", str(target)],
+                          env={**bare, "ORDERLY_DATA_DIR": str(data_dir)}, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and "_truth.decisions: " in done.stdout, done.stdout + done.stderr[-2000:]
+    db = duckdb.connect()
+    db.execute(f"CREATE VIEW decisions AS SELECT * FROM read_parquet('{target}')")
+    result = db.execute(SQL.read_text())
+    header = [d[0] for d in result.description]
+    sql = {g: Counter[str]() for g in GATEWAYS}
+    for row in result.fetchall():  # a row per gateway and day: summed over the days
+        found = dict(zip(header, row, strict=True))
+        sql[found["gateway"]].update({k: found[k] for k in ("deliveries", "parked", "still_parked", "fetched",
+                                                            "stale", "duplicate")})
+    rows = from_rows(target)
+    for g in GATEWAYS:
+        # the table counts the merchant's correlations too (pg's, as deliveries of the gateway)
+        table = {"stale": column(helped, g, "stale") - rows[g]["correlation stale"],
+                 "duplicate": column(helped, g, "dup") - rows[g]["correlation duplicate"],
+                 "fetched": column(helped, g, "synced") - rows[g]["correlation synced"],
+                 "deliveries": rows[g]["deliveries"], "parked": rows[g]["parked"],
+                 "still_parked": rows[g]["still_parked"]}
+        assert {k: sql[g][k] for k in table} == table, (g, sql[g], rows[g], helped)
+        assert column(helped, g, "parked→") == rows[g]["parked_kept"] + rows[g]["correlation parked"], g
+    # not vacuous: the demo's chaos shows in the SQL's counts
+    assert all(sql[g]["deliveries"] > 0 for g in GATEWAYS), sql
+    assert sum(sql[g]["stale"] for g in GATEWAYS) > 0 and sum(sql[g]["duplicate"] for g in GATEWAYS) > 0, sql
+    assert sql["card"]["parked"] > 0 and sql["card"]["fetched"] > 0, sql
 
 
 def get(url: str, token: str | None = None) -> tuple[int, str]:
@@ -94,7 +167,7 @@ def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path
                 # every event was delivered in the end, so the documents' expectation is the truth
                 assert resources == match == at_truth > 0 and row.endswith("OK"), (fetch_api, row)
             # the run really was chaotic: retries and stale deliveries happened, for every gateway
-            for gw in ("pg", "card", "paymos", "stripe", "adyen"):
+            for gw in GATEWAYS:
                 gw_row = next(row for row in table.splitlines() if row.startswith(f"{gw} "))
                 attempts, accepted, retries = (int(x) for x in gw_row.split()[1:4])
                 assert retries > 0 and attempts > accepted, (fetch_api, gw_row)
@@ -132,6 +205,7 @@ def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path
                                 env={**bare, "ORDERLY_DATA_DIR": str(data_dir)}, capture_output=True, text=True,
                                 timeout=60, check=False)
         assert listed.returncode == 0 and "deposit:" in listed.stdout, listed.stdout[-2000:] + listed.stderr[-2000:]
+        check_the_duckdb_example(data_dir, helped, tmp_path / "decisions.parquet")
         assert proc.poll() is None  # still up
     finally:
         if proc.poll() is None:
