@@ -293,17 +293,9 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     state = State() if state is None else state
     event = stored(w, d)
     common_type = w.event.type
-    for i, e in enumerate(state.events):
+    for e in state.events:
         if e.id == event.id:
-            if event.kind != "synced" or event.created <= e.created:
-                return numbered(state, [decide(d, DUPLICATE, event_id=event.id, event_type=common_type,
-                                               payload=w.body)])
-            # An unchanged fetched answer seen again later (its id is derived from what it says): what it
-            # says held until this later second too, which can settle events created in between (a
-            # same-second tie after the first answer). It takes the first one's place, so fetches of an
-            # unchanged resource never grow its state.
-            del state.events[i]
-            break
+            return numbered(state, [decide(d, DUPLICATE, event_id=event.id, event_type=common_type, payload=w.body)])
     resource_id = d.resource_key.partition(":")[2]
     state.events.append(event)
     facts: list[Fact] = []

@@ -122,14 +122,12 @@ def history(rng: random.Random, seed: int, stem: str) -> History:
 
 def fetched(history: History) -> list[Delivery]:
     """The fetched answers that count: an answer's id is derived from what it says, so an unchanged
-    repeat is the same answer, true from its first second to its last: the latest one counts."""
-    last: dict[str, Delivery] = {}
+    repeat is a duplicate of the first to arrive (DESIGN.md §2.5)."""
+    first: dict[str, Delivery] = {}
     for d in history.deliveries:
         if d.source == "fetch":
-            seen = last.get(orjson.loads(d.body)["id"])
-            if seen is None or d.fact["second"] > seen.fact["second"]:
-                last[orjson.loads(d.body)["id"]] = d
-    return list(last.values())
+            first.setdefault(orjson.loads(d.body)["id"], d)
+    return list(first.values())
 
 
 def _known(history: History) -> list[tuple[float, dict[str, Any], int]]:
