@@ -412,6 +412,7 @@ def test_the_dead_effects_left_are_counted_then_retried_by_filter(scenario: Scen
     form.find_element(By.NAME, "since").send_keys("1h")
     shot(browser, "14-effects-bulk-form")
     form.find_element(By.CSS_SELECTOR, "button[value=true]").click()
+    wait(browser).until(ec.staleness_of(form))  # the answer's page, not the form's (its flash is stale)
     counted = text(browser, ".flash.ok")
     assert counted.startswith("effects.retry.bulk state=dead gateway=pg since=20"), counted
     assert counted.endswith(": dry run: 1 match, a call would act on 1"), counted
@@ -421,6 +422,7 @@ def test_the_dead_effects_left_are_counted_then_retried_by_filter(scenario: Scen
     form = shown(browser, "#bulk-retry")
     form.find_element(By.NAME, "since").send_keys("1h")
     form.find_element(By.CSS_SELECTOR, "button[value=false]").click()
+    wait(browser).until(ec.staleness_of(form))
     assert text(browser, ".flash.ok").endswith(": 1 of 1 matched back to pending"), text(browser, ".flash.ok")
     shot(browser, "15-effects-bulk-retried")
     wait(browser, 60).until(lambda _: pipe.stub.deliveries[other] >= 1)
