@@ -163,7 +163,7 @@ class Settings:
     # stalled) is expelled and its partitions are given to the others; static members (below) are
     # not even expelled by a restart within it. Kafka's broker refuses a session under its
     # group.min.session.timeout.ms (6 s by default): INVALID_SESSION_TIMEOUT (docs/production.md).
-    session_timeout_s = Setting("ORDERLY_SESSION_TIMEOUT_MS", Millis(minimum=1000), 3.0,
+    session_timeout_s = Setting("ORDERLY_SESSION_TIMEOUT_MS", Millis(minimum=1000), 10.0,
             "the consumer groups' session (worker, projector, effects, fetcher, sinks): a process that "
             "died without leaving (kill -9, a lost machine) holds its partitions this long; heartbeats go "
             "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "

@@ -140,7 +140,9 @@ async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, po
 @pytest.fixture(params=["at_least_once", "exactly_once"])
 def two_workers(request: pytest.FixtureRequest, kafka: KafkaBroker, postgres: PostgresServer, namespace: str,
                 tmp_path: Path) -> Iterator[Running]:
-    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace, processing_guarantee=request.param)
+    # a 3 s session (the default is 10 s: 3 s expired sessions during a broker's restart under chaos load)
+    settings = make_settings(kafka.bootstrap, postgres.dsn, namespace, processing_guarantee=request.param,
+                             session_timeout_s=3.0)
     with running_pipeline(settings, tmp_path) as running:
         running.pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
         yield running
