@@ -138,6 +138,9 @@ class WorkerMetrics(_Metrics):
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)
+        self.rewinds = Counter("orderly_worker_partition_rewinds",
+                               "Partitions fetched again from records Faust never handed over (a skip mended)",
+                               registry=self.registry)
 
 
 class ProjectorMetrics(_Metrics):

@@ -92,31 +92,53 @@ class BatchProcessor:
                              exc_info=True)
 
     async def fresh(self, events: Sequence[Event]) -> list[Event]:
-        """The events to decide: those not handed over before. Exits if records were skipped."""
+        """The events to decide: those not handed over before, in order. Where records were skipped,
+        their partition is fetched again from the first one skipped and its later events here are
+        left for then; the process exits if that cannot be done (OffsetGuard)."""
         consumer = consumer_of(self.app)
-        fresh = []
+        fresh, rewound, again_n = [], set(), 0
         for event in events:
             tp, offset = event.message.tp, event.message.offset
+            if tp in rewound:
+                continue  # handed over again after the rewind, in order
             committed = consumer.committed_offset(tp)
             start = await consumer.start_offset(tp) if self.guard.needs_start(tp, committed) else None
             again, first_skipped = self.guard.check(tp, offset, committed, start)
-            if not again:
+            if first_skipped is not None and not await self.retained_past(consumer, tp, offset):
+                await self.rewind(consumer, tp, first_skipped, offset)
+                rewound.add(tp)
+            elif again:
+                again_n += 1
+            else:
                 fresh.append(event)
-            if first_skipped is None:
-                continue
-            try:
-                earliest = (await consumer.earliest_offsets(tp)).get(tp)
-            except Exception:  # unknown: taken as skipped (the restart reads from the committed offsets)
-                log.warning("could not read the earliest offset of %s[%d]", tp.topic, tp.partition, exc_info=True)
-                earliest = None
-            if earliest is not None and earliest >= offset:  # deleted by retention, not skipped
-                continue
-            exit_for_restart(SKIPPED_EXIT_CODE, "records %s[%d] %d-%d were never handed to the worker (Faust "
-                             "skipped them); exiting without acking, so that the supervisor restarts it from "
-                             "the committed offsets", tp.topic, tp.partition, first_skipped, offset - 1)
-        if len(fresh) < len(events):
-            self.metrics.handed_again.inc(len(events) - len(fresh))
+        if again_n:
+            self.metrics.handed_again.inc(again_n)
         return fresh
+
+    async def retained_past(self, consumer: Any, tp: Any, offset: int) -> bool:
+        """Whether the records before ``offset`` were deleted by retention (not skipped)."""
+        try:
+            earliest = (await consumer.earliest_offsets(tp)).get(tp)
+        except Exception:  # unknown: taken as skipped (they are fetched again)
+            log.warning("could not read the earliest offset of %s[%d]", tp.topic, tp.partition, exc_info=True)
+            return False
+        return earliest is not None and earliest >= offset
+
+    async def rewind(self, consumer: Any, tp: Any, first_skipped: int, offset: int) -> None:
+        """Records ``first_skipped`` .. ``offset`` - 1 never reached the worker (Faust dropped them at
+        a rebalance): fetch ``tp`` again from ``first_skipped``. Nothing after them was decided, so
+        no commit covers them meanwhile. Exits for a restart from the committed offsets when the
+        consumer refuses or the partition keeps skipping (OffsetGuard.rewound)."""
+        if self.guard.rewound(tp, first_skipped) and await consumer.rewind(tp, first_skipped):
+            self.metrics.rewinds.inc()
+            self.sampled.log(logging.WARNING, ("rewind", tp.topic), "records %s[%d] %d-%d were never handed to "
+                             "the worker (Faust skipped them): fetching them again", tp.topic, tp.partition,
+                             first_skipped, offset - 1)
+            return
+        exit_for_restart(SKIPPED_EXIT_CODE, "records %s[%d] %d-%d were never handed to the worker (Faust "
+                         "skipped them) and could not be fetched again; exiting without acking, so that the "
+                         "supervisor restarts it from the committed offsets", tp.topic, tp.partition,
+                         first_skipped, offset - 1)
 
     async def decide(self, events: Sequence[Event]) -> None:
         """Plan the batch (app/core/dispatch.py), send or stage its outputs, write its table values,

@@ -11,6 +11,10 @@ log = logging.getLogger("orderly.worker")
 
 # The codes a worker exits with, so that its supervisor and the operator know why (docs/operations.md).
 STALLED_EXIT_CODE, FAILED_EXIT_CODE, SKIPPED_EXIT_CODE = 3, 4, 5
+# Rewinds of one partition in a row, no record decided between, before the worker gives up on
+# mending a skip and ends for its supervisor: a batch of records fetched before the rewind and
+# handed over after it asks for one more (the worker's stall check, app/liveness.py, bounds it in time).
+REWINDS_MAX = 1000
 
 
 class OffsetGuard:
@@ -24,6 +28,11 @@ class OffsetGuard:
     transactions, so its offsets have no holes: a record beyond the offset after the highest handed
     over so far (the committed one, before the first) means records were skipped.
 
+    A skip is mended where it is found: the partition is fetched again from the first record
+    skipped (``rewound``), and the records after it wait for their turn; a process ends for its
+    supervisor only when that cannot be done (REWINDS_MAX rewinds of a partition in a row with no
+    record decided in between, or a seek refused).
+
     Records handed over again (after such a seek) were decided already in this assignment, and
     their outputs are durable (at-least-once) or in the partition's open transaction
     (exactly-once), or they are below the committed offset: they are acked, not decided again
@@ -31,10 +40,19 @@ class OffsetGuard:
 
     def __init__(self) -> None:
         self.high: dict[Any, int] = {}  # partition -> one past the highest offset handed over
+        self.rewinds: dict[Any, int] = {}  # partition -> rewinds in a row, no record decided between
 
     def forget(self, tps: Any) -> None:
         for tp in tps:
             self.high.pop(tp, None)
+            self.rewinds.pop(tp, None)
+
+    def rewound(self, tp: Any, to: int) -> bool:
+        """``tp`` is fetched again from ``to`` (the first record skipped): the record expected next.
+        False once it was rewound REWINDS_MAX times in a row without a record in order between."""
+        self.high[tp] = to
+        self.rewinds[tp] = self.rewinds.get(tp, 0) + 1
+        return self.rewinds[tp] <= REWINDS_MAX
 
     def needs_start(self, tp: Any, committed: int | None) -> bool:
         """Whether the next record of ``tp`` is its first in this assignment and Faust does not know
@@ -52,6 +70,8 @@ class OffsetGuard:
         ``start`` are not taken as decided when only the broker says so)."""
         high = self.high.get(tp, committed)
         self.high[tp] = offset + 1 if high is None else max(high, offset + 1)
+        if high is None or offset == high:
+            self.rewinds.pop(tp, None)  # a record in order: the partition moves on
         if high is None:
             return False, (start if start is not None and offset > start else None)
         return offset < high, (high if offset > high else None)

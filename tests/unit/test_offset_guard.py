@@ -12,7 +12,7 @@ from faust.types import TP
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.worker.exits import SKIPPED_EXIT_CODE, OffsetGuard
+from app.worker.exits import REWINDS_MAX, SKIPPED_EXIT_CODE, OffsetGuard
 
 offsets = st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=40)
 
@@ -30,15 +30,19 @@ def test_skips_and_records_handed_again_match_the_offsets_seen_so_far(seen: list
         if covered is None:  # the first record of a partition Faust knows no committed offset of
             # beyond where the broker says the consumer began: the records in between were skipped
             assert (again, skipped) == (False, start if start is not None and offset > start else None)
-            if skipped is not None:
-                return  # the worker exits here
+            if skipped is not None:  # fetched again from there
+                assert guard.rewound("tp", skipped)
+                covered = set(range(skipped))
+                continue
             covered = set(range(offset + 1))
             continue
         assert again == (offset in covered)
         missing = sorted(set(range(offset)) - covered)
         assert skipped == (missing[0] if missing else None), (offset, sorted(covered))
-        if skipped is not None:
-            return  # the worker exits here
+        if skipped is not None:  # fetched again from there: the record expected next
+            assert guard.rewound("tp", skipped)
+            covered = set(range(skipped))
+            continue
         covered.add(offset)
 
 
@@ -78,8 +82,9 @@ class _Skipped(Exception):
 class _Consumer:
     """What BatchProcessor.fresh asks of Faust's consumer, for a group that never committed."""
 
-    def __init__(self, start: int | None, earliest: int) -> None:
-        self.start, self.earliest, self.asked = start, earliest, 0
+    def __init__(self, start: int | None, earliest: int, seeks: bool = True) -> None:
+        self.start, self.earliest, self.asked, self.seeks = start, earliest, 0, seeks
+        self.rewound: list[int] = []
 
     def committed_offset(self, tp: object) -> None:
         return None
@@ -91,9 +96,14 @@ class _Consumer:
     async def earliest_offsets(self, tp: object) -> dict[object, int]:
         return {tp: self.earliest}
 
+    async def rewind(self, tp: object, offset: int) -> bool:
+        self.rewound.append(offset)
+        return self.seeks
 
-def _fresh(monkeypatch: pytest.MonkeyPatch, consumer: _Consumer, offsets: list[int]) -> list[int]:
-    """The offsets BatchProcessor.fresh lets through; raises _Skipped where the worker would exit."""
+
+def _processor(monkeypatch: pytest.MonkeyPatch, consumer: _Consumer) -> object:
+    """A BatchProcessor with just what ``fresh`` uses; exit_for_restart raises _Skipped."""
+    from app.logs import SampledLog
     from app.worker import batch
 
     def exit_for_restart(code: int, message: str, *args: object, **_kw: object) -> None:
@@ -104,18 +114,49 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, consumer: _Consumer, offsets: list[i
     monkeypatch.setattr(batch, "exit_for_restart", exit_for_restart)
     processor = object.__new__(batch.BatchProcessor)
     processor.app, processor.guard = None, OffsetGuard()  # type: ignore[assignment]
-    processor.metrics = SimpleNamespace(handed_again=SimpleNamespace(inc=lambda _n: None))  # type: ignore[assignment]
+    processor.sampled = SampledLog(batch.log)
+    counted = SimpleNamespace(again=0, rewinds=0)
+    processor.metrics = SimpleNamespace(  # type: ignore[assignment]
+        handed_again=SimpleNamespace(inc=lambda n=1: setattr(counted, "again", counted.again + n)),
+        rewinds=SimpleNamespace(inc=lambda n=1: setattr(counted, "rewinds", counted.rewinds + n)))
+    processor.counted = counted  # type: ignore[attr-defined]
+    return processor
+
+
+def _fresh(processor: object, offsets: list[int]) -> list[int]:
+    """The offsets BatchProcessor.fresh lets through (raises _Skipped where the worker would exit)."""
     tp = TP("orderly.raw", 2)
     events = [SimpleNamespace(message=SimpleNamespace(tp=tp, offset=o)) for o in offsets]
-    return [e.message.offset for e in asyncio.run(processor.fresh(events))]
+    return [e.message.offset for e in asyncio.run(processor.fresh(events))]  # type: ignore[attr-defined]
 
 
-def test_the_worker_exits_when_a_fresh_groups_first_record_is_not_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_skip_is_fetched_again_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The skip seen at rebalances: a new group's raw[2]@0 never handed over, @1 first. The partition
+    is fetched again from 0 and nothing after the skip is decided before it."""
     consumer = _Consumer(start=0, earliest=0)
-    with pytest.raises(_Skipped, match=r"orderly.raw\[2\] 0-0 were never handed"):
-        _fresh(monkeypatch, consumer, [1, 2])
-    assert _fresh(monkeypatch, _Consumer(start=0, earliest=0), [0, 1, 2]) == [0, 1, 2]
+    processor = _processor(monkeypatch, consumer)
+    assert _fresh(processor, [1, 2]) == [] and consumer.rewound == [0]
+    assert _fresh(processor, [3]) == [] and consumer.rewound == [0, 0]  # a stale record after the rewind
+    assert _fresh(processor, [0, 1, 2, 3]) == [0, 1, 2, 3]  # fetched again, in order
+    assert _fresh(processor, [2, 3, 4]) == [4]  # handed over again: not decided twice
+    assert (processor.counted.again, processor.counted.rewinds) == (2, 2)  # type: ignore[attr-defined]
+    assert _fresh(processor, [5, 9, 10]) == [5] and consumer.rewound == [0, 0, 6]
+    assert _fresh(processor, [6, 7, 8, 9]) == [6, 7, 8, 9]
+
+
+def test_the_worker_exits_when_a_skip_cannot_be_fetched_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(_Skipped, match=r"orderly.raw\[2\] 0-0 were never handed.*could not be fetched again"):
+        _fresh(_processor(monkeypatch, _Consumer(start=0, earliest=0, seeks=False)), [1, 2])
+    processor = _processor(monkeypatch, _Consumer(start=0, earliest=0))
+    for _ in range(REWINDS_MAX):  # a partition that keeps skipping, no record in order between
+        assert _fresh(processor, [1]) == []
+    with pytest.raises(_Skipped, match="could not be fetched again"):
+        _fresh(processor, [1])
+
+
+def test_the_start_comes_from_the_broker_once_and_retention_is_no_skip(monkeypatch: pytest.MonkeyPatch) -> None:
     consumer = _Consumer(start=None, earliest=0)  # the broker did not answer: the first record is the start
-    assert _fresh(monkeypatch, consumer, [4, 5]) == [4, 5] and consumer.asked == 1  # asked once per partition
+    assert _fresh(_processor(monkeypatch, consumer), [4, 5]) == [4, 5] and consumer.asked == 1  # once per partition
     # records below the start deleted by retention since (earliest now 9): not a skip
-    assert _fresh(monkeypatch, _Consumer(start=3, earliest=9), [9]) == [9]
+    consumer = _Consumer(start=3, earliest=9)
+    assert _fresh(_processor(monkeypatch, consumer), [9]) == [9] and consumer.rewound == []

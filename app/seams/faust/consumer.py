@@ -164,6 +164,19 @@ class Consumer(faust_aiokafka.Consumer):
             self.log.warning("could not ask where %s[%d] starts: %r", tp.topic, tp.partition, exc)
             return None
 
+    async def rewind(self, tp: TP, offset: int) -> bool:
+        """Fetch ``tp`` again from ``offset``: aiokafka's seek on Faust's consumer thread, and Faust's
+        read offset put back there (as its Consumer.seek, line 587, does) so that its fetch loop
+        hands the records over again. False if the consumer refused (``tp`` no longer assigned)."""
+        thread = self._thread
+        try:
+            await thread.call_thread(seek_to, thread._ensure_consumer(), tp, offset)
+        except Exception as exc:
+            self.log.warning("could not fetch %s[%d] again from %d: %r", tp.topic, tp.partition, offset, exc)
+            return False
+        self._read_offset[tp] = offset if offset else None
+        return True
+
     @Service.task
     async def _commit_handler(self) -> None:
         """Faust's commit timer (Consumer._commit_handler, line 910: a fixed interval), with the wait
@@ -236,6 +249,11 @@ async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSE
             return int(committed)
         found = await consumer.beginning_offsets([partition])
         return int(found[partition]) if partition in found else None
+
+
+async def seek_to(consumer: Any, tp: TP, offset: int) -> None:
+    """aiokafka's seek (on the thread its consumer runs on): the next fetch of ``tp`` starts at ``offset``."""
+    consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
 
 
 def consumer_of(app: AppT) -> Consumer:
