@@ -309,7 +309,7 @@ async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_2
               for i, (at, name) in enumerate(kill_times)}
     broker_window = [lat for sent, lat in poster.latencies if kills["broker"] <= sent <= kills["broker back"] + 5]
 
-    # no false expulsion under this load with the 3 s session (ORDERLY_SESSION_TIMEOUT_MS): no worker
+    # no false expulsion under this load with the group's session (ORDERLY_SESSION_TIMEOUT_MS): no worker
     # found its group had forgotten it or its transactions fenced (another took its partitions, or one
     # outlived the 4 s transaction timeout, a broker's loss included). A restart for records Faust
     # skipped (exit 5, app/worker/exits.py OffsetGuard) is not one. And the event loop's longest stall,
