@@ -7,7 +7,9 @@ Nothing here skips: a server that cannot start is a test failure, in CI as anywh
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -21,6 +23,37 @@ from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
 from tests.keycloak import Keycloak
+
+TEMP_ROOT = Path("/tmp")
+KEEP_TEMPS = 3
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, each run's temporary files go to a directory of its own, /tmp/orderly-pytest-<pid>,
+    not pytest's shared /tmp/pytest-of-root: PostgreSQL runs as an unprivileged user there
+    (app/stack/postgres.py opens its path's parents to it), and any other pytest run starting
+    meanwhile (``make test-unit`` beside ``make test``) sets that shared directory back to 0700,
+    after which PostgreSQL can no longer reach its data and aborts. The three newest of the ended
+    runs' directories are kept, like pytest's own."""
+    if config.option.basetemp is not None or os.geteuid() != 0:
+        return
+    ended = sorted((p for p in TEMP_ROOT.glob("orderly-pytest-*") if not _alive(p.name.rsplit("-", 1)[1])),
+                   key=lambda p: p.stat().st_mtime)
+    for old in ended[:-KEEP_TEMPS]:
+        shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = str(TEMP_ROOT / f"orderly-pytest-{os.getpid()}")
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|exit", re.IGNORECASE)
 
