@@ -142,7 +142,7 @@ class KafkaBroker:
             # Test consumers join at once instead of waiting for more members.
             "group.initial.rebalance.delay.ms=0",
             # A process lost for good (kill -9) is noticed by its groups after ORDERLY_SESSION_TIMEOUT_MS
-            # (3 s by default; Kafka refuses a session under 6 s unless told) and its open transaction
+            # (10 s by default, 3 s allowed here: Kafka refuses under 6 s unless told) and its open transaction
             # is aborted at the first scan past its timeout (app/settings.py TRANSACTION_TIMEOUT_S):
             # every half second, not Kafka's 10 s, so that its partitions move within 5 s.
             "group.min.session.timeout.ms=1000",
