@@ -49,6 +49,12 @@ class Consumer(faust_aiokafka.Consumer):
     """Faust's consumer with the worker's fetch loop, commit timer and offsets (through its hooks,
     app/seams/faust/app.py's WorkerHooks; without them, Faust's own)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # partition -> the offset the worker rewound it to (``rewind``), until that record is handed
+        # over: the records fetched before the seek are dropped meanwhile
+        self._rewound: dict[TP, int] = {}
+
     def _new_consumer_thread(self) -> ConsumerThread:
         # faust/transport/drivers/aiokafka.py Consumer._new_consumer_thread (line 237), called by
         # faust/transport/consumer.py ThreadDelegateConsumer.__init__ (line 1398) to set self._thread
@@ -125,6 +131,14 @@ class Consumer(faust_aiokafka.Consumer):
         # the body of Faust's loop for one record: _add_gap (line 1157), _commit_every and _n_acked
         # (line 471; _n_acked a class attribute, line 440), _read_offset
         offset = message.offset
+        rewound = self._rewound.get(tp)
+        if rewound is not None:
+            if read != (rewound or None):
+                del self._rewound[tp]  # Faust sought elsewhere since (or revoked it): its seek stands
+            elif offset != rewound:
+                return  # fetched before the worker's rewind: it comes again from the seek, in order
+            else:
+                del self._rewound[tp]
         if read is not None and offset < read:
             return  # handed over before (Faust drops it the same way)
         if read and offset - read > 1 and acks_enabled_for(message.topic):
@@ -136,7 +150,8 @@ class Consumer(faust_aiokafka.Consumer):
             await callback(message)
         else:
             await self.wait_first(callback(message), self.suspend_flow.wait())
-        self._read_offset[tp] = offset
+        if tp not in self._rewound:  # else the worker rewound it meanwhile: its offset stands
+            self._read_offset[tp] = offset
 
     def committed_offset(self, tp: TP) -> int | None:
         """Where ``tp`` was last committed or sought to by Faust (None: not known yet);
@@ -167,14 +182,19 @@ class Consumer(faust_aiokafka.Consumer):
     async def rewind(self, tp: TP, offset: int) -> bool:
         """Fetch ``tp`` again from ``offset``: aiokafka's seek on Faust's consumer thread, and Faust's
         read offset put back there (as its Consumer.seek, line 587, does) so that its fetch loop
-        hands the records over again. False if the consumer refused (``tp`` no longer assigned)."""
+        hands the records over again. False if the consumer refused (``tp`` no longer assigned).
+        Until the record at ``offset`` is handed over, the fetch loop drops the records it fetched
+        before the seek and leaves the read offset alone (_hand_over): either would set it past
+        the records fetched again, dropping them as read, and the worker would rewind once more."""
         thread = self._thread
+        self._read_offset[tp] = offset if offset else None  # before the seek: the fetch loop runs meanwhile
+        self._rewound[tp] = offset
         try:
             await thread.call_thread(seek_to, thread._ensure_consumer(), tp, offset)
         except Exception as exc:
+            self._rewound.pop(tp, None)
             self.log.warning("could not fetch %s[%d] again from %d: %r", tp.topic, tp.partition, offset, exc)
             return False
-        self._read_offset[tp] = offset if offset else None
         return True
 
     @Service.task

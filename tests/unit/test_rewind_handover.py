@@ -1,0 +1,127 @@
+"""The worker's rewind of a partition (app.seams.faust.consumer.Consumer.rewind) against its fetch
+loop's hand-over (Consumer._hand_over): records fetched before the seek and handed over after it,
+or a hand-over awaiting the conductor while the rewind lands, must not move the read offset past
+the records the seek fetches again (Faust's own seek to the committed offsets loses records that
+way: app/worker/exits.py OffsetGuard). Otherwise the records fetched again are dropped as read,
+and the worker rewinds again and again."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from faust.types import TP
+
+from app.seams.faust.consumer import Consumer
+
+TP0 = TP("ns.raw", 0)
+
+
+class _Kafka:
+    """aiokafka's consumer: where it was sought to."""
+
+    def __init__(self) -> None:
+        self.sought: list[int] = []
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.sought.append(offset)
+
+
+class _Thread:
+    def __init__(self, kafka: _Kafka) -> None:
+        self.kafka = kafka
+
+    def _ensure_consumer(self) -> _Kafka:
+        return self.kafka
+
+    async def call_thread(self, fun: Any, *args: Any) -> Any:
+        await asyncio.sleep(0)  # the consumer thread runs it later: the fetch loop may run meanwhile
+        return await fun(*args)
+
+
+class _Fake:
+    """What rewind and _hand_over use of the consumer."""
+
+    def __init__(self, read: int) -> None:
+        self._read_offset: dict[TP, int | None] = {TP0: read}
+        self._rewound: dict[TP, int] = {}
+        self._commit_every = None
+        self._n_acked = 0
+        self._thread = _Thread(_Kafka())
+        self.log = SimpleNamespace(warning=lambda *a: None)
+        self.delivered: list[int] = []
+        self.during: Any = None  # run while the next hand-over awaits the conductor
+
+    def delivers_at_once(self, tp: TP) -> bool:
+        return True
+
+    async def _add_gap(self, tp: TP, start: int, end: int) -> None:
+        pass
+
+    async def rewind(self, tp: TP, offset: int) -> bool:
+        return await Consumer.rewind(self, tp, offset)  # type: ignore[arg-type]
+
+    async def hand_over(self, offset: int) -> None:
+        async def callback(message: Any) -> None:
+            if self.during is not None:
+                during, self.during = self.during, None
+                await during
+            self.delivered.append(message.offset)
+
+        await Consumer._hand_over(self, TP0, SimpleNamespace(offset=offset, topic=TP0.topic),  # type: ignore[arg-type]
+                                   self._read_offset.get(TP0), callback, lambda topic: True)
+
+
+def test_a_rewind_landing_during_a_hand_over_is_not_undone_by_it() -> None:
+    """0-9 handed over, but 5-8 never reached the worker: it rewinds to 5 while the fetch loop waits
+    to hand over 10 (fetched before the seek), then hands over 11 of the same fetch, then what the
+    seek fetched again. The worker must get 5 onwards in order, and nothing past 5 before it."""
+    fake = _Fake(read=9)
+
+    async def run() -> None:
+        fake.during = fake.rewind(TP0, 5)
+        await fake.hand_over(10)  # the rewind lands while this one waits for the conductor
+        for offset in (11, *range(5, 13)):  # the rest of the old fetch, then the new one from 5
+            await fake.hand_over(offset)
+
+    asyncio.run(run())
+    assert fake._thread.kafka.sought == [5]
+    after = fake.delivered[1:]  # 10 was on its way before the rewind
+    assert after == list(range(5, 13)), after
+    assert fake._read_offset[TP0] == 12
+
+
+def test_stale_records_after_a_rewind_are_dropped_until_the_record_sought_to() -> None:
+    fake = _Fake(read=9)
+
+    async def run() -> None:
+        assert await fake.rewind(TP0, 5)
+        for offset in (10, 11, 5, 6, 7):
+            await fake.hand_over(offset)
+
+    asyncio.run(run())
+    assert fake.delivered == [5, 6, 7]
+
+
+def test_a_seek_of_faust_after_a_rewind_stands_and_nothing_stalls() -> None:
+    """Faust seeks to the committed offsets (perform_seek, on an assignment or while the flow is off)
+    or drops the read offset (a revocation) after the worker's rewind: its seek stands, the records
+    from there are handed over (the worker's guard acks those handed over before)."""
+    fake = _Fake(read=9)
+
+    async def run() -> None:
+        assert await fake.rewind(TP0, 5)
+        fake._read_offset[TP0] = 3  # Consumer.perform_seek: read offsets set to the committed ones
+        for offset in (3, 4, 5, 6):
+            await fake.hand_over(offset)
+        assert await fake.rewind(TP0, 0)  # from the partition's start: no read offset (Faust's None)
+        for offset in (0, 1):
+            await fake.hand_over(offset)
+        assert await fake.rewind(TP0, 7)
+        fake._read_offset.pop(TP0)  # Consumer.on_partitions_revoked, then assigned again
+        for offset in (2, 3):
+            await fake.hand_over(offset)
+
+    asyncio.run(run())
+    assert fake.delivered == [3, 4, 5, 6, 0, 1, 2, 3]
