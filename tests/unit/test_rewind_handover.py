@@ -150,3 +150,27 @@ def test_after_a_rewind_the_worker_gets_the_records_from_where_it_rewound_in_ord
         assert offset <= expected, fake.delivered  # beyond it: records skipped
         expected = max(expected, offset + 1)
     assert expected >= to + again  # nothing the seek fetched again was dropped unseen
+
+
+def test_faust_seeking_to_the_committed_offsets_supersedes_a_rewind() -> None:
+    """A rewind to 0 (a new group), then Faust's seek to the committed offsets at an assignment with
+    none committed (its read offset None, as the rewind's) and the records from the partition's
+    earliest, 4 (retention): they are handed over, not waited past for 0 forever."""
+    consumer = object.__new__(Consumer)
+    fake = _Fake(read=9)
+    consumer.__dict__.update(vars(fake))  # the same read offsets and rewinds as the fake's
+    consumer.__dict__["_committed_offset"] = {}
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        return {TP0: None}
+
+    consumer.__dict__["seek_to_committed"] = seek_to_committed
+
+    async def run() -> None:
+        assert await Consumer.rewind(consumer, TP0, 0)
+        await consumer.perform_seek()
+        for offset in (4, 5):
+            await fake.hand_over(offset)
+
+    asyncio.run(run())
+    assert fake.delivered == [4, 5]

@@ -197,6 +197,12 @@ class Consumer(faust_aiokafka.Consumer):
             return False
         return True
 
+    async def perform_seek(self) -> None:
+        """Faust's seek to the committed offsets (Consumer.perform_seek, line 565: on an assignment,
+        after a recovery, and at each fetch while the flow is off) supersedes the worker's rewinds."""
+        self._rewound.clear()
+        await super().perform_seek()
+
     @Service.task
     async def _commit_handler(self) -> None:
         """Faust's commit timer (Consumer._commit_handler, line 910: a fixed interval), with the wait
