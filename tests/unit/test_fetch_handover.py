@@ -48,7 +48,8 @@ class _Fake:
     def __init__(self, at_once: bool, commit_every: int | None = None, acked: int = 0) -> None:
         self.at_once = at_once
         self._read_offset: dict[TP, int | None] = {}
-        self._rewound: dict[TP, int] = {}
+        self._rewound: dict[TP, tuple[int, int | None]] = {}
+        self._fetches = 0
         self._commit_every = commit_every
         self._n_acked = acked
         self.gaps: list[tuple[TP, int, int]] = []

@@ -47,7 +47,8 @@ class _Fake:
 
     def __init__(self, read: int) -> None:
         self._read_offset: dict[TP, int | None] = {TP0: read}
-        self._rewound: dict[TP, int] = {}
+        self._rewound: dict[TP, tuple[int, int | None]] = {}
+        self._fetches = 1  # the fetch loop's: the one under way
         self._commit_every = None
         self._n_acked = 0
         self._thread = _Thread(_Kafka())
@@ -84,7 +85,9 @@ def test_a_rewind_landing_during_a_hand_over_is_not_undone_by_it() -> None:
     async def run() -> None:
         fake.during = fake.rewind(TP0, 5)
         await fake.hand_over(10)  # the rewind lands while this one waits for the conductor
-        for offset in (11, *range(5, 13)):  # the rest of the old fetch, then the new one from 5
+        await fake.hand_over(11)  # the rest of the old fetch
+        fake._fetches += 1  # then the new one, from 5
+        for offset in range(5, 13):
             await fake.hand_over(offset)
 
     asyncio.run(run())
@@ -99,11 +102,31 @@ def test_stale_records_after_a_rewind_are_dropped_until_the_record_sought_to() -
 
     async def run() -> None:
         assert await fake.rewind(TP0, 5)
-        for offset in (10, 11, 5, 6, 7):
+        for offset in (10, 11):
+            await fake.hand_over(offset)
+        fake._fetches += 1
+        for offset in (5, 6, 7):
             await fake.hand_over(offset)
 
     asyncio.run(run())
     assert fake.delivered == [5, 6, 7]
+
+
+def test_a_fetch_after_the_seek_is_handed_over_wherever_it_starts() -> None:
+    """The broker reset the partition past the offset rewound to (retention deleted it meanwhile):
+    what the fetches after the seek bring is handed over (the worker's guard sees retention), not
+    dropped while waiting for a record that no longer exists."""
+    fake = _Fake(read=9)
+
+    async def run() -> None:
+        assert await fake.rewind(TP0, 5)
+        await fake.hand_over(10)  # fetched before the seek
+        fake._fetches += 1
+        for offset in (8, 9, 10):
+            await fake.hand_over(offset)
+
+    asyncio.run(run())
+    assert fake.delivered == [8, 9, 10]
 
 
 def test_a_seek_of_faust_after_a_rewind_stands_and_nothing_stalls() -> None:
@@ -140,7 +163,10 @@ def test_after_a_rewind_the_worker_gets_the_records_from_where_it_rewound_in_ord
 
     async def run() -> None:
         assert await fake.rewind(TP0, to)
-        for offset in (*range(first, first + n), *range(to, to + again)):
+        for offset in range(first, first + n):
+            await fake.hand_over(offset)
+        fake._fetches += 1
+        for offset in range(to, to + again):
             await fake.hand_over(offset)
 
     asyncio.run(run())

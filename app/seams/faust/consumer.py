@@ -51,9 +51,11 @@ class Consumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # partition -> the offset the worker rewound it to (``rewind``), until that record is handed
-        # over: the records fetched before the seek are dropped meanwhile
-        self._rewound: dict[TP, int] = {}
+        # partition -> the offset the worker rewound it to (``rewind``) and the last fetch begun
+        # before its seek was done (None: not done yet): the records of those fetches are dropped
+        # until the record rewound to is handed over
+        self._rewound: dict[TP, tuple[int, int | None]] = {}
+        self._fetches = 0  # fetches the fetch loop began
 
     def _new_consumer_thread(self) -> ConsumerThread:
         # faust/transport/drivers/aiokafka.py Consumer._new_consumer_thread (line 237), called by
@@ -102,6 +104,7 @@ class Consumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_stopped() or fetcher_stopped()):
                 self.diag.set_flag(faust_consumer.CONSUMER_FETCHING)
+                self._fetches += 1
                 records = self.getmany(timeout=1.0)
                 await self.sleep(0)  # getmany may return at once, again and again
                 if not self.should_stop:
@@ -133,12 +136,13 @@ class Consumer(faust_aiokafka.Consumer):
         offset = message.offset
         rewound = self._rewound.get(tp)
         if rewound is not None:
-            if read != (rewound or None):
-                del self._rewound[tp]  # Faust sought elsewhere since (or revoked it): its seek stands
-            elif offset != rewound:
-                return  # fetched before the worker's rewind: it comes again from the seek, in order
-            else:
-                del self._rewound[tp]
+            to, last_before = rewound
+            # stale: fetched before the worker's rewind (it comes again from the seek, in order),
+            # unless Faust sought elsewhere since (or revoked it) or it is the record rewound to
+            if read == (to or None) and offset != to and (last_before is None or self._fetches <= last_before):
+                return
+            del self._rewound[tp]  # from here on the fetch loop goes on as ever (a reset by
+            # the broker, e.g. retention, lands past ``to``: the worker's guard tells which)
         if read is not None and offset < read:
             return  # handed over before (Faust drops it the same way)
         if read and offset - read > 1 and acks_enabled_for(message.topic):
@@ -188,13 +192,15 @@ class Consumer(faust_aiokafka.Consumer):
         the records fetched again, dropping them as read, and the worker would rewind once more."""
         thread = self._thread
         self._read_offset[tp] = offset if offset else None  # before the seek: the fetch loop runs meanwhile
-        self._rewound[tp] = offset
+        self._rewound[tp] = (offset, None)
         try:
             await thread.call_thread(seek_to, thread._ensure_consumer(), tp, offset)
         except Exception as exc:
             self._rewound.pop(tp, None)
             self.log.warning("could not fetch %s[%d] again from %d: %r", tp.topic, tp.partition, offset, exc)
             return False
+        if tp in self._rewound:  # a fetch begun from here on runs after the seek on the consumer thread
+            self._rewound[tp] = (offset, self._fetches)
         return True
 
     async def perform_seek(self) -> None:
