@@ -104,8 +104,10 @@ class BatchProcessor:
             committed = consumer.committed_offset(tp)
             start = await consumer.start_offset(tp) if self.guard.needs_start(tp, committed) else None
             again, first_skipped = self.guard.check(tp, offset, committed, start)
-            if first_skipped is not None and not await self.retained_past(consumer, tp, offset):
-                await self.rewind(consumer, tp, first_skipped, offset)
+            earliest = None if first_skipped is None else await self.earliest(consumer, tp)
+            if first_skipped is not None and (earliest is None or earliest < offset):
+                # those deleted by retention meanwhile are not fetched again
+                await self.rewind(consumer, tp, max(first_skipped, earliest or 0), offset)
                 rewound.add(tp)
             elif again:
                 again_n += 1
@@ -115,14 +117,15 @@ class BatchProcessor:
             self.metrics.handed_again.inc(again_n)
         return fresh
 
-    async def retained_past(self, consumer: Any, tp: Any, offset: int) -> bool:
-        """Whether the records before ``offset`` were deleted by retention (not skipped)."""
+    async def earliest(self, consumer: Any, tp: Any) -> int | None:
+        """The earliest offset ``tp`` still holds (records before it were deleted by retention, not
+        skipped); None if the broker could not say (all taken as skipped: they are fetched again)."""
         try:
-            earliest = (await consumer.earliest_offsets(tp)).get(tp)
-        except Exception:  # unknown: taken as skipped (they are fetched again)
+            found: int | None = (await consumer.earliest_offsets(tp)).get(tp)
+        except Exception:
             log.warning("could not read the earliest offset of %s[%d]", tp.topic, tp.partition, exc_info=True)
-            return False
-        return earliest is not None and earliest >= offset
+            return None
+        return found
 
     async def rewind(self, consumer: Any, tp: Any, first_skipped: int, offset: int) -> None:
         """Records ``first_skipped`` .. ``offset`` - 1 never reached the worker (Faust dropped them at

@@ -160,3 +160,8 @@ def test_the_start_comes_from_the_broker_once_and_retention_is_no_skip(monkeypat
     # records below the start deleted by retention since (earliest now 9): not a skip
     consumer = _Consumer(start=3, earliest=9)
     assert _fresh(_processor(monkeypatch, consumer), [9]) == [9] and consumer.rewound == []
+    # some deleted (0-2), some skipped (3-4): fetched again from the earliest held, 3
+    consumer = _Consumer(start=0, earliest=3)
+    processor = _processor(monkeypatch, consumer)
+    assert _fresh(processor, [5]) == [] and consumer.rewound == [3]
+    assert _fresh(processor, [3, 4, 5]) == [3, 4, 5]
