@@ -1,7 +1,7 @@
 """The production shape on one machine, as `orderly dev --brokers 3 --workers 3` runs it (DESIGN.md
 §7): three Kafka brokers and a quorum of three controllers, every topic and internal topic with 3
 replicas and min.insync.replicas 2, three workers in one consumer group (each guarantee; with
-exactly-once each worker commits its partitions in one transaction per commit), under more than 20,000
+exactly-once each worker commits its partitions in one transaction per commit), under more than 12,000
 signed webhooks of the three gateways at a steady rate. While they flow: kill -9 of the broker that
 leads the most partitions, started again 10 s later; then kill -9 of one worker, and later of
 another (the supervisor starts each again).
@@ -96,7 +96,7 @@ class Shape:
 
 @pytest.fixture
 def flow() -> Traffic:
-    return traffic(SEED, deposits=2200, withdrawals=550, payments=2200, paymos_per_kind=650)
+    return traffic(SEED, deposits=1320, withdrawals=330, payments=1320, paymos_per_kind=390)
 
 
 @pytest.fixture(params=["at_least_once", "exactly_once"])
@@ -195,10 +195,10 @@ def after_kill(kill_at: float, until: float, poster: Poster, decided: dict[str, 
 
 
 @pytest.mark.timeout(1200)  # about 10x its duration here (106-124 s); a slow CI machine needed over 250 s to post
-async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_20000_webhooks_flow(
+async def test_three_brokers_three_workers_lose_a_broker_and_two_workers_while_12000_webhooks_flow(
         flow: Traffic, shape: Shape) -> None:
     stack, settings = shape.stack, shape.settings
-    assert flow.webhooks() >= 20_000
+    assert flow.webhooks() >= 12_000
     described = stack.describe()
     assert [b["node_id"] for b in described["brokers"]] == [1, 2, 3]
     assert len({b["port"] for b in described["brokers"]}) == 3

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.chaos
 TOXIPROXY = Path(__file__).with_name("toxiproxy.sh")
 SESSION_S = 10.0  # the worker's broker_session_timeout (app/worker/app.py)
 DEPOSITS = 200
+CUT_OFF_S = 5.0  # how long the zombie runs again cut off before its traffic is let through
 
 
 class ProxiedBroker(KafkaBroker):
@@ -180,7 +181,7 @@ async def test_a_worker_cut_off_while_alive_decides_nothing_that_lands(pipe: Run
     os.kill(zombie.pid, signal.SIGCONT)
     stopped_s = time.monotonic() - stopped_at
     mark = len(p.log("zombie"))
-    await asyncio.sleep(8)  # alive, cut off: whatever it decides now goes nowhere yet
+    await asyncio.sleep(CUT_OFF_S)  # alive, cut off: whatever it decides now goes nowhere yet
     cut_alive = p.log("zombie")[mark:]
     await proxy.let_through()
     let_back = time.monotonic()
@@ -227,7 +228,8 @@ async def test_a_worker_cut_off_while_alive_decides_nothing_that_lands(pipe: Run
     print(f"\n{pipe.settings.processing_guarantee}: {len(stream)} deliveries posted "
           f"({len(poster.acked)} acknowledged, "
           f"{len(log.deliveries)} stored), lost 0; zombie stopped {stopped_s:.1f} s (partitions moved after "
-          f"{moved_s:.1f} s), alive and cut off 8 s, let back {time.monotonic() - let_back:.0f} s before the end; "
+          f"{moved_s:.1f} s), alive and cut off {CUT_OFF_S:.0f} s, "
+          f"let back {time.monotonic() - let_back:.0f} s before the end; "
           f"committed decisions {len(committed)} ({len(twice)} deliveries twice in the topic, none twice in the "
           f"read models); effects delivered {len(pipe.stub.deliveries)}, doubled 0; zombie exited {zombie.returncode} "
           f"{gone_s:.1f} s after being let back ({reason[0]}); "

@@ -26,7 +26,7 @@ from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings, signed_headers
 
-ROUNDS = 20
+ROUNDS = 12
 WHEN = ("before", "racing", "after")  # the correlation PUT against the deposit's webhooks, a deposit each
 EFFECTS = ("credit_user", "release_goods", "debit_user", "hold_goods")
 
