@@ -15,7 +15,7 @@ guarantee and each round:
   the longest probe's wait (the killed worker's partitions' pause) and when every probe was again
   decided within STEADY_S; its supervisor restarts it meanwhile.
 - ``gone``: the same, but the killed worker is not restarted: the survivor takes its partitions
-  after the session timeout (ORDERLY_SESSION_TIMEOUT_MS, 3 s), and, with exactly-once, once the
+  after the session timeout (ORDERLY_SESSION_TIMEOUT_MS, 10 s by default), and, with exactly-once, once the
   killed worker's open transaction is aborted (under its partitions' ids at once; under a worker's
   own id at its transaction timeout, 4 s, at the broker's next scan, every 0.5 s). Target: 5 s.
 
