@@ -25,9 +25,13 @@ class _Kafka:
 
     def __init__(self) -> None:
         self.sought: list[int] = []
+        self.started: list[Any] = []  # partitions sought to their earliest offset
 
     def seek(self, tp: Any, offset: int) -> None:
         self.sought.append(offset)
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        self.started.extend((tp.topic, tp.partition) for tp in tps)
 
 
 class _Thread:
@@ -191,6 +195,8 @@ def test_faust_seeking_to_the_committed_offsets_supersedes_a_rewind() -> None:
         return {TP0: None}
 
     consumer.__dict__["seek_to_committed"] = seek_to_committed
+    consumer.__dict__["app"] = SimpleNamespace(tables=SimpleNamespace(changelog_topics=set()))
+    consumer.__dict__["assignment"] = lambda: {TP0}
 
     async def run() -> None:
         assert await Consumer.rewind(consumer, TP0, 0)
@@ -200,3 +206,25 @@ def test_faust_seeking_to_the_committed_offsets_supersedes_a_rewind() -> None:
 
     asyncio.run(run())
     assert fake.delivered == [4, 5]
+
+
+def test_faust_s_seek_starts_over_a_partition_never_committed_and_leaves_the_others() -> None:
+    """aiokafka's seek_to_committed seeks only partitions committed above 0: one never committed
+    stayed where its fetch got to, and the records Faust fetched there and dropped at a rebalance
+    never came again (a worker taking over a dead one's partition waited for the next record to
+    notice). Such a partition is sought to its earliest offset, not a changelog nor a committed one."""
+    consumer = object.__new__(Consumer)
+    kafka = _Kafka()
+    committed, fresh, zero, changelog = TP("ns.raw", 1), TP("ns.raw", 2), TP("ns.raw", 3), TP("ns-changelog", 0)
+    consumer.__dict__.update(_rewound={}, _read_offset={fresh: 7, committed: 5}, _thread=_Thread(kafka),
+                             _committed_offset={committed: 5, zero: None},
+                             app=SimpleNamespace(tables=SimpleNamespace(changelog_topics={"ns-changelog"})),
+                             assignment=lambda: {committed, fresh, zero, changelog})
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        return {committed: 5, fresh: None, zero: 0, changelog: None}
+
+    consumer.__dict__["seek_to_committed"] = seek_to_committed
+    asyncio.run(consumer.perform_seek())
+    assert sorted(kafka.started) == [("ns.raw", 2), ("ns.raw", 3)]
+    assert consumer._read_offset[fresh] is None and consumer._read_offset[committed] == 5

@@ -205,9 +205,24 @@ class Consumer(faust_aiokafka.Consumer):
 
     async def perform_seek(self) -> None:
         """Faust's seek to the committed offsets (Consumer.perform_seek, line 565: on an assignment,
-        after a recovery, and at each fetch while the flow is off) supersedes the worker's rewinds."""
+        after a recovery, and at each fetch while the flow is off) supersedes the worker's rewinds.
+
+        A stream partition its group never committed (or committed at 0) is sought to its earliest
+        offset, where the consumer began it (auto_offset_reset "earliest"): aiokafka's
+        seek_to_committed (consumer.py line 766) seeks only to a committed offset above 0, so such a
+        partition stayed where its fetch had got to, and the records Faust fetched there and then
+        dropped (getmany, line 693: its flow stopped or the generation changed mid-batch) never came
+        again: a worker taking over a dead one's partition lost them until a later record arrived."""
         self._rewound.clear()
         await super().perform_seek()
+        changelogs = self.app.tables.changelog_topics
+        unstarted = [tp for tp in self.assignment()
+                     if tp.topic not in changelogs and not self._committed_offset.get(tp)]
+        if unstarted:
+            thread = self._thread
+            await thread.call_thread(seek_to_start, thread._ensure_consumer(), unstarted)
+            for tp in unstarted:
+                self._read_offset[tp] = None
 
     @Service.task
     async def _commit_handler(self) -> None:
@@ -286,6 +301,12 @@ async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSE
 async def seek_to(consumer: Any, tp: TP, offset: int) -> None:
     """aiokafka's seek (on the thread its consumer runs on): the next fetch of ``tp`` starts at ``offset``."""
     consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
+
+
+async def seek_to_start(consumer: Any, tps: list[TP]) -> None:
+    """aiokafka's seek_to_beginning (on the thread its consumer runs on), which asks the broker for
+    each partition's earliest offset before the next fetch."""
+    await consumer.seek_to_beginning(*(TopicPartition(tp.topic, tp.partition) for tp in tps))
 
 
 def consumer_of(app: AppT) -> Consumer:
