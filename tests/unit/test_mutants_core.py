@@ -12,9 +12,12 @@ import pytest
 
 from app.core.card import CardEvent, effects_due, reduce, stored_event
 from app.core.gaps import Gap, due_for_backfill
-from app.core.model import Delivery, Recent, redecided
+from app.core.model import Decision, Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
+from app.core.paymos import snapshot as paymos_snapshot
 from app.core.reducer import state_codec
+from tests.unit.test_paymos_core import T0, applied, event
+from tests.unit.test_paymos_core import run as paymos_run
 
 
 def test_a_gap_is_due_at_exactly_its_limit_counted_from_when_it_was_seen() -> None:
@@ -94,3 +97,84 @@ def test_card_sequences_order_the_events_whatever_their_clocks_say() -> None:
                   CardEvent("c2", "captured", 3, 50, sequence=3), CardEvent("r", "refunded", 2, 50, sequence=4)])
     assert (out.state, out.captured_minor, out.refunded_minor, out.parked) == ("captured", 100, 50, [])
     assert out.applied == ["a", "c1", "c2", "r"]
+
+
+# --- paymos: one delivery's decisions, field by field (apply_event, _retry_parked) ------------
+
+def _seen(out: list[Decision]) -> list[tuple[object, ...]]:
+    """What each decision says of its delivery, its event, its row and its effects."""
+    return [(d.delivery_id, d.outcome, d.received_at_ms, d.seq, d.event_id, d.error, d.table,
+             None if d.row is None else (d.row["status"], d.row["applied_seq"], d.row["updated_at_ms"]),
+             [(e.dedupe_key, e.type, e.payload, e.caused_by) for e in d.effects],
+             None if d.payload is None else orjson.loads(orjson.dumps(d.payload))["event_id"])
+            for d in out]
+
+
+WAITS = "change out of a terminal state waits for its reorg"
+AT = 1_700_000_000_000  # tests/unit/test_paymos_core.py's delivery n is received at AT + n
+
+
+def test_paymos_parked_changes_retried_oldest_first_after_a_reorg_one_applies_and_an_older_turns_stale() -> None:
+    state, out = paymos_run([event("withdrawal.completed", "wd_1", "completed", 200, amount="1.5"),
+                             event("withdrawal.completed", "wd_1", "completed", 400, event_id="again"),
+                             event("withdrawal.failed", "wd_1", "failed", 300),
+                             event("withdrawal.cancelled", "wd_1", "cancelled", 240),
+                             event("withdrawal.completion_rewound", "wd_1", "processing", 250)], key="paymos:wd_1")
+    completed = [("paymos:wd_1:payout_completed:0", "payout_completed",
+                  {"withdrawal_id": "wd_1", "status": "completed", "amount": "1.5"}, "dlv_0")]
+    assert _seen(out) == [
+        ("dlv_0", "applied", AT, 1, "evt_wd_1_withdrawal.completed_200", None, "paymos_withdrawals",
+         ("completed", 1, T0 + 200), completed, "evt_wd_1_withdrawal.completed_200"),
+        ("dlv_1", "parked", AT + 1, 2, "again", WAITS, None, None, [], "again"),
+        ("dlv_2", "parked", AT + 2, 3, "evt_wd_1_withdrawal.failed_300", WAITS, None, None, [],
+         "evt_wd_1_withdrawal.failed_300"),
+        ("dlv_3", "parked", AT + 3, 4, "evt_wd_1_withdrawal.cancelled_240", WAITS, None, None, [],
+         "evt_wd_1_withdrawal.cancelled_240"),
+        ("dlv_4", "applied", AT + 4, 5, "evt_wd_1_withdrawal.completion_rewound_250", None, "paymos_withdrawals",
+         ("processing", 2, T0 + 250),
+         [("paymos:wd_1:payout_reopened:0", "payout_reopened", {"withdrawal_id": "wd_1", "status": "processing"},
+           "dlv_4")], "evt_wd_1_withdrawal.completion_rewound_250"),
+        # the parked ones, oldest first: the cancellation is older than the reorg (stale), the
+        # failure applies, and the second completion still waits for a reorg of the failure
+        ("dlv_3", "stale", AT + 3, 6, "evt_wd_1_withdrawal.cancelled_240", None, None, None, [],
+         "evt_wd_1_withdrawal.cancelled_240"),
+        ("dlv_2", "unparked", AT + 2, 7, "evt_wd_1_withdrawal.failed_300", None, "paymos_withdrawals",
+         ("failed", 3, T0 + 300),
+         [("paymos:wd_1:payout_failed:1", "payout_failed", {"withdrawal_id": "wd_1", "status": "failed"}, "dlv_2")],
+         "evt_wd_1_withdrawal.failed_300"),
+    ]
+    assert [p.delivery.delivery_id for p in state.parked] == ["dlv_1"]
+    assert (state.n, state.applied, state.cycle) == (7, 3, 1)
+    assert orjson.loads(paymos_snapshot(state)) == {
+        "kind": "withdrawal", "snapshot": applied(state), "parked": 1, "noted": False,
+        "emitted": ["paymos:wd_1:payout_completed:0", "paymos:wd_1:payout_reopened:0", "paymos:wd_1:payout_failed:1"]}
+
+
+def test_paymos_a_parked_change_waits_through_a_reorg_that_does_not_reach_it() -> None:
+    # two parked changes, both newer than the reorg: the oldest applies, the next is parked again
+    _, out = paymos_run([event("invoice.expired", "inv_1", "expired", 100),
+                         event("invoice.paid", "inv_1", "paid", 300),
+                         event("invoice.cancelled", "inv_1", "cancelled", 400),
+                         event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 200)])
+    assert [(d.delivery_id, d.outcome) for d in out] == [("dlv_0", "applied"), ("dlv_1", "parked"),
+                                                         ("dlv_2", "parked"), ("dlv_3", "applied"),
+                                                         ("dlv_1", "unparked")]
+    assert [e.dedupe_key for d in out for e in d.effects] == ["paymos:inv_1:invoice_expired", "paymos:inv_1:credit"]
+
+
+def test_paymos_a_kind_change_is_quarantined_and_a_late_payment_notes_its_closing_status() -> None:
+    state, out = paymos_run([event("invoice.expired", "inv_1", "expired", 300),
+                             event("withdrawal.completed", "inv_1", "completed", 400),
+                             event("invoice.paid_late", "inv_1", "expired", 500, paid_late_at=1_796_000_000)])
+    assert [(d.outcome, d.error) for d in out] == [("applied", None), ("quarantined", "object kind changed"),
+                                                   ("applied", None)]
+    assert out[1].event_type == "withdrawal.completed" and out[1].payload is not None
+    body = "paid in full after closing as expired (paid_late_at 1796000000)"
+    assert [(f.kind, f.key, f.data) for f in out[2].facts] == [
+        ("order_note", "paymos:inv_1:paid_late",
+         {"note_key": "paymos:inv_1:paid_late", "resource_id": "inv_1", "kind": "paid_late", "body": body})]
+    assert [(e.dedupe_key, e.type, e.gateway, e.resource_id, e.payload, e.caused_by) for e in out[2].effects] == [
+        ("paymos:inv_1:add_order_note", "add_order_note", "paymos", "inv_1", {"invoice_id": "inv_1", "note": body},
+         "dlv_2")]
+    assert out[2].payload is not None and out[2].event_id == "evt_inv_1_invoice.paid_late_500"
+    assert (state.kind, state.noted) == ("invoice", True)
