@@ -5,17 +5,23 @@ re-decided delivery keeping a resource id that holds a colon."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import orjson
 import pytest
 
 from app.core.card import CardEvent, effects_due, reduce, stored_event
+from app.core.card import State as CardState
+from app.core.card import apply_event as card_apply
+from app.core.card import snapshot as card_snapshot
 from app.core.gaps import Gap, due_for_backfill
 from app.core.model import Decision, Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
 from app.core.paymos import snapshot as paymos_snapshot
 from app.core.reducer import state_codec
+from app.gateways.card import Webhook as CardWebhook
+from app.gateways.card import read as card_read
 from tests.unit.test_paymos_core import T0, applied, event
 from tests.unit.test_paymos_core import run as paymos_run
 
@@ -178,3 +184,68 @@ def test_paymos_a_kind_change_is_quarantined_and_a_late_payment_notes_its_closin
          "dlv_2")]
     assert out[2].payload is not None and out[2].event_id == "evt_inv_1_invoice.paid_late_500"
     assert (state.kind, state.noted) == ("invoice", True)
+
+
+# --- card: one delivery's decisions, field by field (apply_event) -----------------------------
+
+def _card(eid: str, kind: str, second: int, amount: int, sequence: int | None, currency: str | None) -> bytes:
+    return orjson.dumps({"id": eid, "type": f"payment.{kind}", "payment_ref": "pay:1", "sequence": sequence,
+                         "occurred_at": f"2026-11-29T10:02:{second:02d}.123Z", "amount_minor": amount,
+                         "currency": currency})
+
+
+def _card_run(bodies: list[bytes]) -> tuple[CardState, list[dict[str, Any]]]:
+    state: CardState | None = None
+    out: list[dict[str, Any]] = []
+    for n, raw in enumerate(bodies):
+        w = card_read(raw, True)
+        assert isinstance(w, CardWebhook), w
+        state, made = card_apply(state, w, Delivery(f"d{n}", "card", "card:pay:1", 1000 + n, 9 + n))
+        out += [orjson.loads(m.to_bytes()) for m in made]
+    assert state is not None
+    return state, out
+
+
+def test_card_the_event_that_frees_a_parked_one_writes_row_facts_effect_and_the_unparked_delivery() -> None:
+    capture, auth = _card("c1", "captured", 5, 100, 2, None), _card("a1", "authorised", 1, 100, 1, "EUR")
+    state, out = _card_run([capture, auth, auth])
+    first = {"delivery_id": "d0", "gateway": "card", "resource_id": "pay:1", "outcome": "parked",
+             "received_at_ms": 1000, "seq": 1, "event_id": "c1", "event_type": "payment.captured", "sequence": 2,
+             "row": None, "table": None, "effects": [], "payload": orjson.loads(capture), "error": None,
+             "facts": [{"kind": "card_event", "key": "c1", "data": {
+                 "gateway_event_id": "c1", "payment_ref": "pay:1", "event_type": "payment.captured", "sequence": 2,
+                 "occurred_at": "2026-11-29T10:02:05.123000+00:00", "received_at": "1970-01-01T00:00:01+00:00",
+                 "payload": capture.decode(), "source": "webhook"}}]}
+    at = "1970-01-01T00:00:01.001000+00:00"
+    applied = {"delivery_id": "d1", "gateway": "card", "resource_id": "pay:1", "outcome": "applied",
+               "received_at_ms": 1001, "seq": 2, "event_id": "a1", "event_type": "payment.authorised", "sequence": 1,
+               "row": {"payment_ref": "pay:1", "state": "captured", "authorised_minor": 100, "captured_minor": 100,
+                       "refunded_minor": 0, "currency": "EUR", "version": 2},
+               "table": "card_payments", "payload": orjson.loads(auth), "error": None,
+               "effects": [{"dedupe_key": "card:pay:1:mark_order_paid", "type": "mark_order_paid", "gateway": "card",
+                            "resource_id": "pay:1", "caused_by": "d1",
+                            "payload": {"payment_ref": "pay:1", "state": "captured", "captured_minor": 100,
+                                        "refunded_minor": 0}}],
+               "facts": [{"kind": "card_event", "key": "a1", "data": {
+                   "gateway_event_id": "a1", "payment_ref": "pay:1", "event_type": "payment.authorised",
+                   "sequence": 1, "occurred_at": "2026-11-29T10:02:01.123000+00:00", "received_at": at,
+                   "payload": auth.decode(), "source": "webhook"}},
+                   {"kind": "card_event_applied", "key": "c1", "data": {"gateway_event_id": "c1", "applied_at": at}},
+                   {"kind": "card_event_applied", "key": "a1", "data": {"gateway_event_id": "a1", "applied_at": at}}]}
+    unparked = {"delivery_id": "d0", "gateway": "card", "resource_id": "pay:1", "outcome": "unparked",
+                "received_at_ms": 1000, "seq": 3, "event_id": "c1", "event_type": "payment.captured", "sequence": 2,
+                "row": None, "table": None, "effects": [], "facts": [], "payload": None, "error": None}
+    duplicate = {"delivery_id": "d2", "gateway": "card", "resource_id": "pay:1", "outcome": "duplicate",
+                 "received_at_ms": 1002, "seq": 4, "event_id": "a1", "event_type": "payment.authorised",
+                 "sequence": 1, "row": None, "table": None, "effects": [], "facts": [],
+                 "payload": orjson.loads(auth), "error": None}
+    assert out == [first, applied, unparked, duplicate]
+    assert orjson.loads(card_snapshot(state)) == {"applied": ["a1", "c1"], "events": 2,
+                                                  "emitted": ["mark_order_paid"], "parked": 0}
+
+
+def test_card_an_event_without_a_currency_keeps_the_payments() -> None:
+    state, out = _card_run([_card("a1", "authorised", 1, 100, None, "EUR"),
+                            _card("c1", "captured", 2, 40, None, None)])
+    assert state.currency == "EUR" and out[-1]["row"]["currency"] == "EUR"
+    assert out[-1]["row"]["version"] == 2 and out[-1]["row"]["captured_minor"] == 40
