@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 
+import msgspec
 import orjson
 import pytest
 
@@ -162,3 +163,24 @@ def test_adyen_signing_keeps_live_and_the_other_additional_data() -> None:
     lone = orjson.loads(adyen.sign_request(orjson.dumps(adyen_item()), ADYEN_KEY))
     assert lone["live"] == "false" and len(lone["notificationItems"]) == 1
     adyen.verify(adyen.sign_request(live, ADYEN_KEY), {}, (ADYEN_KEY,), NOW)
+
+
+def test_a_card_secret_with_a_character_outside_base64_is_refused_not_skipped() -> None:
+    # without validation base64 would drop the space and read "test": a mistyped secret must fail loudly
+    with pytest.raises(ValueError, match="card secret is not base64 after 'whsec_'"):
+        card.secret_key("whsec_dGVz dA==")
+    assert card.secret_key("whsec_dGVzdA==") == b"test"
+
+
+def test_stripe_a_lone_zero_is_a_timestamp_and_a_zero_before_any_digit_is_leading() -> None:
+    # near the epoch (a clock the tests set), one digit is the whole number: "0" has no leading zero
+    stripe.verify(BODY, {"Stripe-Signature": f"t=0,v1={stripe.sign(BODY, 'whsec_s', 0)}"}, ("whsec_s",), 100)
+    sig = stripe.sign(BODY, "whsec_s", 5)
+    with pytest.raises(SignatureError, match=r"^timestamp has a leading zero$"):
+        stripe.verify(BODY, {"Stripe-Signature": f"t=05,v1={sig}"}, ("whsec_s",), 100)
+
+
+def test_adyen_signatures_are_split_at_commas_and_each_stripped() -> None:
+    one, two = base64.b64encode(b"x" * 32).decode(), base64.b64encode(b"y" * 32).decode()
+    item = msgspec.convert(adyen_item(additionalData={"hmacSignature": f"{one}, {two}"}), adyen._SignedItem)
+    assert adyen._offered(item) == [b"x" * 32, b"y" * 32]
