@@ -184,3 +184,13 @@ def test_adyen_signatures_are_split_at_commas_and_each_stripped() -> None:
     one, two = base64.b64encode(b"x" * 32).decode(), base64.b64encode(b"y" * 32).decode()
     item = msgspec.convert(adyen_item(additionalData={"hmacSignature": f"{one}, {two}"}), adyen._SignedItem)
     assert adyen._offered(item) == [b"x" * 32, b"y" * 32]
+
+
+def test_paymos_signatures_are_split_at_commas_even_without_a_space() -> None:
+    paymos.verify(BODY, {"X-Paymos-Signature": f"{paymos.sign(BODY, 's')},sha256=00"}, ("s",), NOW)
+
+
+def test_pg_an_entry_is_cut_at_its_first_equals_sign() -> None:
+    # "t==…" is a timestamp "=…" (refused as such), not an unknown key "t=" (which would read as no t=)
+    assert reason(pg.verify, BODY, {"PG-Signature": f"t=={NOW},v1=00"}, ("s",)) == \
+        "timestamp is not 1-12 ASCII digits"
