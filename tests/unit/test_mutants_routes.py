@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 
-from app.gateways import adyen, limits, stripe
+from app.gateways import adyen, limits, registry, stripe
 from app.gateways.base import Route
 from app.gateways.limits import INT64_MAX, INT64_MIN
 
@@ -96,3 +98,11 @@ def test_int64_error_at_its_bounds() -> None:
     assert limits.int64_error("n", INT64_MAX + 1) == "n: integer outside the signed 64-bit range"
     assert limits.int64_error("n", True) == "n: expected an integer, got bool"
     assert limits.int64_error("n", "1") == "n: expected an integer, got str"
+
+
+def test_a_gateway_registered_for_a_test_is_taken_out_by_name_and_an_unknown_name_is_no_error() -> None:
+    toy = dataclasses.replace(registry.GATEWAYS["pg"], name="toy_mutants")
+    assert registry.register(toy) is toy and registry.find("toy_mutants") is toy
+    registry.unregister("toy_mutants")
+    assert registry.find("toy_mutants") is None and "pg" in registry.GATEWAYS
+    registry.unregister("toy_mutants")  # gone already: nothing to take out

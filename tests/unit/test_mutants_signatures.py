@@ -194,3 +194,22 @@ def test_pg_an_entry_is_cut_at_its_first_equals_sign() -> None:
     # "t==…" is a timestamp "=…" (refused as such), not an unknown key "t=" (which would read as no t=)
     assert reason(pg.verify, BODY, {"PG-Signature": f"t=={NOW},v1=00"}, ("s",)) == \
         "timestamp is not 1-12 ASCII digits"
+
+
+@pytest.mark.parametrize(("field", "changed"), [
+    ("pspReference", {"pspReference": 1.5}), ("originalReference", {"originalReference": [1]}),
+    ("merchantAccountCode", {"merchantAccountCode": {}}), ("merchantReference", {"merchantReference": 2.0}),
+    ("amount.value", {"amount": {"value": 1.5, "currency": "EUR"}}),
+    ("amount.value", {"amount": {"value": True, "currency": "EUR"}}),  # a bool is no integer
+    ("amount.currency", {"amount": {"value": 100, "currency": 7.0}}),
+    ("eventCode", {"eventCode": False}), ("success", {"success": 0.0})])
+def test_adyen_a_signed_field_of_another_type_is_refused_by_name(field: str, changed: dict[str, object]) -> None:
+    item = msgspec.convert(adyen_item(**changed), adyen._SignedItem)
+    with pytest.raises(SignatureError) as caught:
+        adyen.signing_string(item)
+    assert caught.value.reason == f"{field} is neither text nor an integer: cannot be signed"
+
+
+def test_adyen_signs_an_integer_in_decimal_and_a_missing_field_as_empty() -> None:
+    item = msgspec.convert({**adyen_item(amount={"value": 100}), "merchantReference": None}, adyen._SignedItem)
+    assert adyen.signing_string(item) == b"PSP1::M::100::AUTHORISATION:true"
