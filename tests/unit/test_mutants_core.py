@@ -11,7 +11,7 @@ import msgspec
 import orjson
 import pytest
 
-from app.core.card import CardEvent, effects_due, reduce, stored_event
+from app.core.card import CardEvent, covered_upto, effects_due, reduce, stored_event
 from app.core.card import State as CardState
 from app.core.card import apply_event as card_apply
 from app.core.card import snapshot as card_snapshot
@@ -20,6 +20,7 @@ from app.core.model import Decision, Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
 from app.core.paymos import snapshot as paymos_snapshot
 from app.core.reducer import state_codec
+from app.gateways.card import Synced
 from app.gateways.card import Webhook as CardWebhook
 from app.gateways.card import read as card_read
 from tests.unit.test_paymos_core import T0, applied, event
@@ -249,3 +250,37 @@ def test_card_an_event_without_a_currency_keeps_the_payments() -> None:
                             _card("c1", "captured", 2, 40, None, None)])
     assert state.currency == "EUR" and out[-1]["row"]["currency"] == "EUR"
     assert out[-1]["row"]["version"] == 2 and out[-1]["row"]["captured_minor"] == 40
+
+
+# --- card: where a synced answer sits among sequenced events (covered_upto) -------------------
+
+def _answer(at: int, state: str, captured: int = 0, refunded: int = 0) -> CardEvent:
+    return CardEvent(f"sync_{state}", "synced", at, synced=Synced(state, 100, captured, refunded))
+
+
+def _seq(kind: str, sequence: int, amount: int = 0, at: int = 0) -> CardEvent:
+    return CardEvent(f"e{sequence}", kind, at, amount, sequence)
+
+
+def test_card_an_answer_covers_events_until_one_its_totals_or_state_cannot_hold() -> None:
+    auth, cap = _seq("authorised", 1), _seq("captured", 2, 60)
+    assert covered_upto(_answer(0, "captured", 60), [auth, cap]) == 2
+    assert covered_upto(_answer(0, "created"), [auth, cap]) == 0  # it says created: not even authorised
+    assert covered_upto(_answer(0, "authorised"), [auth, cap]) == 1  # the capture is above its 0 captured
+    refunds = [auth, cap, _seq("refunded", 3, 30), _seq("refunded", 4, 30)]
+    assert covered_upto(_answer(0, "captured", 60, 40), refunds) == 3  # refunds add up: 60 > 40
+    assert covered_upto(_answer(0, "captured", 60, 60), refunds) == 4
+    voided = [auth, _seq("voided", 2)]
+    assert covered_upto(_answer(0, "authorised"), voided) == 1 and covered_upto(_answer(0, "voided"), voided) == 2
+
+
+def test_card_after_a_gap_the_fetch_moment_decides_and_without_one_the_clock_is_not_read() -> None:
+    answer = _answer(1_000, "captured", 60)
+    late_but_next = [_seq("authorised", 1, at=5_000), _seq("captured", 2, 60, at=6_000)]
+    assert covered_upto(answer, late_but_next) == 2  # no gap: stamped after the fetch, covered all the same
+    after_a_gap = [_seq("authorised", 1), _seq("captured", 3, 60, at=1_001)]
+    assert covered_upto(answer, after_a_gap) == 1  # sequence 2 missing, stamped after the fetch
+    assert covered_upto(answer, [_seq("authorised", 1), _seq("captured", 3, 60, at=1_000)]) == 3  # at it
+    assert covered_upto(answer, [_seq("authorised", 1), _seq("captured", 4, 60, at=1_001)]) == 1
+    # a sequence may start at 0: the answer sits after 0, not after a 1 it never covered
+    assert covered_upto(_answer(0, "authorised"), [_seq("authorised", 0), _seq("captured", 1, 60)]) == 0
