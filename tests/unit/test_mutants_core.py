@@ -284,3 +284,13 @@ def test_card_after_a_gap_the_fetch_moment_decides_and_without_one_the_clock_is_
     assert covered_upto(answer, [_seq("authorised", 1), _seq("captured", 4, 60, at=1_001)]) == 1
     # a sequence may start at 0: the answer sits after 0, not after a 1 it never covered
     assert covered_upto(_answer(0, "authorised"), [_seq("authorised", 0), _seq("captured", 1, 60)]) == 0
+
+
+def test_paymos_a_status_outside_the_machine_ranks_with_the_middle_ones_on_a_tie() -> None:
+    # rank 1 (as confirming, signed): a tie with it is stale, a rank-2 status at the same time is newer
+    _, out = paymos_run([event("invoice.confirming", "inv_1", "confirming", 100),
+                         event("invoice.updated", "inv_1", "on_hold", 100),
+                         event("invoice.underpaid_waiting", "inv_1", "underpaid_waiting", 100),
+                         event("invoice.updated", "inv_1", "on_review", 200),
+                         event("invoice.confirming", "inv_1", "confirming", 200, event_id="again")])
+    assert [d.outcome for d in out] == ["applied", "stale", "applied", "applied", "stale"]

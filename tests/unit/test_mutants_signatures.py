@@ -213,3 +213,13 @@ def test_adyen_a_signed_field_of_another_type_is_refused_by_name(field: str, cha
 def test_adyen_signs_an_integer_in_decimal_and_a_missing_field_as_empty() -> None:
     item = msgspec.convert({**adyen_item(amount={"value": 100}), "merchantReference": None}, adyen._SignedItem)
     assert adyen.signing_string(item) == b"PSP1::M::100::AUTHORISATION:true"
+
+
+def test_adyen_secret_refusals_say_why() -> None:
+    with pytest.raises(ValueError) as not_hex:
+        adyen.secret_key("not hex")
+    assert str(not_hex.value) == "adyen secret is not a hex key"
+    with pytest.raises(ValueError) as empty:
+        adyen.secret_key("  ")
+    assert str(empty.value) == "adyen secret is an empty key"
+    assert adyen.secret_key(" 0aFF ") == b"\x0a\xff"
