@@ -11,7 +11,7 @@ import msgspec
 import orjson
 import pytest
 
-from app.core.card import CardEvent, covered_upto, effects_due, reduce, stored_event
+from app.core.card import CardEvent, covered_upto, effects_due, ordering_key, reduce, stored_event
 from app.core.card import State as CardState
 from app.core.card import apply_event as card_apply
 from app.core.card import snapshot as card_snapshot
@@ -294,3 +294,30 @@ def test_paymos_a_status_outside_the_machine_ranks_with_the_middle_ones_on_a_tie
                          event("invoice.updated", "inv_1", "on_review", 200),
                          event("invoice.confirming", "inv_1", "confirming", 200, event_id="again")])
     assert [d.outcome for d in out] == ["applied", "stale", "applied", "applied", "stale"]
+
+
+# --- card: the ordering key (ordering_key) ----------------------------------------------------
+
+def test_card_sequences_order_even_from_zero_and_ties_on_one_go_by_rank_then_id() -> None:
+    # sequence 0 holds the authorisation and a void, sequence 1 a capture: voided, the capture waits
+    # (were 0 read as 1, the capture, rank 1 like the void but first by id, would go before it)
+    out = reduce([CardEvent("e0", "authorised", 0, 100, 0), CardEvent("z", "voided", 0, 0, 0),
+                  CardEvent("a", "captured", 0, 60, 1)])
+    assert (out.state, out.applied, out.parked) == ("voided", ["e0", "z"], ["a"])
+    # the sequence decides against the ids: the capture (2) applies, the void (3) after it waits
+    later = reduce([_seq("authorised", 1, 100), CardEvent("b", "captured", 0, 60, 2),
+                    CardEvent("a", "voided", 0, 0, 3)])
+    assert (later.state, later.applied, later.parked) == ("captured", ["e1", "b"], ["a"])
+
+
+def test_card_one_event_without_a_sequence_orders_them_all_by_clock_and_an_answer_sits_by_what_it_covers() -> None:
+    # a webhook without a sequence among sequenced ones: the clock orders all (the capture first: parked)
+    mixed = reduce([_seq("authorised", 2, 100, at=5), CardEvent("c", "captured", 1, 100)])
+    assert (mixed.applied, mixed.parked) == (["e2", "c"], [])
+    assert ordering_key([_seq("authorised", 2, 100, at=5), CardEvent("c", "captured", 1, 100)])(
+        CardEvent("c", "captured", 1, 100)) == (1, 1, 0, "c")
+    # an answer without a sequence sits after the events it covers, whatever its clock says
+    events = [_seq("authorised", 1, 100, at=10), _seq("captured", 2, 60, at=20), _answer(0, "authorised")]
+    key = ordering_key(events)
+    assert [e.id for e in sorted(events, key=key)] == ["e1", "sync_authorised", "e2"]
+    assert key(events[1]) == (2, 1, 0, "e2") and key(events[2]) == (1, 4, 0, "sync_authorised")
