@@ -8,7 +8,7 @@ import dataclasses
 
 import orjson
 
-from app.gateways import adyen, limits, registry, stripe
+from app.gateways import adyen, card, limits, registry, stripe
 from app.gateways.base import Route
 from app.gateways.limits import INT64_MAX, INT64_MIN
 
@@ -106,3 +106,12 @@ def test_a_gateway_registered_for_a_test_is_taken_out_by_name_and_an_unknown_nam
     registry.unregister("toy_mutants")
     assert registry.find("toy_mutants") is None and "pg" in registry.GATEWAYS
     registry.unregister("toy_mutants")  # gone already: nothing to take out
+
+
+def test_card_an_unchecked_record_past_a_limit_is_refused_whole_under_its_head() -> None:
+    raw = orjson.dumps({"id": "evt_1", "type": "payment.captured", "payment_ref": "pay_1",
+                        "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5, "note": "a\u0000b"})
+    found = card.read(raw, False)
+    assert isinstance(found, Route)
+    why = limits.body_error(raw)
+    assert why is not None and found == Route.quarantine("invalid", why, "evt_1", "payment.captured", "card:pay_1")
