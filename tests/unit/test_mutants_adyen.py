@@ -207,3 +207,15 @@ def test_a_resent_item_is_a_duplicate_with_its_body_and_the_hundred_and_first_it
     assert (last["outcome"], last["event_type"], last["payload"]) == (QUARANTINED, "REFUND_FAILED", bodies[-1])
     assert last["error"] == f"originalReference: payment {PSP} holds 100 notification items, the most one payment keeps"
     assert made[-2][0]["outcome"] == PARKED  # the hundredth is still kept (waiting for its refund)
+
+
+def test_a_cancellation_after_a_capture_waits_and_cancel_or_refund_refunds_the_rest_even_one_unit() -> None:
+    out = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 50), ev("x", "CANCELLATION", "x1", 2)])
+    assert (out.state, out.parked) == ("captured", ["x"])
+    rest = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("r", "REFUND", "r1", 2, 99),
+                   ev("cr", "CANCEL_OR_REFUND", "x1", 3)])
+    assert (rest.state, rest.refunds) == ("refunded", {"r1": 99, "x1": 1})
+    # a CANCEL_OR_REFUND under a refund's own pspReference adds the rest to it
+    same = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("r", "REFUND", "r1", 2, 30),
+                   ev("cr", "CANCEL_OR_REFUND", "r1", 3)])
+    assert (same.state, same.refunds) == ("refunded", {"r1": 100})

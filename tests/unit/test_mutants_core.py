@@ -321,3 +321,36 @@ def test_card_one_event_without_a_sequence_orders_them_all_by_clock_and_an_answe
     key = ordering_key(events)
     assert [e.id for e in sorted(events, key=key)] == ["e1", "sync_authorised", "e2"]
     assert key(events[1]) == (2, 1, 0, "e2") and key(events[2]) == (1, 4, 0, "sync_authorised")
+
+
+def test_card_events_of_one_sequence_go_by_rank_wherever_the_key_is_read() -> None:
+    # a capture and a refund both at sequence 2: the capture (rank 1) first, whatever their ids say
+    tie = [_seq("authorised", 0, 100), CardEvent("c1", "captured", 0, 50, 1),
+           CardEvent("b", "captured", 0, 50, 2), CardEvent("a", "refunded", 0, 50, 2)]
+    out = reduce(tie)
+    assert (out.state, out.captured_minor, out.refunded_minor, out.parked) == ("captured", 100, 50, [])
+    # with an answer stored: the refund is above the answer's 0 refunded, the tied capture is not
+    answer = _answer(0, "captured", 100)
+    key = ordering_key([*tie, answer])
+    assert key(answer)[:2] == (2, 4)  # covers the capture b at 2, then stops at the refund a
+
+
+def test_card_an_answer_is_placed_by_the_sequence_order_not_the_ids_and_an_empty_one_first() -> None:
+    events = [_seq("authorised", 1, 100), CardEvent("b", "captured", 0, 60, 2), CardEvent("a", "captured", 0, 40, 3)]
+    answer = _answer(0, "captured", 60)
+    assert ordering_key([*events, answer])(answer)[:2] == (2, 4)  # after b (60), before a (would be 100)
+    # an event at sequence 0 before an answer that covers it, and a first answer without totals before all
+    zero = [_seq("authorised", 0, 100), _answer(0, "authorised")]
+    key = ordering_key(zero)
+    assert key(zero[0]) < key(zero[1])
+    empty = CardEvent("s", "synced", 0)
+    assert ordering_key([*events, empty])(empty)[:2] == (0, 4)
+    # covered in sequence order: the capture at 0 is covered, then the authorisation at 1
+    odd = [CardEvent("c", "captured", 0, 60, 0), CardEvent("x", "authorised", 0, 100, 1)]
+    assert covered_upto(_answer(0, "captured", 60), odd) == 1
+    assert ordering_key([*odd, _answer(0, "captured", 60)])(_answer(0, "captured", 60))[:2] == (1, 4)
+
+
+def test_card_a_refund_of_one_minor_unit_of_one_captured_is_a_full_refund() -> None:
+    out = reduce([_seq("authorised", 1, 1), _seq("captured", 2, 1), _seq("refunded", 3, 1)])
+    assert (out.state, out.refunded_minor) == ("refunded", 1)
