@@ -18,6 +18,7 @@ from app.core.adyen import (
     State,
     _applied,
     apply_event,
+    event_of,
     order_key,
     reduce,
     snapshot,
@@ -205,6 +206,7 @@ def test_a_resent_item_is_a_duplicate_with_its_body_and_the_hundred_and_first_it
     assert len(state.events) == MAX_EVENTS
     last = made[-1][0]
     assert (last["outcome"], last["event_type"], last["payload"]) == (QUARANTINED, "REFUND_FAILED", bodies[-1])
+    assert last["event_id"] == "R99:REFUND_FAILED:true:99:EUR"
     assert last["error"] == f"originalReference: payment {PSP} holds 100 notification items, the most one payment keeps"
     assert made[-2][0]["outcome"] == PARKED  # the hundredth is still kept (waiting for its refund)
 
@@ -219,3 +221,12 @@ def test_a_cancellation_after_a_capture_waits_and_cancel_or_refund_refunds_the_r
     same = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("r", "REFUND", "r1", 2, 30),
                    ev("cr", "CANCEL_OR_REFUND", "r1", 3)])
     assert (same.state, same.refunds) == ("refunded", {"r1": 100})
+
+
+def test_a_payment_key_is_cut_at_its_first_colon_and_an_item_without_a_delivery_has_none() -> None:
+    d = Delivery("d0", "adyen", "adyen:PSP:1", T0, 0)
+    _, (decision,) = apply_event(None, notification(item("AUTHORISATION", 1, 1000)), d)
+    assert decision.row is not None and decision.row["psp_reference"] == "PSP:1"
+    assert [e.dedupe_key for e in decision.effects] == []
+    alone = event_of(notification(item("AUTHORISATION", 1, 1000)).item)
+    assert (alone.delivery_id, alone.received_at_ms) == ("", 0)

@@ -354,3 +354,14 @@ def test_card_an_answer_is_placed_by_the_sequence_order_not_the_ids_and_an_empty
 def test_card_a_refund_of_one_minor_unit_of_one_captured_is_a_full_refund() -> None:
     out = reduce([_seq("authorised", 1, 1), _seq("captured", 2, 1), _seq("refunded", 3, 1)])
     assert (out.state, out.refunded_minor) == ("refunded", 1)
+
+
+def test_paymos_each_rewind_opens_a_new_cycle_of_completion_keys() -> None:
+    _, out = paymos_run([event("withdrawal.completed", "wd_1", "completed", 100),
+                         event("withdrawal.completion_rewound", "wd_1", "processing", 200),
+                         event("withdrawal.completed", "wd_1", "completed", 300, event_id="c2"),
+                         event("withdrawal.completion_rewound", "wd_1", "processing", 400, event_id="r2"),
+                         event("withdrawal.completed", "wd_1", "completed", 500, event_id="c3")], key="paymos:wd_1")
+    assert [e.dedupe_key for d in out for e in d.effects] == [
+        "paymos:wd_1:payout_completed:0", "paymos:wd_1:payout_reopened:0", "paymos:wd_1:payout_completed:1",
+        "paymos:wd_1:payout_reopened:1", "paymos:wd_1:payout_completed:2"]
