@@ -20,6 +20,7 @@ from app.core.adyen import (
     apply_event,
     event_of,
     order_key,
+    parse_time_ms,
     reduce,
     snapshot,
     step,
@@ -230,3 +231,9 @@ def test_a_payment_key_is_cut_at_its_first_colon_and_an_item_without_a_delivery_
     assert [e.dedupe_key for e in decision.effects] == []
     alone = event_of(notification(item("AUTHORISATION", 1, 1000)).item)
     assert (alone.delivery_id, alone.received_at_ms) == ("", 0)
+
+
+def test_an_event_date_without_an_offset_is_utc_and_an_offset_is_kept() -> None:
+    utc = parse_time_ms("2026-01-01T00:00:00+00:00")
+    assert parse_time_ms("2026-01-01T00:00:00") == parse_time_ms("2026-01-01T00:00:00Z") == utc
+    assert parse_time_ms("2026-01-01T01:00:00+01:00") == utc

@@ -8,9 +8,11 @@ import dataclasses
 
 import orjson
 
-from app.gateways import adyen, card, limits, registry, stripe
+from app.gateways import adyen, card, limits, paymos, pg, registry, stripe
 from app.gateways.base import Route
 from app.gateways.limits import INT64_MAX, INT64_MIN
+from tests import paymos_events
+from tests.pg_events import deposit
 
 
 def item(**changed: object) -> dict[str, object]:
@@ -115,3 +117,28 @@ def test_card_an_unchecked_record_past_a_limit_is_refused_whole_under_its_head()
     assert isinstance(found, Route)
     why = limits.body_error(raw)
     assert why is not None and found == Route.quarantine("invalid", why, "evt_1", "payment.captured", "card:pay_1")
+
+
+def test_unchecked_reads_refuse_a_body_past_a_limit_or_the_schema_with_its_reason() -> None:
+    nul = orjson.dumps({**item(), "merchantReference": "a\u0000b"})
+    found = adyen.read(nul, False)
+    why = limits.body_error(nul)
+    assert isinstance(found, Route) and why is not None
+    assert (found.quarantine_code, found.quarantine_reason) == ("invalid", why)
+    typed = adyen.read(orjson.dumps(item(pspReference=5)), False)
+    assert isinstance(typed, Route)
+    assert (typed.quarantine_code, typed.quarantine_reason) == ("invalid", "pspReference: expected str, got int")
+    raw = paymos_events.event("invoice.paid", "inv_1", "paid", 1_764_412_395_000, "evt_1", note="a\u0000b")
+    refused = paymos.read(raw, False)
+    why = limits.body_error(raw)
+    assert isinstance(refused, Route) and why is not None
+    assert (refused.quarantine_code, refused.quarantine_reason) == ("invalid", why)
+    assert isinstance(paymos.read(b'{"event_id": 5}', False), Route)
+    assert isinstance(paymos.read(b'{"event_id": 5}', True), Route)
+
+
+def test_a_good_body_routes_under_its_resource_with_its_event_id_and_type() -> None:
+    assert pg.route(deposit("dep_1", 3, "settled", "evt_9")) == Route("pg:dep_1", "evt_9", "deposit.settled")
+    raw = orjson.dumps({"id": "evt_1", "type": "payment.captured", "payment_ref": "pay_1",
+                        "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5})
+    assert card.route(raw) == Route("card:pay_1", "evt_1", "payment.captured")
