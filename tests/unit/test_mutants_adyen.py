@@ -4,9 +4,11 @@ its docstring states (a naive restart written here), and one delivery's decision
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -237,3 +239,13 @@ def test_an_event_date_without_an_offset_is_utc_and_an_offset_is_kept() -> None:
     utc = parse_time_ms("2026-01-01T00:00:00+00:00")
     assert parse_time_ms("2026-01-01T00:00:00") == parse_time_ms("2026-01-01T00:00:00Z") == utc
     assert parse_time_ms("2026-01-01T01:00:00+01:00") == utc
+
+
+def test_an_event_date_without_an_offset_is_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert parse_time_ms("2026-01-01T00:00:00") == parse_time_ms("2026-01-01T00:00:00+00:00")
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -142,3 +142,16 @@ def test_a_good_body_routes_under_its_resource_with_its_event_id_and_type() -> N
     raw = orjson.dumps({"id": "evt_1", "type": "payment.captured", "payment_ref": "pay_1",
                         "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5})
     assert card.route(raw) == Route("card:pay_1", "evt_1", "payment.captured")
+
+
+def test_an_unchecked_item_of_an_unknown_code_is_refused_and_a_read_keeps_its_bytes() -> None:
+    raw = orjson.dumps(item(eventCode="FOO"))
+    assert adyen.read(raw, False) == adyen.route(raw)
+    good = orjson.dumps(item())
+    read = adyen.read(good, True)
+    assert isinstance(read, adyen.Notification) and read.raw == good
+    unknown = orjson.dumps({"id": "evt_1", "type": "payment.lost", "payment_ref": "pay_1",
+                            "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5})
+    found = card.route(unknown)
+    assert (found.quarantine_code, found.event_id, found.event_type, found.resource_hint) == (
+        "unknown_type", "evt_1", "payment.lost", "card:pay_1")
