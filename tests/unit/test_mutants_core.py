@@ -19,12 +19,17 @@ from app.core.gaps import Gap, due_for_backfill
 from app.core.model import Decision, Delivery, Recent, redecided
 from app.core.pacing import BUSY_BATCH, hold_take
 from app.core.paymos import snapshot as paymos_snapshot
+from app.core.pg import Parked as PgParked
+from app.core.pg import State as PgState
+from app.core.pg import apply_correlation as pg_correlate
 from app.core.reducer import state_codec
 from app.gateways.card import Synced
 from app.gateways.card import Webhook as CardWebhook
 from app.gateways.card import read as card_read
+from tests.pg_events import deposit, withdrawal
 from tests.unit.test_paymos_core import T0, applied, event
 from tests.unit.test_paymos_core import run as paymos_run
+from topics.records import Correlation
 
 
 def test_a_gap_is_due_at_exactly_its_limit_counted_from_when_it_was_seen() -> None:
@@ -365,3 +370,38 @@ def test_paymos_each_rewind_opens_a_new_cycle_of_completion_keys() -> None:
     assert [e.dedupe_key for d in out for e in d.effects] == [
         "paymos:wd_1:payout_completed:0", "paymos:wd_1:payout_reopened:0", "paymos:wd_1:payout_completed:1",
         "paymos:wd_1:payout_reopened:1", "paymos:wd_1:payout_completed:2"]
+
+
+# --- pg: the correlation's own decisions (apply_correlation) ----------------------------------
+
+PG_CORR = {"pg_deposit_id": "dep_1", "merchant_reference": "mr_1", "our_order_id": "ord_1", "our_user_id": "usr_1"}
+
+
+def test_pg_a_second_correlation_that_differs_is_quarantined_with_what_it_said() -> None:
+    first = Delivery("c1", "pg", "pg:dep_1", 1, 0)
+    state, _ = pg_correlate(None, Correlation(**PG_CORR), first)
+    other = {**PG_CORR, "our_order_id": "ord_2"}
+    state, (decision,) = pg_correlate(state, Correlation(**other), Delivery("c2", "pg", "pg:dep_1", 7, 1))
+    assert (decision.delivery_id, decision.outcome, decision.received_at_ms, decision.seq) == \
+        ("c2", "quarantined", 7, 2)
+    assert (decision.error, decision.event_type, decision.payload) == (
+        "conflicting correlation for this deposit", "correlation.registered", other)
+    assert state.correlation == Correlation(**PG_CORR)
+
+
+def test_pg_a_parked_event_that_no_longer_reads_is_set_aside_alone_and_the_state_kept() -> None:
+    parked = PgParked(deposit("dep_1", 3, "settled").decode(), Delivery("w1", "pg", "pg:dep_1", 5, 0))
+    broken = PgParked('{"not": "a deposit"}', Delivery("w0", "pg", "pg:dep_1", 4, 1))
+    state = PgState(parked=[broken, parked])
+    state, out = pg_correlate(state, Correlation(**PG_CORR), Delivery("c1", "pg", "pg:dep_1", 6, 2))
+    assert [(d.delivery_id, d.outcome) for d in out] == [("c1", "applied"), ("w0", "quarantined"), ("w1", "unparked")]
+    assert out[1].received_at_ms == 4
+    assert out[1].error == \
+        "parked event could not be applied: Invalid: data.object.object: unknown object kind 'None'"
+    assert state.version == 3 and state.parked == [] and state.correlation == Correlation(**PG_CORR)
+
+
+def test_pg_a_parked_event_of_another_object_is_set_aside_naming_it() -> None:
+    other = PgParked(withdrawal("wdr_1", 2, "completed", 1_000_000).decode(), Delivery("w0", "pg", "pg:dep_1", 4, 0))
+    _, out = pg_correlate(PgState(parked=[other]), Correlation(**PG_CORR), Delivery("c1", "pg", "pg:dep_1", 6, 1))
+    assert out[1].error == "parked event could not be applied: Invalid: a parked withdrawal event"
