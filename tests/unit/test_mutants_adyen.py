@@ -1,13 +1,34 @@
-"""The adyen reducer's one pass equals restarting from the lowest key after every applied item, as
-its docstring states (app/core/adyen.py): a naive restart written here, compared on any history
-(killing mutmut's survivors in the pass's change counter and the money rules, docs/testing.md)."""
+"""The adyen reducer against slower or literal statements of its rules (killing mutmut's survivors,
+docs/testing.md): the one pass equals restarting from the lowest key after every applied item, as
+its docstring states (a naive restart written here), and one delivery's decisions field by field."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.adyen import RANK, AdyenEvent, Reduced, _applied, order_key, reduce, step
+from app.core.adyen import (
+    MAX_EVENTS,
+    RANK,
+    AdyenEvent,
+    Reduced,
+    State,
+    _applied,
+    apply_event,
+    event_of,
+    order_key,
+    parse_time_ms,
+    reduce,
+    snapshot,
+    step,
+)
+from app.core.model import APPLIED, DUPLICATE, PARKED, QUARANTINED, UNPARKED, Delivery
+from tests.unit.test_adyen_core import PSP, T0, item, notification
 
 
 def restarted(events: list[AdyenEvent]) -> Reduced:
@@ -116,3 +137,115 @@ def test_an_item_that_applies_after_waiting_loses_its_reason() -> None:
     freed = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("c2", "CAPTURE", "c2", 2, 50),
                     ev("f", "CAPTURE_FAILED", "c1", 3)])
     assert (freed.captures, freed.parked, freed.why) == ({"c2": 50}, [], {})
+
+
+# --- one delivery's decisions, field by field (apply_event) -----------------------------------
+
+def _deliver(bodies: list[dict[str, Any]]) -> tuple[State, list[list[dict[str, Any]]]]:
+    """Each body delivered in turn (delivery ``d<i>``, received at T0 + 10 i, partition seq 7 + i)."""
+    state: State | None = None
+    made = []
+    for i, body in enumerate(bodies):
+        d = Delivery(f"d{i}", "adyen", f"adyen:{PSP}", T0 + 10 * i, 7 + i)
+        state, decisions = apply_event(state, notification(body), d)
+        made.append([orjson.loads(x.to_bytes()) for x in decisions])
+    assert state is not None
+    return state, made
+
+
+def test_the_item_that_frees_a_parked_one_writes_the_row_the_effect_and_the_unparked_delivery() -> None:
+    capture = item("CAPTURE", 5, 1000, "CAP1")
+    state, made = _deliver([capture, item("REFUND", 6, 2000, "REF1"), item("AUTHORISATION", 1, 1000)])
+    head: dict[str, Any] = {"gateway": "adyen", "resource_id": PSP, "sequence": None, "facts": []}
+    assert made[0] == [{**head, "delivery_id": "d0", "outcome": PARKED, "received_at_ms": T0, "seq": 1,
+                        "event_id": "CAP1:CAPTURE:true:1000:EUR", "event_type": "CAPTURE", "row": None,
+                        "table": None, "effects": [], "payload": capture, "error": None}]
+    assert [m["outcome"] for m in made[1]] == [PARKED] and made[1][0]["seq"] == 2
+    row = {"psp_reference": PSP, "merchant_reference": "order-1", "state": "captured", "authorised_minor": 1000,
+           "captured_minor": 1000, "refunded_minor": 0, "currency": "EUR",
+           "updated_at": "2026-11-30T00:53:25+00:00", "version": 3}
+    paid = {"dedupe_key": f"adyen:{PSP}:mark_order_paid", "type": "mark_order_paid", "gateway": "adyen",
+            "resource_id": PSP, "caused_by": "d2",
+            "payload": {"psp_reference": PSP, "merchant_reference": "order-1", "state": "captured",
+                        "captured_minor": 1000, "refunded_minor": 0, "currency": "EUR"}}
+    applied, unparked = made[2]
+    assert applied == {**head, "delivery_id": "d2", "outcome": APPLIED, "received_at_ms": T0 + 20, "seq": 3,
+                       "event_id": f"{PSP}:AUTHORISATION:true:1000:EUR", "event_type": "AUTHORISATION",
+                       "row": row, "table": "adyen_payments", "effects": [paid],
+                       "payload": item("AUTHORISATION", 1, 1000), "error": None}
+    assert unparked == {**head, "delivery_id": "d0", "outcome": UNPARKED, "received_at_ms": T0, "seq": 4,
+                        "event_id": "CAP1:CAPTURE:true:1000:EUR", "event_type": "CAPTURE", "row": None,
+                        "table": None, "effects": [], "payload": None, "error": None}
+    assert (state.n, state.emitted, state.merchant_reference, state.currency) == (4, ["mark_order_paid"],
+                                                                                   "order-1", "EUR")
+    assert orjson.loads(snapshot(state)) == {"state": "captured", "applied": state.applied, "events": 3,
+                                             "emitted": ["mark_order_paid"], "parked": 1}
+    assert len(state.applied) == 2
+
+
+def test_a_parked_item_carries_its_reason_and_a_later_item_does_not_re_emit() -> None:
+    usd = {**item("REFUND", 3, 10, "REF1"), "amount": {"value": 10, "currency": "USD"}}
+    state, made = _deliver([item("AUTHORISATION", 1, 1000), item("CAPTURE", 2, 1000, "CAP1"), usd,
+                            item("CAPTURE", 4, 500, "CAP2", success=False)])
+    assert [m[0]["outcome"] for m in made] == [APPLIED, APPLIED, PARKED, APPLIED]
+    assert made[2][0]["error"] == "amount.currency: USD is not the payment's EUR"
+    assert made[2][0]["row"] is None and made[2][0]["table"] is None
+    assert [e["type"] for e in made[1][0]["effects"]] == ["mark_order_paid"]
+    assert made[3][0]["effects"] == []  # a failed capture: applied, nothing new earned
+    assert (made[3][0]["row"]["version"], made[3][0]["row"]["state"]) == (4, "captured")
+    assert made[0][0]["row"]["updated_at"] == "2026-11-30T00:53:21+00:00"
+    assert made[1][0]["row"]["version"] == 2 and state.emitted == ["mark_order_paid"]
+
+
+def test_a_resent_item_is_a_duplicate_with_its_body_and_the_hundred_and_first_item_is_quarantined() -> None:
+    auth = item("AUTHORISATION", 1, 1000)
+    _, made = _deliver([auth, auth])
+    assert made[1] == [{"gateway": "adyen", "resource_id": PSP, "sequence": None, "facts": [],
+                        "delivery_id": "d1", "outcome": DUPLICATE, "received_at_ms": T0 + 10, "seq": 2,
+                        "event_id": f"{PSP}:AUTHORISATION:true:1000:EUR", "event_type": "AUTHORISATION",
+                        "row": None, "table": None, "effects": [], "payload": auth, "error": None}]
+    bodies = [auth] + [item("REFUND_FAILED", 2, i, f"R{i}") for i in range(MAX_EVENTS)]
+    state, made = _deliver(bodies)
+    assert len(state.events) == MAX_EVENTS
+    last = made[-1][0]
+    assert (last["outcome"], last["event_type"], last["payload"]) == (QUARANTINED, "REFUND_FAILED", bodies[-1])
+    assert last["event_id"] == "R99:REFUND_FAILED:true:99:EUR"
+    assert last["error"] == f"originalReference: payment {PSP} holds 100 notification items, the most one payment keeps"
+    assert made[-2][0]["outcome"] == PARKED  # the hundredth is still kept (waiting for its refund)
+
+
+def test_a_cancellation_after_a_capture_waits_and_cancel_or_refund_refunds_the_rest_even_one_unit() -> None:
+    out = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 50), ev("x", "CANCELLATION", "x1", 2)])
+    assert (out.state, out.parked) == ("captured", ["x"])
+    rest = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("r", "REFUND", "r1", 2, 99),
+                   ev("cr", "CANCEL_OR_REFUND", "x1", 3)])
+    assert (rest.state, rest.refunds) == ("refunded", {"r1": 99, "x1": 1})
+    # a CANCEL_OR_REFUND under a refund's own pspReference adds the rest to it
+    same = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("r", "REFUND", "r1", 2, 30),
+                   ev("cr", "CANCEL_OR_REFUND", "r1", 3)])
+    assert (same.state, same.refunds) == ("refunded", {"r1": 100})
+
+
+def test_a_payment_key_is_cut_at_its_first_colon_and_an_item_without_a_delivery_has_none() -> None:
+    d = Delivery("d0", "adyen", "adyen:PSP:1", T0, 0)
+    _, (decision,) = apply_event(None, notification(item("AUTHORISATION", 1, 1000)), d)
+    assert decision.row is not None and decision.row["psp_reference"] == "PSP:1"
+    assert [e.dedupe_key for e in decision.effects] == []
+    alone = event_of(notification(item("AUTHORISATION", 1, 1000)).item)
+    assert (alone.delivery_id, alone.received_at_ms) == ("", 0)
+
+
+def test_an_event_date_without_an_offset_is_utc_and_an_offset_is_kept() -> None:
+    utc = parse_time_ms("2026-01-01T00:00:00+00:00")
+    assert parse_time_ms("2026-01-01T00:00:00") == parse_time_ms("2026-01-01T00:00:00Z") == utc
+    assert parse_time_ms("2026-01-01T01:00:00+01:00") == utc
+
+
+def test_an_event_date_without_an_offset_is_utc_whatever_the_local_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        assert parse_time_ms("2026-01-01T00:00:00") == parse_time_ms("2026-01-01T00:00:00+00:00")
+    finally:
+        monkeypatch.undo()
+        time.tzset()

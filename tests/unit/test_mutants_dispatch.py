@@ -102,3 +102,18 @@ def test_the_size_limit_takes_a_record_or_state_of_exactly_its_size() -> None:
         _check_size([], b"y" * 11, 10)
     assert str(state.value) == \
         "the resource's state would be 11 bytes (at most 10): too many or too large parked or stored events"
+
+
+def test_a_set_aside_record_is_counted_under_its_header_gateway_even_when_the_key_names_another() -> None:
+    # the header is what the ingest named; the key's prefix is only the fallback (none is sent so)
+    named = Incoming(b"pg:dep_a", POISON, raw_headers("card", "d9", 1234, "fetch"), 5, 0, N.raw)
+    plan = plan_batch(N, GATEWAYS, [named], lambda partition, key: None)
+    assert plan.outcomes == Counter({("card", "quarantined"): 1})
+    ((gateway, reason),) = plan.set_aside
+    assert gateway == "card" and reason.startswith("Refused: ")
+    (decision,) = decisions(plan)
+    assert (decision["delivery_id"], decision["received_at_ms"], decision["seq"]) == ("d9", 1234, 1)
+    assert (decision["gateway"], decision["resource_id"]) == ("pg", "dep_a")  # the timeline's: by the key
+    assert decision["error"] == f"set aside by the worker: {reason}"
+    (quarantined,) = [r for r in plan.records[0] if r[0] == N.quarantine]
+    assert quarantined[1] == b"d9" and quarantined[2] == POISON

@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 
-from app.gateways import adyen, limits, stripe
+from app.gateways import adyen, card, limits, paymos, pg, registry, stripe
 from app.gateways.base import Route
 from app.gateways.limits import INT64_MAX, INT64_MIN
+from tests import paymos_events
+from tests.pg_events import deposit
 
 
 def item(**changed: object) -> dict[str, object]:
@@ -96,3 +100,58 @@ def test_int64_error_at_its_bounds() -> None:
     assert limits.int64_error("n", INT64_MAX + 1) == "n: integer outside the signed 64-bit range"
     assert limits.int64_error("n", True) == "n: expected an integer, got bool"
     assert limits.int64_error("n", "1") == "n: expected an integer, got str"
+
+
+def test_a_gateway_registered_for_a_test_is_taken_out_by_name_and_an_unknown_name_is_no_error() -> None:
+    toy = dataclasses.replace(registry.GATEWAYS["pg"], name="toy_mutants")
+    assert registry.register(toy) is toy and registry.find("toy_mutants") is toy
+    registry.unregister("toy_mutants")
+    assert registry.find("toy_mutants") is None and "pg" in registry.GATEWAYS
+    registry.unregister("toy_mutants")  # gone already: nothing to take out
+
+
+def test_card_an_unchecked_record_past_a_limit_is_refused_whole_under_its_head() -> None:
+    raw = orjson.dumps({"id": "evt_1", "type": "payment.captured", "payment_ref": "pay_1",
+                        "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5, "note": "a\u0000b"})
+    found = card.read(raw, False)
+    assert isinstance(found, Route)
+    why = limits.body_error(raw)
+    assert why is not None and found == Route.quarantine("invalid", why, "evt_1", "payment.captured", "card:pay_1")
+
+
+def test_unchecked_reads_refuse_a_body_past_a_limit_or_the_schema_with_its_reason() -> None:
+    nul = orjson.dumps({**item(), "merchantReference": "a\u0000b"})
+    found = adyen.read(nul, False)
+    why = limits.body_error(nul)
+    assert isinstance(found, Route) and why is not None
+    assert (found.quarantine_code, found.quarantine_reason) == ("invalid", why)
+    typed = adyen.read(orjson.dumps(item(pspReference=5)), False)
+    assert isinstance(typed, Route)
+    assert (typed.quarantine_code, typed.quarantine_reason) == ("invalid", "pspReference: expected str, got int")
+    raw = paymos_events.event("invoice.paid", "inv_1", "paid", 1_764_412_395_000, "evt_1", note="a\u0000b")
+    refused = paymos.read(raw, False)
+    why = limits.body_error(raw)
+    assert isinstance(refused, Route) and why is not None
+    assert (refused.quarantine_code, refused.quarantine_reason) == ("invalid", why)
+    assert isinstance(paymos.read(b'{"event_id": 5}', False), Route)
+    assert isinstance(paymos.read(b'{"event_id": 5}', True), Route)
+
+
+def test_a_good_body_routes_under_its_resource_with_its_event_id_and_type() -> None:
+    assert pg.route(deposit("dep_1", 3, "settled", "evt_9")) == Route("pg:dep_1", "evt_9", "deposit.settled")
+    raw = orjson.dumps({"id": "evt_1", "type": "payment.captured", "payment_ref": "pay_1",
+                        "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5})
+    assert card.route(raw) == Route("card:pay_1", "evt_1", "payment.captured")
+
+
+def test_an_unchecked_item_of_an_unknown_code_is_refused_and_a_read_keeps_its_bytes() -> None:
+    raw = orjson.dumps(item(eventCode="FOO"))
+    assert adyen.read(raw, False) == adyen.route(raw)
+    good = orjson.dumps(item())
+    read = adyen.read(good, True)
+    assert isinstance(read, adyen.Notification) and read.raw == good
+    unknown = orjson.dumps({"id": "evt_1", "type": "payment.lost", "payment_ref": "pay_1",
+                            "occurred_at": "2026-01-01T00:00:00Z", "amount_minor": 5})
+    found = card.route(unknown)
+    assert (found.quarantine_code, found.event_id, found.event_type, found.resource_hint) == (
+        "unknown_type", "evt_1", "payment.lost", "card:pay_1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 
+import msgspec
 import orjson
 import pytest
 
@@ -162,3 +163,63 @@ def test_adyen_signing_keeps_live_and_the_other_additional_data() -> None:
     lone = orjson.loads(adyen.sign_request(orjson.dumps(adyen_item()), ADYEN_KEY))
     assert lone["live"] == "false" and len(lone["notificationItems"]) == 1
     adyen.verify(adyen.sign_request(live, ADYEN_KEY), {}, (ADYEN_KEY,), NOW)
+
+
+def test_a_card_secret_with_a_character_outside_base64_is_refused_not_skipped() -> None:
+    # without validation base64 would drop the space and read "test": a mistyped secret must fail loudly
+    with pytest.raises(ValueError, match="card secret is not base64 after 'whsec_'"):
+        card.secret_key("whsec_dGVz dA==")
+    assert card.secret_key("whsec_dGVzdA==") == b"test"
+
+
+def test_stripe_a_lone_zero_is_a_timestamp_and_a_zero_before_any_digit_is_leading() -> None:
+    # near the epoch (a clock the tests set), one digit is the whole number: "0" has no leading zero
+    stripe.verify(BODY, {"Stripe-Signature": f"t=0,v1={stripe.sign(BODY, 'whsec_s', 0)}"}, ("whsec_s",), 100)
+    sig = stripe.sign(BODY, "whsec_s", 5)
+    with pytest.raises(SignatureError, match=r"^timestamp has a leading zero$"):
+        stripe.verify(BODY, {"Stripe-Signature": f"t=05,v1={sig}"}, ("whsec_s",), 100)
+
+
+def test_adyen_signatures_are_split_at_commas_and_each_stripped() -> None:
+    one, two = base64.b64encode(b"x" * 32).decode(), base64.b64encode(b"y" * 32).decode()
+    item = msgspec.convert(adyen_item(additionalData={"hmacSignature": f"{one}, {two}"}), adyen._SignedItem)
+    assert adyen._offered(item) == [b"x" * 32, b"y" * 32]
+
+
+def test_paymos_signatures_are_split_at_commas_even_without_a_space() -> None:
+    paymos.verify(BODY, {"X-Paymos-Signature": f"{paymos.sign(BODY, 's')},sha256=00"}, ("s",), NOW)
+
+
+def test_pg_an_entry_is_cut_at_its_first_equals_sign() -> None:
+    # "t==…" is a timestamp "=…" (refused as such), not an unknown key "t=" (which would read as no t=)
+    assert reason(pg.verify, BODY, {"PG-Signature": f"t=={NOW},v1=00"}, ("s",)) == \
+        "timestamp is not 1-12 ASCII digits"
+
+
+@pytest.mark.parametrize(("field", "changed"), [
+    ("pspReference", {"pspReference": 1.5}), ("originalReference", {"originalReference": [1]}),
+    ("merchantAccountCode", {"merchantAccountCode": {}}), ("merchantReference", {"merchantReference": 2.0}),
+    ("amount.value", {"amount": {"value": 1.5, "currency": "EUR"}}),
+    ("amount.value", {"amount": {"value": True, "currency": "EUR"}}),  # a bool is no integer
+    ("amount.currency", {"amount": {"value": 100, "currency": 7.0}}),
+    ("eventCode", {"eventCode": False}), ("success", {"success": 0.0})])
+def test_adyen_a_signed_field_of_another_type_is_refused_by_name(field: str, changed: dict[str, object]) -> None:
+    item = msgspec.convert(adyen_item(**changed), adyen._SignedItem)
+    with pytest.raises(SignatureError) as caught:
+        adyen.signing_string(item)
+    assert caught.value.reason == f"{field} is neither text nor an integer: cannot be signed"
+
+
+def test_adyen_signs_an_integer_in_decimal_and_a_missing_field_as_empty() -> None:
+    item = msgspec.convert({**adyen_item(amount={"value": 100}), "merchantReference": None}, adyen._SignedItem)
+    assert adyen.signing_string(item) == b"PSP1::M::100::AUTHORISATION:true"
+
+
+def test_adyen_secret_refusals_say_why() -> None:
+    with pytest.raises(ValueError) as not_hex:
+        adyen.secret_key("not hex")
+    assert str(not_hex.value) == "adyen secret is not a hex key"
+    with pytest.raises(ValueError) as empty:
+        adyen.secret_key("  ")
+    assert str(empty.value) == "adyen secret is an empty key"
+    assert adyen.secret_key(" 0aFF ") == b"\x0a\xff"
