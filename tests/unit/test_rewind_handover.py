@@ -195,7 +195,7 @@ def test_faust_seeking_to_the_committed_offsets_supersedes_a_rewind() -> None:
         return {TP0: None}
 
     consumer.__dict__["seek_to_committed"] = seek_to_committed
-    consumer.__dict__["app"] = SimpleNamespace(tables=SimpleNamespace(changelog_topics=set()))
+    consumer.__dict__["app"] = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
     consumer.__dict__["assignment"] = lambda: {TP0}
 
     async def run() -> None:
@@ -212,13 +212,14 @@ def test_faust_s_seek_starts_over_a_partition_never_committed_and_leaves_the_oth
     """aiokafka's seek_to_committed seeks only partitions committed above 0: one never committed
     stayed where its fetch got to, and the records Faust fetched there and dropped at a rebalance
     never came again (a worker taking over a dead one's partition waited for the next record to
-    notice). Such a partition is sought to its earliest offset, not a changelog nor a committed one."""
+    notice). Such a partition is sought to its earliest offset: an agent's, not a changelog (nor the
+    assignor's leader topic, whose reset waited for a leader away) nor a committed one."""
     consumer = object.__new__(Consumer)
     kafka = _Kafka()
     committed, fresh, zero, changelog = TP("ns.raw", 1), TP("ns.raw", 2), TP("ns.raw", 3), TP("ns-changelog", 0)
     consumer.__dict__.update(_rewound={}, _read_offset={fresh: 7, committed: 5}, _thread=_Thread(kafka),
                              _committed_offset={committed: 5, zero: None},
-                             app=SimpleNamespace(tables=SimpleNamespace(changelog_topics={"ns-changelog"})),
+                             app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda t: t == "ns.raw")),
                              assignment=lambda: {committed, fresh, zero, changelog})
 
     async def seek_to_committed() -> dict[TP, int | None]:
@@ -228,3 +229,21 @@ def test_faust_s_seek_starts_over_a_partition_never_committed_and_leaves_the_oth
     asyncio.run(consumer.perform_seek())
     assert sorted(kafka.started) == [("ns.raw", 2), ("ns.raw", 3)]
     assert consumer._read_offset[fresh] is None and consumer._read_offset[committed] == 5
+
+
+def test_the_seek_to_the_start_waits_for_the_broker_a_bounded_time() -> None:
+    """A partition without a leader delays aiokafka's reset (it asks again and again): the consumer
+    thread, whose fetches wait behind the seek, is not held past the bound; the reset goes on."""
+    from app.seams.faust.consumer import seek_to_start
+
+    class _Away:
+        async def seek_to_beginning(self, *tps: Any) -> None:
+            await asyncio.sleep(60)
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await seek_to_start(_Away(), [TP0], timeout_s=0.05)
+        return loop.time() - started
+
+    assert asyncio.run(run()) < 5

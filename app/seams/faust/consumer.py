@@ -8,6 +8,7 @@ tests/unit/test_seams_faust.py checks that each private member relied on is stil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -215,9 +216,10 @@ class Consumer(faust_aiokafka.Consumer):
         again: a worker taking over a dead one's partition lost them until a later record arrived."""
         self._rewound.clear()
         await super().perform_seek()
-        changelogs = self.app.tables.changelog_topics
-        unstarted = [tp for tp in self.assignment()
-                     if tp.topic not in changelogs and not self._committed_offset.get(tp)]
+        # the agents' topics only (Conductor.acks_enabled_for, line 281): not the changelogs, nor
+        # the assignor's leader topic, whose reset could wait for a leader that is away
+        streamed = self.app.topics.acks_enabled_for
+        unstarted = [tp for tp in self.assignment() if streamed(tp.topic) and not self._committed_offset.get(tp)]
         if unstarted:
             thread = self._thread
             await thread.call_thread(seek_to_start, thread._ensure_consumer(), unstarted)
@@ -303,10 +305,14 @@ async def seek_to(consumer: Any, tp: TP, offset: int) -> None:
     consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
 
 
-async def seek_to_start(consumer: Any, tps: list[TP]) -> None:
-    """aiokafka's seek_to_beginning (on the thread its consumer runs on), which asks the broker for
-    each partition's earliest offset before the next fetch."""
-    await consumer.seek_to_beginning(*(TopicPartition(tp.topic, tp.partition) for tp in tps))
+async def seek_to_start(consumer: Any, tps: list[TP], timeout_s: float = START_OFFSET_TIMEOUT_S) -> None:
+    """aiokafka's seek_to_beginning (on the thread its consumer runs on): the partitions' offsets are
+    reset to the earliest before their next fetch. Waited for at most ``timeout_s``: the wait is for
+    the broker's answer, which a partition without a leader delays, and the thread's other calls
+    (the fetches) wait behind it; the reset itself goes on in aiokafka's fetcher."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await consumer.seek_to_beginning(*(TopicPartition(tp.topic, tp.partition) for tp in tps))
 
 
 def consumer_of(app: AppT) -> Consumer:
