@@ -46,7 +46,7 @@ from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN
 # Kafka's default is 60 s, Kafka Streams' 10): a worker lost for good holds its partitions that long
 # (plus the broker's scan for them, transaction.abort.timed.out.transaction.cleanup.interval.ms). A
 # transaction lasts one commit interval (0.3 s busy); 4 s also outlasts a broker's loss, whose partitions
-# wait for new leaders for the cluster's 3 s broker session (app/stack/kafka.py) while it is open.
+# wait for new leaders for the cluster's 1.5 s broker session (app/stack/kafka.py) while it is open.
 TRANSACTION_TIMEOUT_S = 4.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
@@ -167,7 +167,8 @@ class Settings:
             "the consumer groups' session (worker, projector, effects, fetcher, sinks): a process that "
             "died without leaving (kill -9, a lost machine) holds its partitions this long; heartbeats go "
             "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "
-            "(Kafka's default is 6000; `orderly dev` sets 1000)")
+            "(Kafka's default is 6000; `orderly dev` sets 1000), and it should be twice their "
+            "broker.session.timeout.ms at least (Kafka's 9000, `orderly dev`'s 1500; a warning at start says so)")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",

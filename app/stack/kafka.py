@@ -36,9 +36,12 @@ HERE = Path(__file__).parent
 
 ROLES = ("broker,controller", "broker", "controller")
 # A cluster's brokers heartbeat the controllers this often and are fenced (their partitions led by
-# another replica) after this long without one (KafkaBroker._cluster_properties).
-HEARTBEAT_MS = 500
-SESSION_MS = 3000
+# another replica) after this long without one (KafkaBroker._cluster_properties). A dead follower of a
+# group's __consumer_offsets partition holds the coordinator's answers to heartbeats that long, so a
+# group session needs twice this at least (app/group_session.py; tests/chaos/test_group_session_broker_loss.py):
+# 1.5 s leaves a 3 s group session room, where 3 s had a live worker expelled.
+HEARTBEAT_MS = 250
+SESSION_MS = 1500
 CONTROLLER_IDS = 100  # a cluster's controllers are nodes 101, 102, 103; its brokers 1, 2, 3
 
 

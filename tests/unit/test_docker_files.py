@@ -65,7 +65,7 @@ def test_three_brokers_and_three_controllers_form_one_replicated_cluster() -> No
     for env in controllers:
         assert (env["KAFKA_PROCESS_ROLES"], env["KAFKA_LISTENERS"]) == ("controller", "CONTROLLER://:9093")
         assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == quorum
-        assert env["KAFKA_BROKER_SESSION_TIMEOUT_MS"] == "3000"  # the controllers fence a silent broker
+        assert env["KAFKA_BROKER_SESSION_TIMEOUT_MS"] == "1500"  # the controllers fence a silent broker
         assert env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"  # Kafka 4 makes the controllers' value the cluster's
     for env in envs:
         assert env["KAFKA_PROCESS_ROLES"] == "broker"
@@ -75,7 +75,7 @@ def test_three_brokers_and_three_controllers_form_one_replicated_cluster() -> No
             ("KAFKA_DEFAULT_REPLICATION_FACTOR", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
              "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"), "3")
         assert env["KAFKA_MIN_INSYNC_REPLICAS"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2"
-        assert env["KAFKA_BROKER_HEARTBEAT_INTERVAL_MS"] == "500"
+        assert env["KAFKA_BROKER_HEARTBEAT_INTERVAL_MS"] == "250"
     names = (*KAFKA, *CONTROLLERS)
     volumes = [services[name]["volumes"][0] for name in names]
     assert len({v.split(":")[0] for v in volumes}) == 6, "each node keeps its own log"

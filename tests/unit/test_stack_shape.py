@@ -50,13 +50,13 @@ def test_three_brokers_three_workers(tmp_path: Path) -> None:
             assert props[key] == "3", key
         for key in ("transaction.state.log.min.isr", "min.insync.replicas", "share.coordinator.state.topic.min.isr"):
             assert props[key] == "2", key
-        assert props["broker.session.timeout.ms"] == "3000"
+        assert props["broker.session.timeout.ms"] == "1500"
         assert node._format_args() == []  # the voters come from the properties, not --standalone
     for controller in controllers:
         props = dict(line.split("=", 1) for line in controller._properties().splitlines() if "=" in line)
         assert (props["process.roles"], props["controller.quorum.voters"]) == ("controller", quorum)
         assert props["listeners"] == f"CONTROLLER://127.0.0.1:{controller.controller_port}"
-        assert props["broker.session.timeout.ms"] == "3000"  # the controllers fence a silent broker
+        assert props["broker.session.timeout.ms"] == "1500"  # the controllers fence a silent broker
         assert props["min.insync.replicas"] == "2"  # Kafka 4 makes the controllers' value the cluster's default
     assert {c.controller_port for c in controllers}.isdisjoint(n.port for n in stack.kafka.nodes)
 
