@@ -37,6 +37,7 @@ from app.worker.consumer import quiet_after
 from app.worker.runtime import LAG_EVERY_S, WATCHDOG_EVERY_S, WorkerRuntime
 from app.worker.shared import WorkerState
 from app.worker.store import ROCKSDB_OPTIONS, TABLE
+from app.worker.takeover import worker_transaction
 from topics.catalog import DERIVED_RECORD_BYTES, REQUEST_BYTES, names
 
 log = logging.getLogger("orderly.worker")
@@ -142,7 +143,7 @@ def exactly_once(app: WorkerApp, settings: Settings, state: WorkerState, batches
     if settings.worker_member:
         # One transaction per commit for every partition, under the worker's own transactional
         # id: restarted under its member id, the worker ends its old transaction.
-        app.transactional_id = f"{app.conf.id}-worker-{settings.worker_member}"
+        app.transactional_id = worker_transaction(app.conf.id, settings.worker_member)
         log.info("exactly-once: one transaction per commit for all partitions, transactional id %s",
                  app.transactional_id)
 

@@ -40,6 +40,7 @@ from app.worker.consumer import commit_due, fetch_min_bytes
 from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, exit_for_restart
 from app.worker.recovery import exact_highwaters
 from app.worker.shared import WorkerState
+from app.worker.takeover import Takeover
 from app.worker.takes import decide_takes
 from topics.admin import topic_configs
 from topics.catalog import DERIVED_RECORD_BYTES, names
@@ -75,6 +76,9 @@ class WorkerRuntime:
         self.raw = names(settings.namespace).raw
         self.commit = Commit(state, one_transaction=app.transactional_id is not None)
         self.joined_as: str | None = None  # the member id of the first join (static membership)
+        # exactly-once with a static id: a lost worker's open transaction aborted at once (takeover.py)
+        self.takeover = Takeover(settings, app.conf.id) if app.transactional_id is not None else None
+        self.taking_over: asyncio.Future[set[str]] | None = None
 
     # --- the agent ---
 
@@ -128,6 +132,8 @@ class WorkerRuntime:
     async def on_assigned(self, assigned: set[TP]) -> None:
         if self.settings.worker_instance_id:
             self.check_membership()
+        if self.takeover is not None and (self.taking_over is None or self.taking_over.done()):
+            self.taking_over = asyncio.ensure_future(self.takeover.after_assignment())  # reads go on meanwhile
         mine = sorted(tp.partition for tp in assigned if tp.topic == self.raw)
         self.liveness.on_assigned({TopicPartition(tp.topic, tp.partition) for tp in assigned if tp.topic == self.raw})
         self.batches.assigned(assigned)
