@@ -84,6 +84,8 @@ class WorkerRuntime:
 
     async def on_start(self) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+        if self.takeover is not None:
+            self.takeover.start()
 
     async def process(self, stream: faust.StreamT[bytes]) -> None:
         # read while the group is joined and the table recovered (the agent starts before either),
@@ -147,6 +149,8 @@ class WorkerRuntime:
         self.state.assigned_generation = None
 
     async def on_stopping(self) -> None:
+        if self.takeover is not None:
+            await self.takeover.close()
         await self.producer.stop()
         await self.liveness.close()
 

@@ -51,6 +51,22 @@ class Takeover:
         self.settings = settings
         self.group = group
         self.members: set[str] | None = None  # None before the first assignment read them
+        # one admin client for the worker's life, connected at its start: at an assignment a worker
+        # on a busy machine may be near its session's end, and a new client's connections and
+        # metadata there had it expelled (bench restart, 3 s session); a describe costs a request
+        self.admin: AIOKafkaAdminClient | None = None
+        self.started: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """On the worker's loop, at its start (an aiokafka client belongs to the loop it was made on)."""
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap,
+                                         **client_options(self.settings))
+        self.started = asyncio.ensure_future(self.admin.start())
+
+    async def close(self) -> None:
+        if self.started is not None and self.admin is not None:
+            self.started.cancel()
+            await self.admin.close()
 
     async def after_assignment(self) -> set[str]:
         """The instances gone since the last assignment, each one's transaction aborted (or tried)."""
@@ -82,10 +98,9 @@ class Takeover:
             await producer.stop()
 
     async def _member_ids(self) -> list[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap, **client_options(self.settings))
-        await admin.start()
-        try:
-            [described] = await admin.describe_consumer_groups([self.group])
-        finally:
-            await admin.close()
+        if self.started is None or (self.started.done() and self.started.exception() is not None):
+            self.start()  # not yet, or its start failed: a new client
+        assert self.started is not None and self.admin is not None
+        await asyncio.shield(self.started)
+        [described] = await self.admin.describe_consumer_groups([self.group])
         return [str(member[0]) for group in described.groups for member in group[5]]
