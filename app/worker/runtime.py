@@ -77,7 +77,8 @@ class WorkerRuntime:
         self.commit = Commit(state, one_transaction=app.transactional_id is not None)
         self.joined_as: str | None = None  # the member id of the first join (static membership)
         # exactly-once with a static id: a lost worker's open transaction aborted at once (takeover.py)
-        self.takeover = Takeover(settings, app.conf.id) if app.transactional_id is not None else None
+        self.takeover = (Takeover(settings, app.conf.id, settings.worker_member)
+                         if app.transactional_id is not None and settings.worker_member else None)
         self.taking_over: asyncio.Future[set[str]] | None = None
 
     # --- the agent ---

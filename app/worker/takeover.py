@@ -33,9 +33,25 @@ ASK_TIMEOUT_S = 10.0  # a describe or a fence that takes longer is dropped: the 
 STATIC_MEMBER = re.compile(r"^(?P<instance>.+)-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
+# the states in which a group's member list is its members' (not Empty or Dead, as a group is
+# described by a coordinator that lost it or is loading it)
+MEMBERS_KNOWN = frozenset({"Stable", "CompletingRebalance", "PreparingRebalance"})
+
+
 def instances(member_ids: Iterable[str]) -> set[str]:
     """The static instance ids named by a group's member ids."""
     return {m.group("instance") for member in member_ids if (m := STATIC_MEMBER.match(member))}
+
+
+def gone(before: set[str] | None, error_code: int, state: str, member_ids: Iterable[str],
+         own: str) -> tuple[set[str], set[str] | None]:
+    """The instances to fence and the members to remember, from a description of the group. Nothing
+    is gone unless the description is an answer about a group that holds this worker; this worker
+    itself never is."""
+    now = instances(member_ids)
+    if error_code or state not in MEMBERS_KNOWN or own not in now:
+        return set(), before  # no answer to go by: keep the last one
+    return ((before or set()) - now) - {own}, now
 
 
 def worker_transaction(group: str, instance: str) -> str:
@@ -47,9 +63,10 @@ class Takeover:
     """Remembers the group's static members from one assignment to the next and aborts the open
     transaction of each one gone."""
 
-    def __init__(self, settings: Settings, group: str) -> None:
+    def __init__(self, settings: Settings, group: str, own: str) -> None:
         self.settings = settings
         self.group = group
+        self.own = own  # this worker's instance id
         self.members: set[str] | None = None  # None before the first assignment read them
         # one admin client for the worker's life, connected at its start: at an assignment a worker
         # on a busy machine may be near its session's end, and a new client's connections and
@@ -71,15 +88,14 @@ class Takeover:
     async def after_assignment(self) -> set[str]:
         """The instances gone since the last assignment, each one's transaction aborted (or tried)."""
         try:
-            now = instances(await asyncio.wait_for(self._member_ids(), ASK_TIMEOUT_S))
+            error_code, state, member_ids = await asyncio.wait_for(self._described(), ASK_TIMEOUT_S)
         except Exception as exc:  # not readable: the transaction timeout will do it
             log.info("the group's members could not be read after an assignment (%r)", exc)
             return set()
-        gone = (self.members or set()) - now
-        self.members = now
-        for instance in sorted(gone):
+        left, self.members = gone(self.members, error_code, state, member_ids, self.own)
+        for instance in sorted(left):
             await self.abort_left_by(instance)
-        return gone
+        return left
 
     async def abort_left_by(self, instance: str) -> None:
         txn = worker_transaction(self.group, instance)
@@ -97,10 +113,13 @@ class Takeover:
         finally:
             await producer.stop()
 
-    async def _member_ids(self) -> list[str]:
+    async def _described(self) -> tuple[int, str, list[str]]:
+        """The group's error code, state and member ids, as its coordinator describes them."""
         if self.started is None or (self.started.done() and self.started.exception() is not None):
             self.start()  # not yet, or its start failed: a new client
         assert self.started is not None and self.admin is not None
         await asyncio.shield(self.started)
         [described] = await self.admin.describe_consumer_groups([self.group])
-        return [str(member[0]) for group in described.groups for member in group[5]]
+        [group] = described.groups
+        error_code, _group_id, state, _protocol_type, _protocol, members, *_ = group
+        return int(error_code), str(state), [str(member[0]) for member in members]
