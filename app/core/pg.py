@@ -114,8 +114,8 @@ def check_deposit_money(obj: Deposit) -> None:
     received = _required("amount_received_minor", obj.amount_received_minor)
     fee = _required("fee_total_minor", obj.fee_total_minor)
     credited = _required("credited_amount_minor", obj.credited_amount_minor)
-    if not (ordered > 0 and transferred > 0 and received > 0
-            and received == min(transferred, ordered)
+    # the CHECK's amount_received_minor > 0 follows from its being the lesser of two positive amounts
+    if not (ordered > 0 and transferred > 0 and received == min(transferred, ordered)
             and 0 <= fee <= received and received - fee == credited):
         raise Invalid("amounts break pg_deposit_money_ck")
 

@@ -337,7 +337,8 @@ def covered(state: State, synced: StoredEvent, d: Delivery) -> list[Decision]:
     out = []
     for e in state.events:
         if e.id in state.waiting and e.created <= synced.created:
-            original = Delivery(e.delivery_id, GATEWAY, d.resource_key, e.received_at_ms, d.seq, e.source)
+            # the thin event's own delivery (its id and receipt) on this resource; the ordinal is numbered's
+            original = msgspec.structs.replace(d, delivery_id=e.delivery_id, received_at_ms=e.received_at_ms)
             out.append(decide(original, UNPARKED, event_id=e.id, event_type=e.type))
             state.waiting.remove(e.id)
     return out

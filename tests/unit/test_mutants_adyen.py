@@ -249,3 +249,52 @@ def test_an_event_date_without_an_offset_is_utc_whatever_the_local_zone(monkeypa
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+# --- the dispute items and what follows a refusal (step), docs/gateways/adyen.md's decisions ----
+
+def test_a_notice_of_chargeback_changes_no_state_and_applies_even_during_a_chargeback() -> None:
+    captured = [AUTH, ev("c", "CAPTURE", "c1", 1, 100)]
+    notice = reduce([*captured, ev("n", "NOTIFICATION_OF_CHARGEBACK", "d1", 2)])
+    assert (notice.state, notice.applied, notice.earned) == ("captured", ["auth", "c", "n"],
+                                                             ["mark_order_paid", "open_dispute"])
+    during = reduce([*captured, ev("cb", "CHARGEBACK", "d1", 2), ev("n", "NOTIFICATION_OF_CHARGEBACK", "d1", 3)])
+    assert (during.state, during.applied, during.parked) == ("chargeback", ["auth", "c", "cb", "n"], [])
+
+
+def test_a_second_chargeback_charges_back_and_a_reversal_returns_to_the_state_before_the_first() -> None:
+    captured = [AUTH, ev("c", "CAPTURE", "c1", 1, 100)]
+    second = reduce([*captured, ev("s", "SECOND_CHARGEBACK", "d1", 2)])
+    assert (second.state, second.before_chargeback) == ("chargeback", "captured")
+    again = reduce([*captured, ev("cb", "CHARGEBACK", "d1", 2), ev("s", "SECOND_CHARGEBACK", "d1", 3),
+                    ev("rv", "CHARGEBACK_REVERSED", "d1", 4)])
+    assert (again.state, again.applied, again.parked) == ("captured", ["auth", "c", "cb", "s", "rv"], [])
+
+
+def test_a_reversal_waits_for_its_chargeback_and_money_waits_for_the_reversal() -> None:
+    # the reversal stamped before the chargeback it reverses: parked until the chargeback applies
+    early = reduce([AUTH, ev("rv", "CHARGEBACK_REVERSED", "d1", 1), ev("cb", "CHARGEBACK", "d1", 2)])
+    assert (early.state, early.applied, early.parked) == ("authorised", ["auth", "cb", "rv"], [])
+    alone = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("rv", "CHARGEBACK_REVERSED", "d1", 2)])
+    assert (alone.state, alone.parked) == ("captured", ["rv"])
+    held = reduce([AUTH, ev("c", "CAPTURE", "c1", 1, 100), ev("cb", "CHARGEBACK", "d1", 2),
+                   ev("r", "REFUND", "r1", 3, 40)])
+    assert (held.state, held.refunds, held.parked) == ("chargeback", {}, ["r"])
+
+
+def test_nothing_follows_a_refusal_and_a_second_authorisation_changes_nothing() -> None:
+    refused = ev("auth", "AUTHORISATION", "psp", 0, 100, success=False)
+    out = reduce([refused, ev("x", "CANCELLATION", "x1", 1), ev("c", "CAPTURE", "c1", 2, 50)])
+    assert (out.state, out.authorised_minor, out.applied, out.parked, out.why) == (
+        "refused", 0, ["auth"], ["x", "c"], {})
+    # a later authorisation of the refused payment, or of a cancelled one: applied, nothing changes
+    later = reduce([refused, ev("auth2", "AUTHORISATION", "psp", 1, 100)])
+    assert (later.state, later.applied, later.parked) == ("refused", ["auth", "auth2"], [])
+    cancelled = reduce([AUTH, ev("x", "CANCELLATION", "x1", 1), ev("auth2", "AUTHORISATION", "psp", 2, 100)])
+    assert (cancelled.state, cancelled.applied) == ("cancelled", ["auth", "x", "auth2"])
+
+
+def test_each_item_is_tried_once_and_a_parked_one_again_after_each_change() -> None:
+    # the refund (stamped before its capture) is tried, parked, and tried again once the capture applies
+    out = reduce([AUTH, ev("r", "REFUND", "r1", 1, 60), ev("c", "CAPTURE", "c1", 2, 100)])
+    assert (out.applied, out.steps) == (["auth", "c", "r"], 4)

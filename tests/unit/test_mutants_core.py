@@ -11,6 +11,7 @@ import msgspec
 import orjson
 import pytest
 
+from app.core import pg as pg_core
 from app.core.card import CardEvent, covered_upto, effects_due, ordering_key, reduce, stored_event
 from app.core.card import State as CardState
 from app.core.card import apply_event as card_apply
@@ -405,3 +406,14 @@ def test_pg_a_parked_event_of_another_object_is_set_aside_naming_it() -> None:
     other = PgParked(withdrawal("wdr_1", 2, "completed", 1_000_000).decode(), Delivery("w0", "pg", "pg:dep_1", 4, 0))
     _, out = pg_correlate(PgState(parked=[other]), Correlation(**PG_CORR), Delivery("c1", "pg", "pg:dep_1", 6, 1))
     assert out[1].error == "parked event could not be applied: Invalid: a parked withdrawal event"
+
+
+def test_pg_a_parked_events_error_is_cut_at_five_hundred_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreadable(raw: bytes, checked: bool) -> object:
+        raise ValueError("x" * 600)
+
+    monkeypatch.setattr(pg_core, "read", unreadable)  # what no adapter says today: the cut is a bound
+    parked = PgParked(deposit("dep_1", 3, "settled").decode(), Delivery("w0", "pg", "pg:dep_1", 4, 0))
+    _, out = pg_correlate(PgState(parked=[parked]), Correlation(**PG_CORR), Delivery("c1", "pg", "pg:dep_1", 6, 1))
+    prefix = "parked event could not be applied: ValueError: "
+    assert out[1].error == prefix + "x" * (500 - len(prefix))

@@ -155,3 +155,13 @@ def test_an_unchecked_item_of_an_unknown_code_is_refused_and_a_read_keeps_its_by
     found = card.route(unknown)
     assert (found.quarantine_code, found.event_id, found.event_type, found.resource_hint) == (
         "unknown_type", "evt_1", "payment.lost", "card:pay_1")
+
+
+def test_paymos_a_refused_body_keeps_its_ids_and_an_unknown_type_is_named_before_the_fields_fault() -> None:
+    def refused(event_type: str) -> Route:
+        return paymos.route(orjson.dumps({"event_id": "evt_1", "event_type": event_type, "data": [1]}))
+
+    assert refused("invoice.weird") == Route(None, "evt_1", "invoice.weird", "unknown_type",
+                                             "event_type: unknown event type 'invoice.weird'", None)
+    assert refused("invoice.paid") == Route(None, "evt_1", "invoice.paid", "invalid",
+                                            "data: expected object, got array", None)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from typing import Any
 
 import msgspec
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.dispatch import Incoming, plan_batch
 from app.core.model import Decision, Delivery
-from app.core.pg import State, apply_correlation, apply_event
+from app.core.pg import Invalid, State, apply_correlation, apply_event, check_deposit_money
 from app.gateways.base import Route
-from app.gateways.pg import Webhook, read
+from app.gateways.pg import Deposit, Webhook, read
 from app.gateways.registry import GATEWAYS
 from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
 from tests.pg_truth import deposit_truth
@@ -355,3 +357,90 @@ def test_when_the_correlation_comes_changes_no_effect(statuses: list[str], data:
     assert {d.outcome for d in late[:at]} <= {"parked", "duplicate"} and late[at].outcome == "applied"
     parked = [d.delivery_id for d in late[:at] if d.outcome == "parked"]
     assert [d.delivery_id for d in late[at + 1:at + 1 + len(parked)]] == parked
+
+
+MONEY = ("ordered_amount_minor", "transferred_amount_minor", "amount_received_minor", "fee_total_minor",
+         "credited_amount_minor")
+
+
+def money_ck(status: str, amounts: dict[str, int | None]) -> bool:
+    """pg_deposit_money_ck as projections/migrations/0001_pg_gateway.sql states it."""
+    if status not in ("settled", "reversed"):
+        return True
+    ordered, transferred, received, fee, credited = (amounts[name] for name in MONEY)
+    if ordered is None or transferred is None or received is None or fee is None or credited is None:
+        return False
+    return (ordered > 0 and transferred > 0 and received > 0 and received == min(transferred, ordered)
+            and 0 <= fee <= received and received - fee == credited)
+
+
+def test_a_deposit_is_refused_before_storing_exactly_when_the_tables_money_check_would_refuse_it() -> None:
+    # every combination of missing, zero and small amounts: each clause's edge is among them
+    for status in ("settled", "reversed", "pending", "expired"):
+        for values in itertools.product((None, 0, 1, 2), repeat=len(MONEY)):
+            amounts = dict(zip(MONEY, values, strict=True))
+            obj = msgspec.convert({"id": "dep_1", "object": "deposit", "version": 1, "status": status, **amounts},
+                                  Deposit)
+            missing = next((name for name in MONEY if amounts[name] is None), None)
+            if money_ck(status, amounts):
+                check_deposit_money(obj)
+                continue
+            expected = "amounts break pg_deposit_money_ck" if missing is None else \
+                f"{missing} must be an integer, got None"
+            with pytest.raises(Invalid) as refused:
+                check_deposit_money(obj)
+            assert str(refused.value) == expected, (status, amounts)
+
+
+FLAG = {"claim_id": "clm_1", "cause": "same_transfer_excess", "amount_minor": 1,
+        "slip_received_at": "2026-11-29T10:30:00Z", "status": "open", "action_required": "contact_support"}
+NOT_STORED = "overpayment flag clm_1 does not match the documented shape; not stored"
+
+
+def test_an_overpayment_flag_is_appended_once_as_the_flags_table_takes_it_and_any_other_shape_is_named() -> None:
+    # the shape pg_deposit_overpayment_flags' CHECKs take (gateway-docs/pg-event-order-version-guard.txt)
+    for flag in (FLAG, {**FLAG, "cause": "additional_transfer", "amount_minor": 2_000}):
+        state, out = run([CORR, deposit("dep_1", 11, "settled", overpayment=flag)])
+        assert (out[-1].outcome, out[-1].error) == ("applied", None)
+        assert [(f.kind, f.key, f.data) for f in out[-1].facts] == [("overpayment_flag", "clm_1", {
+            "claim_id": "clm_1", "pg_deposit_id": "dep_1", "observed_deposit_version": 11, "flag": flag})]
+        assert orjson.loads(memoryview(state.claims["clm_1"])) == flag
+    # one field off the documented shape: the deposit applies, the flag is refused by name
+    for changed in ({"cause": "typo"}, {"amount_minor": 0}, {"amount_minor": None}, {"status": "closed"},
+                    {"action_required": "wait"}, {"slip_received_at": None}):
+        state, out = run([CORR, deposit("dep_1", 11, "settled", overpayment={**FLAG, **changed})])
+        assert (out[-1].outcome, out[-1].error, out[-1].facts, state.claims) == ("applied", NOT_STORED, [], {}), changed
+    # no claim: nothing to append, nothing to say
+    _, out = run([CORR, deposit("dep_1", 11, "settled", overpayment={**FLAG, "claim_id": None})])
+    assert (out[-1].error, out[-1].facts) == (None, [])
+
+
+def test_the_same_overpayment_flag_seen_again_in_another_field_order_is_no_collision() -> None:
+    again = dict(reversed(FLAG.items()))
+    state, out = run([CORR, deposit("dep_1", 11, "settled", overpayment=FLAG),
+                      deposit("dep_1", 12, "reversed", overpayment=again)])
+    assert out[-1].error is None and [f.data["observed_deposit_version"] for f in out[-1].facts] == [12]
+    # the first flag stays, the colliding one is named and not appended
+    state, out = run([CORR, deposit("dep_1", 11, "settled", overpayment=FLAG),
+                  deposit("dep_1", 12, "reversed", overpayment={**FLAG, "amount_minor": 2})])
+    collision = "overpayment claim_id clm_1 collision: immutable flag content differs"
+    assert (out[-1].error, out[-1].facts) == (collision, [])
+    assert orjson.loads(memoryview(state.claims["clm_1"])) == FLAG
+
+
+def test_a_deposit_row_holds_each_pg_deposits_column_from_the_snapshot_the_correlation_and_the_effects() -> None:
+    fees = [{"kind": "gateway", "amount_minor": 2_500}]
+    extra: dict[str, Any] = {"fee_breakdown": fees, "overpayment": FLAG, "balance_transaction_id": "btxn_1",
+             "clearing_available_at": "2026-11-30T00:00:00Z"}
+    _, out = run([CORR, deposit("dep_1", 5, "settled", **extra), deposit("dep_1", 8, "reversed", **extra)])
+    credited, reversed_ = "2023-11-14T22:13:20.001000+00:00", "2023-11-14T22:13:20.002000+00:00"
+    assert out[-1].table == "pg_deposits" and out[-1].row == {
+        "pg_deposit_id": "dep_1", "pg_version": 8, "status": "reversed", "is_terminal": None,
+        "late_slip_accepted_until": None, "ordered_amount_minor": AMOUNT, "transferred_amount_minor": AMOUNT,
+        "amount_received_minor": AMOUNT, "fee_total_minor": 2_500, "credited_amount_minor": AMOUNT - 2_500,
+        "fee_breakdown": fees, "overpayment": FLAG, "balance_transaction_id": "btxn_1",
+        "clearing_available_at": "2026-11-30T00:00:00Z", "our_order_id": "ord_1", "our_user_id": "usr_1",
+        "credited_user_at": credited, "reversed_at": reversed_}
+    _, out = run([CORR, deposit("dep_1", 6, "expired")])
+    assert out[-1].row is not None
+    assert (out[-1].row["is_terminal"], out[-1].row["late_slip_accepted_until"]) == (False, "2026-11-30T10:04:41Z")

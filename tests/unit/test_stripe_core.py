@@ -229,3 +229,41 @@ def test_an_appeal_reopens_a_lost_dispute_which_was_closed_once_in_either_order(
 def test_a_thin_events_time_without_a_zone_reads_as_utc() -> None:
     state, _ = run([thin("2026-12-01T10:00:00")])
     assert state.events[0].created == 1_796_119_200  # 2026-12-01T10:00:00Z, whatever the machine's zone
+
+
+def test_the_refunded_amount_is_the_newer_evidences_and_on_a_tie_of_seconds_the_charges() -> None:
+    def refunded(*bodies: bytes) -> int:
+        state, _ = run(list(bodies))
+        return int(row(state)["amount_refunded_minor"])
+
+    # the charge's total is newer: it holds what the refunds said before it
+    charge_newer = [event("refund.created", T + 3, refund("re_1", "pending", 2000)),
+                    event("charge.refunded", T + 5, charge("ch_2", "succeeded", 500))]
+    assert refunded(*charge_newer) == 500
+    # the refunds are newer (though of a lower rank): their own statuses count, a failed one not
+    refunds_newer = [event("charge.refunded", T + 3, charge("ch_2", "succeeded", 2000)),
+                     event("refund.updated", T + 5, refund("re_1", "succeeded", 500)),
+                     event("refund.created", T + 4, refund("re_2", "failed", 300))]
+    assert refunded(*refunds_newer) == 500
+    # one second for both: the charge's total, which holds every refund of that moment
+    assert refunded(event("charge.refunded", T + 3, charge("ch_2", "succeeded", 2000)),
+                    event("refund.created", T + 3, refund("re_1", "pending", 1500))) == 2000
+    # only refunds heard of: theirs; a refund without an amount adds nothing; a charge without refunds: 0
+    assert refunded(event("refund.updated", T + 3, refund("re_1", "succeeded", 700))) == 700
+    assert refunded(event("refund.created", T + 3, {**refund("re_1", "pending"), "amount": None})) == 0
+    assert refunded(event("charge.succeeded", T, {**charge("ch_2", "succeeded"), "amount_refunded": None})) == 0
+
+
+def test_a_fetched_answer_unparks_the_thin_events_up_to_its_own_second_as_their_own_deliveries() -> None:
+    at = 1_796_119_200  # 2026-12-01T10:00:00Z
+    state, made = run([event("payment_intent.processing", at - 5, intent("processing")),
+                       thin("2026-12-01T10:00:00.900Z", "evt_thin_1"), thin("2026-12-01T10:00:01Z", "evt_thin_2")])
+    assert [d.outcome for d in made] == ["applied", "parked", "parked"]
+    state, decisions = deliver(state, synced("succeeded", 2000, at), 7)
+    # the thin event of the fetch's own second is covered (created is whole seconds), the next one not
+    assert [(d.delivery_id, d.gateway, d.resource_id, d.outcome, d.received_at_ms, d.event_id, d.event_type)
+            for d in decisions[1:]] == [
+        ("d1", "stripe", PI, "unparked", 1_000, "evt_thin_1", "v1.payment_intent.succeeded")]
+    assert decisions[1].seq == decisions[0].seq + 1 and state.waiting == ["evt_thin_2"]
+    _, decisions = deliver(state, synced("succeeded", 1_500, at + 1), 8)  # another answer: another id
+    assert [(d.delivery_id, d.outcome) for d in decisions] == [("d8", "synced"), ("d2", "unparked")]
