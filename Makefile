@@ -49,12 +49,13 @@ prometheus:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Debian's valgrind, for the test that counts the decision path's instructions per record under
-# callgrind (tests/integration/test_decision_cost.py, `python -m bench.instructions measure`).
+# Debian's valgrind (and gcc, for the marks around the measured part), for the test that counts the
+# decision path's instructions per record under callgrind (tests/integration/test_decision_cost.py,
+# `python -m bench.instructions measure`).
 valgrind:
-	@command -v valgrind >/dev/null || { \
+	@command -v valgrind >/dev/null && command -v gcc >/dev/null || { \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends valgrind gcc libc6-dev; }
 
 # helm v4.3.2 built from the Go module proxy into ~/.cache/orderly, checksum-pinned, and the Prometheus
 # Operator's CRD models, hash-checked (deploy/helm/tools.sh), for the chart's tests (tests/integration/test_helm_chart.py): 2 to 3.5 minutes once, then reused.
