@@ -5,6 +5,7 @@ status, a thin event's time in another zone."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -107,6 +108,26 @@ def test_only_a_same_second_failure_and_attempt_step_of_a_live_payment_intent_as
     for order in (bodies, bodies[::-1]):
         _, made = run(order)
         assert fetches(made) == []
+
+
+# The live PaymentIntent's event types with the status each carries (none terminal).
+LIVE = {"payment_intent.created": "requires_payment_method", "payment_intent.requires_action": "requires_action",
+        "payment_intent.processing": "processing", "payment_intent.amount_capturable_updated": "requires_capture",
+        "payment_intent.partially_funded": "requires_payment_method",
+        "payment_intent.payment_failed": "requires_payment_method"}
+STEPS = {"payment_intent.requires_action", "payment_intent.processing", "payment_intent.amount_capturable_updated"}
+
+
+@pytest.mark.parametrize("apart", [0, 1])
+def test_every_pair_of_a_live_payment_intents_events_asks_a_fetch_exactly_when_the_document_says(apart: int) -> None:
+    """docs/gateways/stripe.md "Cannot be placed with certainty": one second, one `payment_failed`, the
+    other `requires_action`, `processing` or `amount_capturable_updated`."""
+    for first, second in itertools.combinations(LIVE, 2):
+        bodies = [event(first, T, intent(LIVE[first])), event(second, T + apart, intent(LIVE[second]))]
+        guess = apart == 0 and "payment_intent.payment_failed" in (first, second) and bool({first, second} & STEPS)
+        for order in (bodies, bodies[::-1]):
+            _, made = run(order)
+            assert len(fetches(made)) == guess, (first, second, apart)
 
 
 def test_a_refund_of_the_whole_single_minor_unit_refunds_the_order_and_one_without_an_amount_does_not() -> None:
