@@ -1,0 +1,130 @@
+"""How the worker reads a record and which reducer decides it, and what the pg core decides for a
+resource of another kind or an event seen before (killing mutmut's survivors in app/core/dispatch.py
+and app/core/pg.py, docs/testing.md).
+
+The rules: a record's headers mean what topics/records.py says (``checked: 1``, the ingest's adapter
+took the body; a delivery without a gateway header is its resource key's gateway); a resource key is
+``gateway:resource_id`` and a resource id may itself hold a colon; a record no reducer can decide is
+quarantined with the reason, never dropped (DESIGN.md §2.4); a pg resource is one object kind for
+ever (../shared/gateway-docs/pg-event-order-version-guard.txt); a decision names the event it was
+about (its id, type and sequence), a duplicate too.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.core import pg as pg_core
+from app.core.dispatch import Incoming, decide_delivery, plan_batch, read_headers
+from app.core.model import DUPLICATE, QUARANTINED, Delivery
+from app.gateways.pg import Webhook, read
+from app.gateways.registry import GATEWAYS
+from tests.pg_events import deposit, withdrawal
+from topics.catalog import names
+from topics.records import H_CHECKED, raw_headers
+
+RAW = names("t")
+
+
+# --- read_headers: the ingest's five headers and anything else that has five ---
+
+def ingest_headers() -> list[tuple[str, bytes]]:
+    return [*raw_headers("card", "dlv_9", 1_700_000_000_123, "fetch"), (H_CHECKED, b"1")]
+
+
+def test_the_ingest_s_headers_are_read_as_written() -> None:
+    delivery, correlation, checked = read_headers(Incoming(b"pg:dep_1", b"{}", ingest_headers(), 7, 2, "t.raw"))
+    assert delivery == Delivery("dlv_9", "card", "pg:dep_1", 1_700_000_000_123, 7, "fetch")
+    assert (correlation, checked) == (False, True)
+
+
+@pytest.mark.parametrize("position", range(5))
+def test_five_headers_one_of_another_name_are_read_by_their_names(position: int) -> None:
+    headers = ingest_headers()
+    headers[position] = ("x-trace", headers[position][1])
+    delivery, correlation, checked = read_headers(Incoming(b"pg:dep_1", b"{}", headers, 7, 2, "t.raw"))
+    # the header left out takes its default: the key's gateway, the record's place, 0, a webhook, unchecked
+    expected = {"gateway": "card", "delivery_id": "dlv_9", "received_at_ms": 1_700_000_000_123, "source": "fetch"}
+    defaults = [("gateway", "pg"), ("delivery_id", "t.raw:2:7"), ("received_at_ms", 0), ("source", "webhook")]
+    if position < 4:
+        expected.update([defaults[position]])
+    assert {name: getattr(delivery, name) for name in expected} == expected
+    assert checked == (position != 4) and correlation is False
+
+
+def test_checked_counts_in_any_order() -> None:
+    headers = [(H_CHECKED, b"1"), *raw_headers("pg", "dlv_1", 5)]
+    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] is True
+    headers = [*raw_headers("pg", "dlv_1", 5), ("record", b"x"), (H_CHECKED, b"1")]
+    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] is True
+
+
+# --- decide_delivery: what no reducer can decide is quarantined, saying why ---
+
+def test_a_correlation_for_a_gateway_that_takes_none_is_quarantined() -> None:
+    delivery = Delivery("dlv_1", "card", "card:pay_1", 5, 3)
+    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, True, True)
+    assert state is None and len(decisions) == 1
+    decision = decisions[0]
+    assert (decision.delivery_id, decision.gateway, decision.resource_id, decision.outcome) == (
+        "dlv_1", "card", "pay_1", QUARANTINED)
+    assert decision.error is not None and "'card'" in decision.error and "correlation" in decision.error
+
+
+def test_a_delivery_of_an_unknown_gateway_is_quarantined() -> None:
+    delivery = Delivery("dlv_1", "nope", "nope:x_1", 5, 3)
+    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, False, True)
+    assert state is None and len(decisions) == 1
+    decision = decisions[0]
+    assert (decision.delivery_id, decision.gateway, decision.resource_id, decision.outcome) == (
+        "dlv_1", "nope", "x_1", QUARANTINED)
+    assert decision.error is not None and "'nope'" in decision.error
+
+
+# --- reducer_of: a resource id with a colon keeps its stored state ---
+
+def test_a_resource_id_with_a_colon_is_decided_on_its_stored_state() -> None:
+    body = deposit("dep:1", 1, "pending")
+    record = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")], 0, 0, RAW.raw)
+    first = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None)
+    assert first.set_aside == [] and set(first.states) == {b"pg:dep:1"}
+    # the same event in another delivery, in a later batch: the stored state has seen it
+    later = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_2", 6), (H_CHECKED, b"1")], 1, 0, RAW.raw)
+    again = plan_batch(RAW, GATEWAYS, [later], lambda partition, key: first.states.get(key))
+    outcomes = [orjson.loads(r[2])["outcome"] for r in again.records[0] if r[0] == RAW.decisions]
+    assert outcomes == [DUPLICATE]
+
+
+# --- the pg core: one object kind per resource; a duplicate names its event ---
+
+def webhook(raw: bytes) -> Webhook:
+    found = read(raw, checked=True)
+    assert isinstance(found, Webhook), found
+    return found
+
+
+def test_an_event_of_another_object_kind_on_a_resource_is_quarantined() -> None:
+    d1 = Delivery("dlv_1", "pg", "pg:obj_1", 1, 0)
+    state, _ = pg_core.apply_event(None, webhook(deposit("obj_1", 1, "pending")), d1)
+    other = webhook(withdrawal("obj_1", 1, "pending", 0, event_id="evt_w"))
+    d2 = Delivery("dlv_2", "pg", "pg:obj_1", 2, 1)
+    state, decisions = pg_core.apply_event(state, other, d2)
+    assert len(decisions) == 1
+    decision = decisions[0]
+    assert (decision.delivery_id, decision.outcome) == ("dlv_2", QUARANTINED)
+    assert decision.error is not None and "withdrawal" in decision.error and "deposit" in decision.error
+    assert (decision.event_id, decision.event_type, decision.sequence) == (
+        other.event.id, other.event.type, other.event.sequence)
+    assert decision.payload == other.body
+
+
+def test_a_duplicate_names_its_event() -> None:
+    event = webhook(deposit("dep_1", 1, "pending", event_id="evt_a"))
+    state, _ = pg_core.apply_event(None, event, Delivery("dlv_1", "pg", "pg:dep_1", 1, 0))
+    state, decisions = pg_core.apply_event(state, event, Delivery("dlv_2", "pg", "pg:dep_1", 2, 1))
+    assert len(decisions) == 1
+    decision = decisions[0]
+    assert (decision.delivery_id, decision.outcome) == ("dlv_2", DUPLICATE)
+    assert (decision.event_id, decision.event_type, decision.sequence) == ("evt_a", "deposit.pending", 1)
+    assert decision.payload == event.body
