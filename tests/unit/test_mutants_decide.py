@@ -12,17 +12,21 @@ about (its id, type and sequence), a duplicate too.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import orjson
 import pytest
 
+from app.core import card as card_core
 from app.core import pg as pg_core
 from app.core.dispatch import Incoming, decide_delivery, plan_batch, read_headers
-from app.core.model import DUPLICATE, QUARANTINED, Delivery
+from app.core.model import DUPLICATE, QUARANTINED, RECENT, STALE, Delivery, decide, remember
 from app.gateways.pg import Webhook, read
 from app.gateways.registry import GATEWAYS
 from tests.pg_events import deposit, withdrawal
 from topics.catalog import names
-from topics.records import H_CHECKED, raw_headers
+from topics.records import H_CHECKED, Correlation, raw_headers
 
 RAW = names("t")
 
@@ -128,3 +132,52 @@ def test_a_duplicate_names_its_event() -> None:
     assert (decision.delivery_id, decision.outcome) == ("dlv_2", DUPLICATE)
     assert (decision.event_id, decision.event_type, decision.sequence) == ("evt_a", "deposit.pending", 1)
     assert decision.payload == event.body
+
+
+def correlated(deposit_id: str = "dep_1") -> pg_core.State:
+    state, _ = pg_core.apply_correlation(None, Correlation(deposit_id, "mr_1", "ord_1", "usr_1"),
+                                         Delivery("dlv_c", "pg", f"pg:{deposit_id}", 1, 0))
+    return state
+
+
+@pytest.mark.parametrize("partial", [True, False, None])
+def test_goods_released_as_partial_only_when_the_deposit_says_partial_true(partial: bool | None) -> None:
+    # the guide's handler: release_goods { partial: o.partial === true, ... }
+    extra: dict[str, Any] = {} if partial is None else {"partial": partial}
+    raw = deposit("dep_1", 1, "settled", **extra)
+    _, decisions = pg_core.apply_event(correlated(), webhook(raw), Delivery("dlv_1", "pg", "pg:dep_1", 2, 1))
+    released = [e.payload for d in decisions for e in d.effects if e.type == "release_goods"]
+    assert len(released) == 1 and isinstance(released[0], dict)
+    assert released[0]["partial"] is (partial is True)
+
+
+def test_a_stale_event_still_carries_its_overpayment_flag_s_error() -> None:
+    # a flag that breaks the documented shape is not stored, and the decision says so, stale or not
+    state = correlated()
+    state, _ = pg_core.apply_event(state, webhook(deposit("dep_1", 2, "pending")),
+                                   Delivery("dlv_2", "pg", "pg:dep_1", 2, 1))
+    flag = {"claim_id": "clm_1", "cause": "not_a_cause", "amount_minor": 5, "status": "open",
+            "action_required": "contact_support", "slip_received_at": "2026-11-29T10:33:15Z"}
+    old = webhook(deposit("dep_1", 1, "pending", overpayment=flag))
+    _, decisions = pg_core.apply_event(state, old, Delivery("dlv_1", "pg", "pg:dep_1", 3, 2))
+    assert [d.outcome for d in decisions] == [STALE]
+    assert decisions[0].error is not None and "clm_1" in decisions[0].error
+
+
+# --- the recent deliveries a state remembers (model.RECENT) ---
+
+def test_a_state_given_a_new_list_remembers_the_last_recent_deliveries() -> None:
+    before: list[Any] = [(f"dlv_{i}", [(f"dlv_{i}", "applied", i, None, None)]) for i in range(RECENT)]
+    after = SimpleNamespace(recent=[])  # a reducer that built its state anew: not ``before``'s list
+    delivery = Delivery(f"dlv_{RECENT}", "pg", "pg:dep_1", 5, 3)
+    remember(before, after, delivery, [decide(delivery, DUPLICATE)])
+    assert [trigger for trigger, _ in after.recent] == [f"dlv_{i}" for i in range(1, RECENT + 1)]
+    assert len(before) == RECENT  # the other state's own list is left as it was
+
+
+# --- the card reducer: a capture before its authorisation waits, nothing authorised yet ---
+
+def test_a_capture_alone_waits_and_nothing_is_authorised() -> None:
+    assert card_core.reduce([]) == card_core.Reduced("created", 0, 0, 0, [], [])
+    alone = card_core.reduce([card_core.CardEvent("evt_1", "captured", 1, 500)])
+    assert alone == card_core.Reduced("created", 0, 0, 0, [], ["evt_1"])
