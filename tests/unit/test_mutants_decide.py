@@ -19,11 +19,14 @@ import orjson
 import pytest
 
 from app.core import card as card_core
+from app.core import paymos as paymos_core
 from app.core import pg as pg_core
 from app.core.dispatch import Incoming, decide_delivery, plan_batch, read_headers
-from app.core.model import DUPLICATE, QUARANTINED, RECENT, STALE, Delivery, decide, remember
+from app.core.model import APPLIED, DUPLICATE, PARKED, QUARANTINED, RECENT, STALE, Delivery, decide, remember
+from app.gateways import paymos
 from app.gateways.pg import Webhook, read
 from app.gateways.registry import GATEWAYS
+from tests import paymos_events
 from tests.pg_events import deposit, withdrawal
 from topics.catalog import names
 from topics.records import H_CHECKED, Correlation, raw_headers
@@ -181,3 +184,33 @@ def test_a_capture_alone_waits_and_nothing_is_authorised() -> None:
     assert card_core.reduce([]) == card_core.Reduced("created", 0, 0, 0, [], [])
     alone = card_core.reduce([card_core.CardEvent("evt_1", "captured", 1, 500)])
     assert alone == card_core.Reduced("created", 0, 0, 0, [], ["evt_1"])
+
+
+def test_a_key_that_is_not_utf8_is_set_aside_saying_so() -> None:
+    record = Incoming(b"\xff:x", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")],
+                      0, 0, RAW.raw)
+    plan = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None)
+    assert len(plan.set_aside) == 1
+    gateway, reason = plan.set_aside[0]
+    assert gateway == "pg" and "utf-8" in reason.lower(), reason
+
+
+# --- paymos: a parked snapshot no newer than the one its reorg brought is stale, as if delivered now ---
+
+def test_a_parked_snapshot_that_ties_the_reorg_s_is_stale() -> None:
+    first = 1_764_412_395_000
+
+    def snapshot(event_type: str, status: str, at: int, event_id: str) -> paymos.Webhook:
+        found = paymos.read(paymos_events.event(event_type, "inv_1", status, at, event_id), True)
+        assert isinstance(found, paymos.Webhook), found
+        return found
+
+    log = [snapshot("invoice.paid", "paid", first + 100, "evt_0"),
+           snapshot("invoice.confirming", "awaiting_payment", first + 200, "evt_1"),  # after a terminal state
+           snapshot("invoice.awaiting_payment", "awaiting_payment", first + 200, "evt_2")]  # the reorg, same key
+    state: paymos_core.State | None = None
+    outcomes = []
+    for i, w in enumerate(log):
+        state, decisions = paymos_core.apply_event(state, w, Delivery(f"dlv_{i}", "paymos", "paymos:inv_1", i, i))
+        outcomes += [(d.delivery_id, d.outcome) for d in decisions]
+    assert outcomes == [("dlv_0", APPLIED), ("dlv_1", PARKED), ("dlv_2", APPLIED), ("dlv_1", STALE)]
