@@ -173,3 +173,11 @@ def test_pg_deposit_times_are_checked_each_alone(field: str, value: str) -> None
     assert (route.quarantine_reason or "").startswith(f"data.object.{field}: "), route
     good: dict[str, Any] = {field: "2026-11-30T10:04:41Z"}
     assert pg.route(deposit("dep_1", 1, "pending", **good)).resource_key == "pg:dep_1"
+
+
+def test_a_value_that_holds_msgspec_s_path_marker_does_not_move_the_path() -> None:
+    # the field's own check quotes the value; the path msgspec appends after it is the last " - at `"
+    extra: dict[str, Any] = {"late_slip_accepted_until": "x - at `y"}
+    route = pg.route(deposit("dep_1", 1, "pending", **extra))
+    assert route.quarantine_code == "invalid"
+    assert (route.quarantine_reason or "").startswith("data.object.late_slip_accepted_until: "), route
