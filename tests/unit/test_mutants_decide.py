@@ -214,3 +214,11 @@ def test_a_parked_snapshot_that_ties_the_reorg_s_is_stale() -> None:
         state, decisions = paymos_core.apply_event(state, w, Delivery(f"dlv_{i}", "paymos", "paymos:inv_1", i, i))
         outcomes += [(d.delivery_id, d.outcome) for d in decisions]
     assert outcomes == [("dlv_0", APPLIED), ("dlv_1", PARKED), ("dlv_2", APPLIED), ("dlv_1", STALE)]
+
+
+def test_a_record_past_half_the_topics_limit_is_set_aside_naming_that_half_in_bytes() -> None:
+    record = Incoming(b"pg:dep_1", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")],
+                      0, 0, RAW.raw)
+    plan = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None, topic_max_bytes=201)
+    assert len(plan.set_aside) == 1
+    assert "(at most 100)" in plan.set_aside[0][1], plan.set_aside
