@@ -27,7 +27,7 @@ from app.gateways import paymos
 from app.gateways.pg import Webhook, read
 from app.gateways.registry import GATEWAYS
 from tests import paymos_events
-from tests.pg_events import deposit, withdrawal
+from tests.pg_events import balance_txn, deposit, withdrawal
 from topics.catalog import names
 from topics.records import H_CHECKED, Correlation, raw_headers
 
@@ -222,3 +222,15 @@ def test_a_record_past_half_the_topics_limit_is_set_aside_naming_that_half_in_by
     plan = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None, topic_max_bytes=201)
     assert len(plan.set_aside) == 1
     assert "(at most 100)" in plan.set_aside[0][1], plan.set_aside
+
+
+def test_a_balance_transaction_again_under_another_event_is_a_duplicate_naming_that_event() -> None:
+    # a balance transaction is immutable: one row per btxn id, whatever event brings it again
+    first = webhook(balance_txn("btxn_1", 500, event_id="evt_a"))
+    state, _ = pg_core.apply_event(None, first, Delivery("dlv_1", "pg", "pg:btxn_1", 1, 0))
+    again = webhook(balance_txn("btxn_1", 500, event_id="evt_b", sequence=2))
+    state, decisions = pg_core.apply_event(state, again, Delivery("dlv_2", "pg", "pg:btxn_1", 2, 1))
+    assert [(d.delivery_id, d.outcome) for d in decisions] == [("dlv_2", DUPLICATE)]
+    assert (decisions[0].event_id, decisions[0].event_type, decisions[0].sequence) == (
+        "evt_b", "balance_transaction.created", 2)
+    assert decisions[0].payload == again.body
