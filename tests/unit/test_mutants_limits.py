@@ -181,3 +181,11 @@ def test_a_value_that_holds_msgspec_s_path_marker_does_not_move_the_path() -> No
     route = pg.route(deposit("dep_1", 1, "pending", **extra))
     assert route.quarantine_code == "invalid"
     assert (route.quarantine_reason or "").startswith("data.object.late_slip_accepted_until: "), route
+
+
+def test_nesting_under_empty_keys_is_the_body_s_fault() -> None:
+    # an empty key adds no name to the path: the reason has no field to name but the body
+    value: object = 0
+    for _ in range(DEPTH_MAX + 1):
+        value = {"": value}
+    assert limits.value_error(value) == "body: JSON nests deeper than 32"
