@@ -298,10 +298,3 @@ def test_each_item_is_tried_once_and_a_parked_one_again_after_each_change() -> N
     # the refund (stamped before its capture) is tried, parked, and tried again once the capture applies
     out = reduce([AUTH, ev("r", "REFUND", "r1", 1, 60), ev("c", "CAPTURE", "c1", 2, 100)])
     assert (out.applied, out.steps) == (["auth", "c", "r"], 4)
-
-
-def test_an_item_that_changes_nothing_tries_no_parked_item_again() -> None:
-    # the refund waits for a capture; a second authorisation applies but moves nothing: the refund
-    # is not tried again (only a change is a reason to), so three items take three tries
-    out = reduce([AUTH, ev("r", "REFUND", "r1", 1, 60), ev("auth2", "AUTHORISATION", "psp", 2, 100)])
-    assert (out.applied, out.parked, out.steps) == (["auth", "auth2"], ["r"], 3)
