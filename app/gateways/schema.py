@@ -93,16 +93,17 @@ def convert(value: Any, into: type[T], at: str) -> T | Refusal:
 
 
 _MISSING = re.compile(r"Object missing required field `(.+)`")
+_AT = re.compile(r"(.*) - at `\$([^`]*)`", re.DOTALL)  # msgspec's " - at `$.data.object`" suffix
 _OURS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*): (.*)", re.DOTALL)  # raised by require_ids / require_times
 
 
 def readable(message: str, at: str = "") -> str:
     """msgspec's ``Expected `object`, got `str` - at `$.data.object.review``` as
     ``data.object.review: expected object, got str``."""
-    text, sep, where = message.rpartition(" - at `")
-    if not sep:
-        text, where = message, ""
-    path = join(at, where.rstrip("`").removeprefix("$").removeprefix("."))
+    # msgspec's path, when it gives one, ends the message; a " - at `" inside a quoted value is not it
+    found = _AT.fullmatch(message)
+    text, where = (found[1], found[2]) if found else (message, "")
+    path = join(at, where.removeprefix("."))
     if missing := _MISSING.fullmatch(text):
         path, text = join(path, missing[1]), "required field missing"
     elif ours := _OURS.fullmatch(text):

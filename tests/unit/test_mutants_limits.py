@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+import orjson
 import pytest
 
-from app.gateways import limits, pg, schema
+from app.gateways import card, limits, pg, schema
 from app.gateways.base import Route
 from app.gateways.limits import DEPTH_MAX, INT64_MAX
 from app.gateways.schema import Refusal
@@ -189,3 +190,14 @@ def test_nesting_under_empty_keys_is_the_body_s_fault() -> None:
     for _ in range(DEPTH_MAX + 1):
         value = {"": value}
     assert limits.value_error(value) == "body: JSON nests deeper than 32"
+
+
+@pytest.mark.parametrize("value", ["x - at `y`", "x - at `$.y`", "x - at `$`"])
+def test_a_top_level_value_that_holds_msgspec_s_path_marker_cannot_name_another_field(value: str) -> None:
+    # a top-level field's own check has no path from msgspec after it: the marker inside the quoted
+    # value once became the reason's path ("y`'.occurred_at: ...")
+    body = orjson.dumps({"id": "ev1", "type": "payment.authorised", "payment_ref": "pay_n", "sequence": 1,
+                         "occurred_at": value, "amount_minor": 10, "currency": "EUR"})
+    route = card.route(body)
+    assert route.quarantine_code == "invalid"
+    assert (route.quarantine_reason or "").startswith("occurred_at: expected an ISO 8601 time"), route
