@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-unit lint typecheck docs bench clean \
+.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-serial test-unit lint typecheck docs bench clean \
         mutation mutation-changed
 
 # Every package (the build backend included) from requirements.lock, each checked against its hashes;
@@ -73,7 +73,12 @@ dev: setup
 demo: setup
 	$(VENV)/bin/orderly demo
 
+# The whole suite in two lanes at once (tests/lanes.py): the tests that start and kill stacks of their
+# own in one, the rest in the other; `make test-serial` runs it as one pytest run.
 test: setup browser faketime prometheus valgrind helm-tools toxiproxy
+	$(PY) -m tests.lanes
+
+test-serial: setup browser faketime prometheus valgrind helm-tools toxiproxy
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)

@@ -79,6 +79,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     return report
 
 
+# The tests `make test` runs in its stack lane (tests/lanes.py): those that start stacks of their own
+# (several brokers, workers, the supervisor) and kill or stop them; the other lane runs the rest.
+STACK_LANE = ("tests/chaos/", "tests/e2e/test_dev_stop.py", "tests/e2e/test_dev_stack.py", "tests/e2e/test_demo.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(STACK_LANE):
+            item.add_marker(pytest.mark.stack_lane)
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
