@@ -81,7 +81,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 # The tests `make test` runs in its stack lane (tests/lanes.py): those that start stacks of their own
 # (several brokers, workers, the supervisor) and kill or stop them; the other lane runs the rest.
-STACK_LANE = ("tests/chaos/", "tests/e2e/test_dev_stop.py", "tests/e2e/test_dev_stack.py", "tests/e2e/test_demo.py")
+# The identity provider's tests too: one Keycloak per run, and they even out the two lanes' times.
+STACK_LANE = ("tests/chaos/", "tests/e2e/test_dev_stop.py", "tests/e2e/test_dev_stack.py", "tests/e2e/test_demo.py",
+              "tests/e2e/test_oidc.py", "tests/e2e/test_oidc_browser.py")
 
 
 @pytest.hookimpl(tryfirst=True)
