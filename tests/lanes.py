@@ -10,7 +10,7 @@ and temporary directory (/tmp/orderly-pytest-<pid>); neither skips anything.
 
 The stack lane prints as it goes; the other lane's output goes to ``.orderly/test-lane.log`` and
 is printed whole when it ends. The exit status is the first failing lane's, else 0. Ctrl-C or
-SIGTERM stops both lanes (each gets SIGINT, as from a terminal, then SIGKILL 30 s later).
+SIGTERM stops both lanes (each pytest gets SIGINT, as from a terminal, then SIGKILL 30 s later).
 
     python -m tests.lanes [pytest options…]   # the options go to both runs
 """
@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -36,17 +37,13 @@ def start(marks: str, options: list[str], out: int | None) -> subprocess.Popen[b
                             start_new_session=True)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def kill_left(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for proc in procs:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.returncode is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def main(options: list[str]) -> int:
@@ -58,9 +55,19 @@ def main(options: list[str]) -> int:
         front = start(stack_marks, options, None)
         procs = [front, side]
 
+        stopping: list[int] = []
+
         def interrupted(signum: int, _frame: FrameType | None) -> None:
-            stop(procs)
-            raise SystemExit(128 + signum)
+            # It runs inside a Popen.wait below, which holds that Popen's lock: it only signals (as
+            # Ctrl-C does: each pytest tears its fixtures down) and the waits below go on.
+            if not stopping:
+                stopping.append(signum)
+                for proc in procs:
+                    if proc.returncode is None:
+                        os.kill(proc.pid, signal.SIGINT)
+                late = threading.Timer(STOP_GRACE_S, kill_left, [procs])
+                late.daemon = True
+                late.start()
         signal.signal(signal.SIGTERM, interrupted)
         signal.signal(signal.SIGINT, interrupted)
         codes = {"stack": front.wait(), main_name: side.wait()}
@@ -69,6 +76,8 @@ def main(options: list[str]) -> int:
     sys.stdout.buffer.write(LOG.read_bytes())
     print(f"\nlanes: {', '.join(f'{name} exit {code}' for name, code in codes.items())}; "
           f"{time.monotonic() - started:.0f} s in all", flush=True)
+    if stopping:
+        return 128 + stopping[0]
     return next((code for code in codes.values() if code != 0), 0)
 
 

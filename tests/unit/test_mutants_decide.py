@@ -69,24 +69,18 @@ def test_checked_counts_in_any_order() -> None:
 
 # --- decide_delivery: what no reducer can decide is quarantined, saying why ---
 
-def test_a_correlation_for_a_gateway_that_takes_none_is_quarantined() -> None:
-    delivery = Delivery("dlv_1", "card", "card:pay_1", 5, 3)
-    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, True, True)
+@pytest.mark.parametrize("gateway, correlation, named", [
+    ("card", True, "correlation"),  # a correlation for a gateway that takes none
+    ("nope", False, "'nope'"),  # a delivery of a gateway no reducer decides
+])
+def test_what_no_reducer_can_decide_is_quarantined_saying_why(gateway: str, correlation: bool, named: str) -> None:
+    delivery = Delivery("dlv_1", gateway, f"{gateway}:x_1", 5, 3)
+    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, correlation, True)
     assert state is None and len(decisions) == 1
     decision = decisions[0]
     assert (decision.delivery_id, decision.gateway, decision.resource_id, decision.outcome) == (
-        "dlv_1", "card", "pay_1", QUARANTINED)
-    assert decision.error is not None and "'card'" in decision.error and "correlation" in decision.error
-
-
-def test_a_delivery_of_an_unknown_gateway_is_quarantined() -> None:
-    delivery = Delivery("dlv_1", "nope", "nope:x_1", 5, 3)
-    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, False, True)
-    assert state is None and len(decisions) == 1
-    decision = decisions[0]
-    assert (decision.delivery_id, decision.gateway, decision.resource_id, decision.outcome) == (
-        "dlv_1", "nope", "x_1", QUARANTINED)
-    assert decision.error is not None and "'nope'" in decision.error
+        "dlv_1", gateway, "x_1", QUARANTINED)
+    assert decision.error is not None and f"'{gateway}'" in decision.error and named in decision.error
 
 
 # --- reducer_of: a resource id with a colon keeps its stored state ---
