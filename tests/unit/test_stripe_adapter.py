@@ -89,7 +89,7 @@ def test_routing_to_the_payment_intent_else_the_charge_else_itself(event_type: s
      "invalid", "created:", "stripe:pi_4"),
     (orjson.dumps({"id": "sync_x", "object": "orderly.synced", "created": NOW,
                    "data": {"object": {"id": "pi_1", "object": "payment_intent"}}}),
-     "invalid", "object: 'orderly.synced'", None),
+     "invalid", "object: 'orderly.synced' is Orderly's fetched answer, not a webhook", None),
     (orjson.dumps({"id": "evt_t", "object": "v2.core.event", "type": "v1.charge.succeeded",
                    "created": "2026-11-29T10:00:00Z", "related_object": {"id": "pi_1", "type": "payment_intent"}}),
      "invalid", "related_object.type: v1.charge.succeeded is about a charge", "stripe:pi_1"),

@@ -144,6 +144,8 @@ def test_a_thin_event_parks_asks_a_fetch_and_the_fetched_answer_decides_and_unpa
     state, made = run([thin("2026-12-01T10:00:00.000Z")])
     assert [d.outcome for d in made] == ["parked"] and made[0].row is None
     assert [f.kind for f in made[0].facts] == ["stripe_fetch"]
+    # the reason the fetch request carries, which the operator reads in orderly.fetch and the logs
+    assert made[0].facts[0].data["reason"] == "a thin event carries no state"
     answer_s = 1_796_119_205  # after the thin event's second
     w = adapter.read(synced("succeeded", 2000, answer_s), True)
     assert isinstance(w, adapter.Webhook)
