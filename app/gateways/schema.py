@@ -93,7 +93,6 @@ def convert(value: Any, into: type[T], at: str) -> T | Refusal:
 
 
 _MISSING = re.compile(r"Object missing required field `(.+)`")
-_AT = re.compile(r"(.*) - at `\$([^`]*)`", re.DOTALL)  # msgspec's " - at `$.data.object`" suffix
 _OURS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*): (.*)", re.DOTALL)  # raised by require_ids / require_times
 
 
@@ -101,8 +100,11 @@ def readable(message: str, at: str = "") -> str:
     """msgspec's ``Expected `object`, got `str` - at `$.data.object.review``` as
     ``data.object.review: expected object, got str``."""
     # msgspec's path, when it gives one, ends the message; a " - at `" inside a quoted value is not it
-    found = _AT.fullmatch(message)
-    text, where = (found[1], found[2]) if found else (message, "")
+    # (only the last " - at `$" can be followed by a path with no backtick to the end: one scan, no regex)
+    text, sep, where = message.rpartition(" - at `$")
+    if not (sep and where.endswith("`") and "`" not in where[:-1]):
+        text, where = message, "`"
+    where = where[:-1]
     path = join(at, where.removeprefix("."))
     if missing := _MISSING.fullmatch(text):
         path, text = join(path, missing[1]), "required field missing"
