@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from app.setting_kinds import REQUIRED, Setting, SettingsError
 from app.setting_uses import PROCESSES, USES, uses
 from app.settings import TABLE, Settings
+from app.waits import within
 
 DEADLINE_S = 5.0  # each reach: a check that hangs tells an operator less than one that fails
 KAFKA, POSTGRES = Settings.kafka_bootstrap, Settings.postgres_dsn
@@ -130,8 +131,8 @@ async def reach_kafka(settings: Settings) -> Line:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=int(DEADLINE_S * 1000),
                                 **client_options(settings))
     try:
-        await asyncio.wait_for(admin.start(), DEADLINE_S * 2)
-        brokers = len((await asyncio.wait_for(admin.describe_cluster(), DEADLINE_S))["brokers"])
+        await within(admin.start(), DEADLINE_S * 2)
+        brokers = len((await within(admin.describe_cluster(), DEADLINE_S))["brokers"])
     except (TimeoutError, KafkaError, OSError) as exc:
         refused = await refusal(settings, DEADLINE_S)
         return Line(False, str(refused) if refused else kafka_down(exc))

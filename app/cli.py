@@ -7,6 +7,7 @@ import asyncio
 import inspect
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,7 @@ def _process(process: str, run: Callable[[Settings], Any], first: Callable[[Sett
 
     settings = _production_settings(process)
     use_logging(settings)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the loop logs its tasks on it: never an end
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
         logging.getLogger("orderly.sink").setLevel(logging.DEBUG)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from app.setting_kinds import Secret, SettingsError
+from app.waits import within
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
@@ -245,7 +246,7 @@ async def refusal(settings: KafkaSettings, timeout_s: float = 10.0) -> KafkaRefu
         except (TimeoutError, OSError, errors.KafkaError):
             continue
         try:  # the handshake went through: does it answer a request (SASL listeners close on one)?
-            await asyncio.wait_for(conn.send(MetadataRequest([])), timeout_s)
+            await within(conn.send(MetadataRequest([])), timeout_s)
         except (TimeoutError, OSError, errors.KafkaError):
             if closed_on_us is None:
                 closed_on_us = (host, port)
@@ -265,7 +266,7 @@ async def refusal(settings: KafkaSettings, timeout_s: float = 10.0) -> KafkaRefu
 async def _accepts(host: str, port: int, timeout_s: float = 2.0) -> bool:
     """A TCP connection to host:port is accepted (something listens there)."""
     try:
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        _reader, writer = await within(asyncio.open_connection(host, port), timeout_s)
     except (OSError, TimeoutError):
         return False
     writer.close()

@@ -14,7 +14,6 @@ record after a rebalance and then never commit past it). An idle worker is never
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -24,6 +23,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+
+from app.waits import within
 
 log = logging.getLogger("orderly.liveness")
 
@@ -125,4 +126,4 @@ async def _quietly(*closing: Awaitable[object]) -> None:
     """Close what may have started, ignoring its errors (it is being given up), within a deadline."""
     for close in closing:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(close, 5)
+            await within(close, 5)

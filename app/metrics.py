@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from app.readiness import Readiness
+from app.waits import within
 
 log = logging.getLogger("orderly.metrics")
 APPEND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -224,14 +225,22 @@ async def start_service(started: contextlib.AsyncExitStack, service: Service, re
         started.push_async_callback(runner.cleanup)
 
 
+CANCEL_AGAIN_S = 1.0
+
+
 def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> None:
     """Run ``task`` beside the process's main loop until ``started`` closes, then cancel it and wait
-    until it cleaned up."""
+    until it cleaned up. A task that lost the cancellation (code that catches it, or Python 3.11's
+    ``asyncio.wait_for``: app/waits.py) is cancelled again every CANCEL_AGAIN_S, so that it cannot
+    hold the process's stop for ever."""
     running = asyncio.ensure_future(task)
 
     async def cancelled() -> None:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        while not running.done():
+            running.cancel()
+            await asyncio.wait({running}, timeout=CANCEL_AGAIN_S)
+        if not running.cancelled() and running.exception() is not None:
+            log.info("a task beside the main loop ended with %r", running.exception())
 
     started.push_async_callback(cancelled)
 
@@ -242,7 +251,7 @@ async def every(interval_s: float, read: Callable[[], Awaitable[object]], what: 
     gauges keep their last values, and the main loop never waits for a metric."""
     while True:
         try:
-            await asyncio.wait_for(read(), interval_s)
+            await within(read(), interval_s)
         except Exception as exc:  # whatever it was, the next reading tries again
             log.info("%s not read: %r", what, exc)
         await asyncio.sleep(interval_s)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import signal
+import threading
 from collections.abc import Coroutine
 from typing import Any
+
+log = logging.getLogger("orderly.process")
 
 
 def use_event_loop(name: str) -> None:
@@ -40,6 +44,7 @@ async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
     task = asyncio.ensure_future(main)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    dump_tasks_on_usr1()
     try:
         await task
     except asyncio.CancelledError:
@@ -48,3 +53,26 @@ async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
             raise  # cancelled from outside (Ctrl-C through asyncio.run): asyncio.run makes it KeyboardInterrupt
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        loop.remove_signal_handler(signal.SIGUSR1)
+
+
+def dump_tasks_on_usr1() -> None:
+    """From now on, ``kill -USR1 <pid>`` logs where this process's tasks wait (:func:`dump_tasks`).
+    Only a loop of the main thread can take signals: one in another thread (a test's) goes without."""
+    if threading.current_thread() is threading.main_thread():
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+
+
+def dump_tasks() -> None:
+    """kill -USR1 <pid>: log, as warnings, where every asyncio task of the process is waiting (for a
+    process that looks stuck, or does not stop on SIGTERM). The worker logs it too before it ends
+    itself for a stall (app/worker/runtime.py)."""
+    for task in asyncio.all_tasks():
+        frames: list[str] = []
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+            if frame is not None:
+                frames.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+        log.warning("task %s:\n%s", task.get_name(), "\n".join(frames))

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from app.waits import within
+
 log = logging.getLogger("orderly.readiness")
 
 # PostgreSQL out of reach, as asyncpg and the socket say it: refused or reset connections, a
@@ -66,7 +68,7 @@ async def wait_for_postgres(pool: asyncpg.Pool, readiness: Readiness, exc: BaseE
     while True:
         await asyncio.sleep(RETRY_S)
         try:
-            await asyncio.wait_for(pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
+            await within(pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
         except UNREACHABLE as again:
             readiness.down("postgres", again)
             continue

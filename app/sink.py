@@ -27,6 +27,7 @@ from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.readiness import UNREACHABLE
 from app.settings import Settings, SettingsError
+from app.waits import within
 from projections import sql
 from projections.bulk import Conn, printable
 from projections.migrate import quote_ident
@@ -87,10 +88,12 @@ class PgSink:
         await self.consumer.start()
 
     async def stop(self) -> None:
-        if self.consumer is not None:
-            await self.consumer.stop()
-        if self.pool is not None:
-            await self.pool.close()
+        try:
+            if self.consumer is not None:
+                await self.consumer.stop()
+        finally:  # aiokafka 0.14's stop raises CancelledError with a broker away (Fetcher.close): the pool still closes
+            if self.pool is not None:
+                await self.pool.close()
 
     async def seek_to_stored(self, partitions: list[TopicPartition]) -> None:
         assert self.pool is not None and self.consumer is not None
@@ -220,7 +223,7 @@ class PgSink:
             consumed = stored.get(tp.partition, 0)
             if tp in mine:
                 with contextlib.suppress(Exception):  # no position yet (being assigned): the stored one
-                    consumed = max(consumed, await asyncio.wait_for(self.consumer.position(tp), 1.0))
+                    consumed = max(consumed, await within(self.consumer.position(tp), 1.0))
             lag += max(0, ends[tp] - consumed)
         return lag
 

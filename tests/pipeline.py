@@ -141,15 +141,24 @@ class Pipeline:
 
     def terminate(self, name: str, timeout_s: float = 30) -> None:
         """Stop ``name`` gracefully (SIGTERM); one still running after ``timeout_s`` is killed and
-        fails the test, so that no process outlives it."""
+        fails the test, so that no process outlives it, with where its tasks waited (SIGUSR1:
+        app/process_setup.dump_tasks) in the failure."""
         proc = self.procs.pop(name)
         proc.terminate()
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            log = self.logs / f"{name}.log"
+            before = log.stat().st_size
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(1.0)
             proc.kill()
             proc.wait()
-            raise AssertionError(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM") from None
+            with log.open("rb") as f:
+                f.seek(before)
+                tasks = f.read().decode(errors="replace")[-6000:]
+            raise AssertionError(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM; its tasks:\n"
+                                 f"{tasks}") from None
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -5,7 +5,6 @@ call these same functions, and each call is written to the ``admin_actions`` aud
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from app.admin.queries import audit
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
+from app.waits import within
 from projections import quarantine, sql
 from projections.bulk import Conn
 from topics.catalog import TopicNames
@@ -67,7 +67,7 @@ async def append(producer: KeyedProducer, topic: str, key: bytes, value: bytes,
     """One append, acknowledged within the deadline: with the broker away the operator gets an
     answer, not a request that hangs until it is back."""
     try:
-        await asyncio.wait_for(producer.send_and_wait(topic, key, value, headers), APPEND_DEADLINE_S)
+        await within(producer.send_and_wait(topic, key, value, headers), APPEND_DEADLINE_S)
     except Exception as exc:  # timeout or KafkaError: either way not acknowledged
         raise ActionRefused(f"Kafka did not acknowledge the append within {APPEND_DEADLINE_S:.0f} s "
                             f"({type(exc).__name__}); it may still be appended when the broker is back, so "

@@ -5,7 +5,6 @@ Its /metrics is not here: the admin serves it on a bind of its own like every pr
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
 from app.readiness import PROBE_DEADLINE_S, UNREACHABLE
+from app.waits import within
 from projections import quarantine
 from projections.bulk import Conn
 
@@ -238,7 +238,7 @@ async def readyz(request: web.Request) -> web.Response:
     admin = request.app[ADMIN]
     assert admin.pool is not None
     try:
-        await asyncio.wait_for(admin.pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
+        await within(admin.pool.fetchval("SELECT 1"), PROBE_DEADLINE_S)
     except UNREACHABLE as exc:
         admin.readiness.down("postgres", exc)
     else:

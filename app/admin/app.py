@@ -23,6 +23,7 @@ from app.admin import api, console, sessions, signin, tokens
 from app.admin.context import ADMIN, Admin
 from app.admin.guard import guard
 from app.metrics import every, serve_metrics
+from app.process_setup import dump_tasks_on_usr1
 from app.settings import Settings
 
 log = logging.getLogger("orderly.admin")
@@ -46,6 +47,7 @@ def create_app(settings: Settings) -> web.Application:
     tokens.add_routes(app)
 
     async def lifecycle(app: web.Application) -> Any:
+        dump_tasks_on_usr1()
         await admin.start()
         metrics = (await serve_metrics(admin.metrics.registry, settings.metrics_port, settings.metrics_host)
                    if settings.metrics_port else None)

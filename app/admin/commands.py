@@ -24,6 +24,7 @@ from app.admin import actions, bulk, display, queries, timeline
 from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
+from app.waits import within
 from projections import quarantine
 from projections.migrate import quote_ident
 from topics.catalog import names
@@ -69,7 +70,7 @@ async def _connect(settings: Settings) -> asyncpg.Connection:
 async def _with_producer(settings: Settings, act: Callable[[KeyedProducer], Awaitable[int]]) -> int:
     producer = KeyedProducer(settings.kafka_bootstrap, request_timeout_ms=10_000, **client_options(settings))
     try:
-        await asyncio.wait_for(producer.start(), actions.APPEND_DEADLINE_S)
+        await within(producer.start(), actions.APPEND_DEADLINE_S)
     except Exception as exc:  # the broker away: nothing was done, and no traceback
         with contextlib.suppress(Exception):
             await producer.stop()

@@ -21,6 +21,7 @@ from app.metrics import AdminMetrics
 from app.producer import KeyedProducer
 from app.readiness import Readiness
 from app.settings import Settings, SettingsError
+from app.waits import within
 from projections.migrate import quote_ident
 from topics.catalog import TopicNames, names
 
@@ -90,7 +91,7 @@ class Admin:
                         self._kafka_admin.close() if self._kafka_admin else None):
             if closing is not None:
                 try:
-                    await asyncio.wait_for(closing, 5)
+                    await within(closing, 5)
                 except Exception as exc:  # stopping: what failed to close is only logged
                     log.info("closing a Kafka client: %r", exc)
         if self.pool is not None:
@@ -106,14 +107,14 @@ class Admin:
         if self._producer is None:
             producer = KeyedProducer(self.settings.kafka_bootstrap, request_timeout_ms=10_000,
                                      **client_options(self.settings))
-            await asyncio.wait_for(producer.start(), 10)
+            await within(producer.start(), 10)
             self._producer = producer
         return self._producer
 
     async def _measure_lag_forever(self) -> None:
         while True:
             try:
-                self.lag = await asyncio.wait_for(self.measure_lag(), 10)
+                self.lag = await within(self.measure_lag(), 10)
             except Exception as exc:  # Kafka away: the overview says so, the loop tries again
                 self.lag = {"groups": self.lag.get("groups", []), "error": f"{type(exc).__name__}: {exc}"[:300]}
                 await self._close_lag_clients()  # not reconnecting in the background: one try per interval
@@ -124,7 +125,7 @@ class Admin:
         for closing in (consumer.stop() if consumer else None, kafka_admin.close() if kafka_admin else None):
             if closing is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(closing, 5)
+                    await within(closing, 5)
 
     async def measure_lag(self) -> dict[str, Any]:
         """Per consumer group and topic: records appended but not consumed yet. The worker and the
@@ -141,7 +142,7 @@ class Admin:
             except BaseException:
                 for closing in (consumer.stop(), kafka_admin.close()):
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(closing, 5)
+                        await within(closing, 5)
                 raise
             self._consumer, self._kafka_admin = consumer, kafka_admin
         assert self._kafka_admin is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,6 +12,7 @@ from app.admin.context import Admin
 from app.gateways.limits import id_error
 from app.problem import CONTENT_TYPE, problem_bytes
 from app.producer import KeyedProducer
+from app.waits import within
 
 BODY_DEADLINE_S = 10.0  # a form body that has not arrived by then: 408
 ID = r".+"  # resource ids, delivery ids and dedupe keys may hold '/', ':' and braces
@@ -43,7 +43,7 @@ class Refused(Exception):
 async def form(request: web.Request) -> Any:
     """The request's form, arrived within BODY_DEADLINE_S (a body that trickles in gets 408)."""
     try:
-        return await asyncio.wait_for(request.post(), BODY_DEADLINE_S)
+        return await within(request.post(), BODY_DEADLINE_S)
     except TimeoutError:
         raise web.HTTPRequestTimeout(text="the request body did not arrive in time") from None
 

@@ -18,6 +18,7 @@ from app.ingest.receiver import Receiver
 from app.kafka_client import client_options
 from app.logs import SampledLog
 from app.metrics import IngestMetrics, serve_metrics
+from app.process_setup import dump_tasks_on_usr1
 from app.settings import Settings
 from app.webhook_http import WebhookSite
 from topics.catalog import names
@@ -118,6 +119,7 @@ async def serve(settings: Settings) -> None:
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=True, **server_options(settings))
     await runner.setup()
+    dump_tasks_on_usr1()
     try:
         await webhook_site(runner, settings.ingest_host, settings.ingest_port, app).start()
         log.info("ingest listening on http://%s:%d", settings.ingest_host, settings.ingest_port)

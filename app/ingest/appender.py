@@ -80,14 +80,16 @@ class Appender:
                 # metadata is missing; the whole append waits at most until the deadline, which
                 # self.deadlines keeps for every append in flight.
                 task = asyncio.current_task()
+                cancelling = task.cancelling() if task is not None else 0
                 pending = self.deadlines.watch(asyncio.get_running_loop().time(), task)
                 try:
                     pending.delivered = await producer.send(topic, key, value, headers)
                     await pending.delivered
                 except asyncio.CancelledError:
-                    if not pending.expired or task is None:
+                    # our own cancellation, as asyncio.timeout counts it: the deadline passed; one from
+                    # outside as well (the ingest stopping) goes on as a cancellation
+                    if not pending.expired or task is None or task.uncancel() > cancelling:
                         raise
-                    task.uncancel()  # our own cancellation, as asyncio.timeout does: the deadline passed
                     raise TimeoutError from None
                 finally:
                     pending.finished = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -83,16 +82,3 @@ def exit_for_restart(code: int, message: str, *args: Any, exc_info: bool = False
     log.critical(message, *args, exc_info=exc_info)
     logging.shutdown()
     os._exit(code)
-
-
-def dump_tasks() -> None:
-    """kill -USR1 <worker pid>: log where every asyncio task is waiting (for a worker that looks stuck)."""
-    for task in asyncio.all_tasks():
-        frames: list[str] = []
-        awaited: Any = task.get_coro()
-        while awaited is not None:
-            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
-            if frame is not None:
-                frames.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
-            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
-        log.warning("task %s:\n%s", task.get_name(), "\n".join(frames))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Mapping
 from typing import Any
@@ -22,6 +21,7 @@ from app.core.pacing import busy_pause
 from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.liveness import Liveness
+from app.process_setup import dump_tasks, dump_tasks_on_usr1
 from app.producer import KeyedProducer
 from app.seams import aiokafka as kafka_seam
 from app.seams.faust import (
@@ -34,10 +34,11 @@ from app.seams.faust import (
     transactional_id,
 )
 from app.settings import Settings
+from app.waits import within
 from app.worker.batch import BatchProcessor
 from app.worker.commit import Commit
 from app.worker.consumer import commit_due, fetch_min_bytes
-from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, dump_tasks, exit_for_restart
+from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, exit_for_restart
 from app.worker.recovery import exact_highwaters
 from app.worker.shared import WorkerState
 from app.worker.takeover import Takeover
@@ -84,7 +85,7 @@ class WorkerRuntime:
     # --- the agent ---
 
     async def on_start(self) -> None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+        dump_tasks_on_usr1()
         if self.takeover is not None:
             self.takeover.start()
 
@@ -224,7 +225,7 @@ class WorkerRuntime:
     async def export_lag(self) -> None:
         """orderly_consumer_lag of the worker's group, during recovery too (when it matters most)."""
         try:
-            lag = await asyncio.wait_for(self.liveness.group_lag(self.raw), LAG_EVERY_S)
+            lag = await within(self.liveness.group_lag(self.raw), LAG_EVERY_S)
             self.metrics.consumer_lag.labels(self.liveness.group_id, self.raw).set(lag)
         except Exception as exc:  # Kafka away: the gauge keeps its last value, the timer tries again
             log.info("consumer lag not read: %r", exc)

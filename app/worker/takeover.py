@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.kafka_client import client_options
 from app.settings import TRANSACTION_TIMEOUT_S, Settings
+from app.waits import within
 
 log = logging.getLogger("orderly.worker")
 ASK_TIMEOUT_S = 10.0  # a describe or a fence that takes longer is dropped: the timeout still aborts
@@ -88,7 +89,7 @@ class Takeover:
     async def after_assignment(self) -> set[str]:
         """The instances gone since the last assignment, each one's transaction aborted (or tried)."""
         try:
-            error_code, state, member_ids = await asyncio.wait_for(self._described(), ASK_TIMEOUT_S)
+            error_code, state, member_ids = await within(self._described(), ASK_TIMEOUT_S)
         except Exception as exc:  # not readable: the transaction timeout will do it
             log.info("the group's members could not be read after an assignment (%r)", exc)
             return set()
@@ -103,7 +104,7 @@ class Takeover:
                                     transaction_timeout_ms=int(TRANSACTION_TIMEOUT_S * 1000),
                                     **client_options(self.settings))
         try:
-            await asyncio.wait_for(producer.start(), ASK_TIMEOUT_S)  # InitProducerId aborts what is open
+            await within(producer.start(), ASK_TIMEOUT_S)  # InitProducerId aborts what is open
             log.warning("worker %s left the group: its open transaction, if any, was aborted and its producer "
                         "fenced (%s), so its partitions go on without waiting out the transaction timeout",
                         instance, txn)

@@ -6,6 +6,8 @@ until its 10 s session ran out, and the restarted projector waited for it (8-9 s
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,6 +61,18 @@ async def test_sigterm_leaves_the_group_before_the_process_exits(pipe: Running,
             break
         assert time.monotonic() < deadline, f"not every sink joined its group: {sinks}"
         await asyncio.sleep(0.2)
+    # kill -USR1: each process logs where its tasks wait, and goes on (docs/operations.md); the
+    # worker's handler is set once it runs (a deposit decided and projected)
+    await pipe.canary("dep_usr1", timeout=60)
+    for name in ("worker", *STOPPED):
+        log = pipe.pipeline.logs / f"{name}.log"
+        before = log.stat().st_size
+        os.kill(pipe.pipeline.procs[name].pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while b"orderly.process: task " not in log.read_bytes()[before:]:
+            assert time.monotonic() < deadline, f"{name} logged no task after SIGUSR1"
+            await asyncio.sleep(0.1)
+        assert pipe.pipeline.procs[name].poll() is None, f"{name} ended on SIGUSR1"
     for name in STOPPED:
         pipe.pipeline.terminate(name)  # SIGTERM, and wait for the exit
     after = await members(bootstrap, ns)

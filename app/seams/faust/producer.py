@@ -24,6 +24,7 @@ from faust.types import TP, AppT
 from app.seams import aiokafka as kafka_seam
 from app.seams.faust.app import WorkerHooks, hooks_of, worker_transactional_id
 from app.settings import TRANSACTION_TIMEOUT_S
+from app.waits import within
 
 log = logging.getLogger("orderly.worker")
 
@@ -120,7 +121,7 @@ async def _bounded(stopping: Awaitable[None], what: str, limit_s: float | None =
     out leaves one). The transaction then ends at its timeout."""
     limit_s = ABORT_ON_STOP_S if limit_s is None else limit_s
     try:
-        await asyncio.wait_for(stopping, limit_s)
+        await within(stopping, limit_s)
     except TimeoutError:
         log.warning("%s took over %.0f s (the transaction coordinator away?): left behind, its open transaction "
                     "ends at its timeout", what, limit_s)
@@ -131,7 +132,7 @@ async def _abort_open(producer: AIOKafkaProducer | None, transactional_id: str) 
     if producer is None or not kafka_seam.in_transaction(producer):
         return
     try:
-        await asyncio.wait_for(producer.abort_transaction(), ABORT_ON_STOP_S)
+        await within(producer.abort_transaction(), ABORT_ON_STOP_S)
         log.info("aborted the open transaction of %s before stopping its producer", transactional_id)
     except Exception as exc:  # the broker away: the transaction ends at its timeout instead
         log.warning("could not abort the open transaction of %s (%r): it ends at its timeout", transactional_id, exc)
