@@ -53,7 +53,8 @@ async def until_terminated(main: Coroutine[Any, Any, Any]) -> None:
             raise  # cancelled from outside (Ctrl-C through asyncio.run): asyncio.run makes it KeyboardInterrupt
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
-        loop.remove_signal_handler(signal.SIGUSR1)
+        if loop.remove_signal_handler(signal.SIGUSR1):
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # not the default, which would end the process
 
 
 def dump_tasks_on_usr1() -> None:

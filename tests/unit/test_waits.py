@@ -8,6 +8,8 @@ import ast
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from app.metrics import beside
-from app.process_setup import dump_tasks
+from app.process_setup import dump_tasks, until_terminated
 from app.settings import DEV_DEFAULTS, Settings
 from app.sink import PgSink
 from app.waits import within
@@ -145,3 +147,19 @@ def test_sigusr1_logs_where_every_task_waits(caplog: pytest.LogCaptureFixture) -
         asyncio.run(scenario())
     dumped = "\n".join(r.getMessage() for r in caplog.records)
     assert "parked_in_a_named_wait" in dumped and "scenario" in dumped
+
+
+def test_until_terminated_logs_tasks_on_sigusr1_and_ignores_it_afterwards(caplog: pytest.LogCaptureFixture) -> None:
+    async def main_loop() -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await asyncio.sleep(0.2)  # the handler runs in the loop
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="orderly.process"):
+            asyncio.run(until_terminated(main_loop()))
+        after = signal.getsignal(signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert "main_loop" in "\n".join(r.getMessage() for r in caplog.records)
+    assert after == signal.SIG_IGN  # a late USR1 while the process exits does not end it early
