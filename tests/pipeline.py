@@ -148,28 +148,35 @@ class Pipeline:
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log = self.logs / f"{name}.log"
-            before = log.stat().st_size
-            os.kill(proc.pid, signal.SIGUSR1)
-            time.sleep(1.0)
-            proc.kill()
-            proc.wait()
-            with log.open("rb") as f:
-                f.seek(before)
-                tasks = f.read().decode(errors="replace")[-6000:]
             raise AssertionError(f"{name} did not stop within {timeout_s:.0f} s of SIGTERM; its tasks:\n"
-                                 f"{tasks}") from None
+                                 f"{self._tasks_then_kill(name, proc)}") from None
+
+    def _tasks_then_kill(self, name: str, proc: subprocess.Popen[bytes]) -> str:
+        """Where the tasks of ``name`` wait (SIGUSR1: app/process_setup.dump_tasks, from its log),
+        then SIGKILL."""
+        log = self.logs / f"{name}.log"
+        before = log.stat().st_size
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        proc.kill()
+        proc.wait()
+        with log.open("rb") as f:
+            f.seek(before)
+            return f.read().decode(errors="replace")[-6000:]
 
     def stop(self) -> None:
+        """SIGTERM every process; one still running 20 s later is killed, and where its tasks waited
+        is printed on the real stderr (outside pytest's capture): a stop that hangs is a bug worth
+        seeing even where the test does not fail for it."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
+        for name, proc in self.procs.items():
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+                print(f"\ntests/pipeline.py: {name} did not stop within 20 s of SIGTERM and was killed; its "
+                      f"tasks:\n{self._tasks_then_kill(name, proc)}", file=sys.__stderr__)
         self.procs.clear()
 
     def restart_stalled(self) -> list[str]:
