@@ -4,6 +4,7 @@ against, and the transport builds the seam's classes."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from contextvars import ContextVar
 
@@ -17,6 +18,7 @@ from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from app.seams import faust as seam
+from app.seams.faust import consumer as seam_consumer
 from tests.unit.seams_upstream import assigns, changed, fingerprint, parameters
 
 Consumer, TransactionManager = faust_consumer.Consumer, faust_consumer.TransactionManager
@@ -25,6 +27,8 @@ Producer, Thread = faust_aiokafka.Producer, faust_aiokafka.AIOKafkaConsumerThrea
 # Each method the seam overrides (its behaviour replayed or extended there), at the source it was read.
 SOURCES = {
     "Consumer._drain_messages": (Consumer._drain_messages, "44a2500309e83c63"),
+    "Consumer._wait_next_records": (Consumer._wait_next_records, "6218e1969a636b3f"),
+    "Consumer.resume_partitions": (Consumer.resume_partitions, "afe6b7c02a41d63c"),
     "Consumer._commit_handler": (Consumer._commit_handler.fun, "4e5da5df073082d6"),
     "Consumer._new_offset": (Consumer._new_offset, "1d2c7ea89a7ad4f1"),
     "Consumer._commit_offsets": (Consumer._commit_offsets, "1a69799041188441"),
@@ -49,6 +53,9 @@ def test_each_method_the_seam_overrides_is_the_source_it_was_written_against() -
 
 @pytest.mark.parametrize(("owner", "method", "wanted"), [
     (Consumer, "_drain_messages", ["self", "fetcher"]),
+    (Consumer, "_wait_next_records", ["self", "timeout"]),
+    (Consumer, "_get_active_partitions", ["self"]),
+    (Consumer, "resume_partitions", ["self", "tps"]),
     (Consumer, "_new_offset", ["self", "tp"]),
     (Consumer, "_commit_offsets", ["self", "offsets", "start_new_transaction"]),
     (Consumer, "_should_commit", ["self", "tp", "offset"]),
@@ -107,6 +114,8 @@ def test_the_class_level_state_and_names_relied_on_are_there() -> None:
     # the drain loop the seam replays reads these the same way
     drain = inspect.getsource(Consumer._drain_messages)
     assert "getmany(timeout=1.0)" in drain and "callback(message), self.suspend_flow.wait()" in drain
+    # the 1 s sleep with every partition paused, which the seam's _wait_next_records ends at a resume
+    assert "await self.sleep(1)" in inspect.getsource(Consumer._wait_next_records)
 
 
 def test_the_transport_builds_the_seams_consumer_producer_and_transaction_manager() -> None:
@@ -118,3 +127,33 @@ def test_the_transport_builds_the_seams_consumer_producer_and_transaction_manage
     assert isinstance(app.consumer, seam.Consumer)
     assert isinstance(app.producer, seam.Producer)
     assert seam.hooks_of(app) is None and seam.worker_transactional_id(app) is None
+
+
+def test_with_every_partition_paused_the_fetch_loop_wakes_when_one_is_resumed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faust slept 1 s there, so the partitions resumed at a recovery's end waited for it; the
+    seam's wait ends at the resume (Faust's sleep and the seam's fallback made endless here, so that
+    only the resume can end it)."""
+    monkeypatch.setattr(seam_consumer, "PAUSED_WAIT_S", 3600.0)
+    tp = faust.types.TP("seam-wake-raw", 0)
+
+    async def scenario() -> tuple[bool, tuple[object, object]]:
+        app = seam.WorkerApp("seam-wake", broker="kafka://127.0.0.1:1", store="memory://")  # on this loop
+        app.transport = seam.Transport(app.conf.broker_consumer, app)
+        consumer = app.consumer
+
+        async def sleeps_for_ever(seconds: float) -> None:  # Faust's 1 s sleep, made endless
+            await asyncio.get_running_loop().create_future()
+
+        monkeypatch.setattr(consumer, "sleep", sleeps_for_ever)
+        consumer.resume_flow()
+        consumer.pause_partitions({tp})
+        waiting = asyncio.ensure_future(consumer._wait_next_records(1.0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        asleep = not waiting.done()
+        consumer.resume_partitions({tp})
+        return asleep, await asyncio.wait_for(waiting, 30)
+
+    asleep, answer = asyncio.run(scenario())
+    assert asleep and answer == ({}, set())

@@ -30,6 +30,7 @@ from app.seams.faust.app import hooks_of
 FETCH_MAX_WAIT_MS = 100
 DRAIN_YIELD_EVERY = 100  # the fetch loop lets other tasks run after this many records (as Faust's does)
 START_OFFSET_TIMEOUT_S = 5.0  # the skip guard's question to the broker (ask_start_offset), at most
+PAUSED_WAIT_S = 1.0  # with every partition paused, the fetch loop asks again after this, or at a resume
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -57,6 +58,7 @@ class Consumer(faust_aiokafka.Consumer):
         # until the record rewound to is handed over
         self._rewound: dict[TP, tuple[int, int | None]] = {}
         self._fetches = 0  # fetches the fetch loop began
+        self._resumed = asyncio.Event()  # set when partitions are resumed (_wait_next_records)
 
     def _new_consumer_thread(self) -> ConsumerThread:
         # faust/transport/drivers/aiokafka.py Consumer._new_consumer_thread (line 237), called by
@@ -90,6 +92,29 @@ class Consumer(faust_aiokafka.Consumer):
         if buffer.size > buffer.max_messages:
             return False
         return not any(channel.queue.full() for channel in conductor._tp_index.get(tp, ()))
+
+    def resume_partitions(self, tps: Any) -> None:
+        super().resume_partitions(tps)
+        self._resumed.set()
+
+    async def _wait_next_records(self, timeout: float) -> tuple[Any, set[TP] | None]:  # noqa: ASYNC109  # Faust's
+        """Faust's wait for the next records, without its 1 s sleep while every partition is paused.
+
+        faust/transport/consumer.py Consumer._wait_next_records (line 776) waits for the flow to
+        resume, then, with no active partition, ``await self.sleep(1)`` before its caller (getmany)
+        asks again. At the end of a rebalance's recovery the flow resumes before the stream
+        partitions do (faust/tables/recovery.py lines 476-479, then 649), so the fetch loop slept
+        and the first records of every partition assigned waited up to 1 s after "Worker ready"
+        (bench restart's ``gone``: ready → first decision about 1.0 s). Here that wait ends as soon
+        as a partition is resumed, on stop, or after the same 1 s."""
+        if not self.flow_active:
+            await self.wait(self.can_resume_flow.wait())  # as Faust's
+        self._resumed.clear()  # before looking: a resume from now on ends the wait below
+        if not self.app.client_only and not self._get_active_partitions():
+            await self.wait(self._resumed.wait(), timeout=PAUSED_WAIT_S)
+            return {}, set()  # getmany yields nothing and is called again
+        records: tuple[Any, set[TP] | None] = await super()._wait_next_records(timeout)
+        return records
 
     async def _drain_messages(self, fetcher: ServiceT) -> None:  # pragma: no cover  # Faust's thread-side loop
         """Faust's fetch loop (faust/transport/consumer.py Consumer._drain_messages, line 1170), handing
