@@ -140,7 +140,7 @@ def test_with_every_partition_paused_the_fetch_loop_wakes_when_one_is_resumed(
     async def scenario() -> tuple[bool, tuple[object, object]]:
         app = seam.WorkerApp("seam-wake", broker="kafka://127.0.0.1:1", store="memory://")  # on this loop
         app.transport = seam.Transport(app.conf.broker_consumer, app)
-        consumer = app.consumer
+        consumer = seam_consumer.consumer_of(app)
 
         async def sleeps_for_ever(seconds: float) -> None:  # Faust's 1 s sleep, made endless
             await asyncio.get_running_loop().create_future()
