@@ -26,7 +26,14 @@ from bench.stack import embedded
 
 @contextmanager
 def environment(extra: Mapping[str, str]) -> Iterator[None]:
-    """os.environ with ``extra`` on top while inside (e2e's processes inherit it), restored after."""
+    """os.environ with ``extra`` on top while inside (e2e's processes inherit it), restored after.
+
+    A variant naming a tree in PYTHONPATH (a build to compare) also gets PYTHONSAFEPATH=1, and its
+    PYTHONPATH made absolute: ``python -m app.cli`` otherwise puts its working directory first on
+    sys.path, ahead of PYTHONPATH, and every variant would run the build the benchmark started in."""
+    if "PYTHONPATH" in extra:
+        tree = os.pathsep.join(os.path.abspath(part) for part in extra["PYTHONPATH"].split(os.pathsep))
+        extra = {**extra, "PYTHONPATH": tree, "PYTHONSAFEPATH": "1"}
     saved = {name: os.environ.get(name) for name in extra}
     os.environ.update(extra)
     try:

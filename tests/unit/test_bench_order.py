@@ -1,9 +1,12 @@
 """The benchmarks' run order: no mode or variant always runs later on a stack than another."""
 
 import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,3 +117,25 @@ def test_ab_turns_the_variants_each_round_and_keeps_each_variants_own_ratios(
     assert "a: 2.00, 2.00, 2.00, 2.00, 2.00, 2.00x" in out
     assert "c: 4.00, 4.00, 4.00, 4.00, 4.00, 4.00x" in out
     assert "BENCH_VARIANT" not in os.environ  # each variant's setting only around its runs
+
+
+def test_a_variants_pythonpath_names_the_build_its_processes_run(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m`` puts its working directory first on sys.path: without PYTHONSAFEPATH a variant's
+    PYTHONPATH would lose to the tree the benchmark runs in, and both builds would be the same."""
+    here, other = tmp_path / "here", tmp_path / "other"
+    for tree in (here, other):
+        tree.mkdir()
+        (tree / "orderly_probe.py").write_text(f"print({tree.name!r})\n")
+    monkeypatch.chdir(here)
+
+    def probe() -> str:
+        return subprocess.run([sys.executable, "-m", "orderly_probe"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    with ab.environment({"PYTHONPATH": str(other)}):
+        variant = probe()
+    with ab.environment({"PYTHONPATH": "."}):  # relative: the tree the benchmark was started in
+        current = probe()
+    assert (variant, current) == ("other", "here")
+    assert "PYTHONSAFEPATH" not in os.environ
