@@ -10,6 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.deadlines import Deadlines, Pending
+from app.ingest.answers import Unavailable
+from app.ingest.appender import Appender
+from app.metrics import IngestMetrics
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("watch"), st.floats(0, 3)),  # a new append, started this much after the last
@@ -88,3 +91,42 @@ def test_an_append_still_waiting_in_the_producer_is_cancelled_at_its_deadline() 
         assert on_time.result() == 7 and not deadlines._pending
 
     asyncio.run(scenario())
+
+
+class _FullBuffer:
+    """A producer whose buffer is full: ``send`` waits until it is cancelled."""
+
+    async def send(self, *args: object) -> asyncio.Future[object]:
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+
+def _appended(outside_too: bool) -> str:
+    """One append waiting in the producer when its deadline passes (and, ``outside_too``, the
+    ingest is stopped in the same turn): what the append raises."""
+    async def scenario() -> str:
+        appender = Appender("127.0.0.1:9", 0.5, IngestMetrics())
+        appender._producer = _FullBuffer()  # type: ignore[assignment]
+        appender._expiring = asyncio.ensure_future(asyncio.sleep(3600))  # the timer runs: the deadlines' path
+        task = asyncio.ensure_future(appender.append("t", b"k", b"v", []))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        appender.deadlines.expire(asyncio.get_running_loop().time() + 1.0)  # cancels the waiting task
+        if outside_too:
+            task.cancel()
+        try:
+            await task
+            return "appended"
+        except asyncio.CancelledError:
+            return "cancelled"
+        except Unavailable as exc:
+            return f"unavailable: {exc}"
+        finally:
+            appender._expiring.cancel()
+
+    return asyncio.run(scenario())
+
+
+def test_a_deadline_is_a_timeout_and_a_stop_in_the_same_turn_stays_a_cancellation() -> None:
+    assert _appended(outside_too=False) == "unavailable: kafka append failed: TimeoutError"
+    assert _appended(outside_too=True) == "cancelled"
