@@ -318,8 +318,15 @@ def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: 
         nonlocal stopping
         stopping = True
 
+    def dump_children(signum: int, _frame: object) -> None:
+        # kill -USR1 <orderly dev>: every Orderly process logs where its tasks wait (.orderly/<name>.log)
+        for child in stack.children:
+            if child.proc is not None and child.proc.poll() is None:
+                os.kill(child.proc.pid, signal.SIGUSR1)
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGUSR1, dump_children)
     started()
     while not stopping:
         stack.supervise_once()

@@ -151,6 +151,16 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
                 assert resp.status == 200 and "parked" in await resp.json()
             async with http.get(f"{stack['ingest_url']}/resources/pg/dep_dev") as resp:
                 assert resp.status == 404
+        # kill -USR1 of `orderly dev`: each of its processes logs where its tasks wait, and goes on
+        sizes = {name: (data_dir / f"{name}.log").stat().st_size for name in processes}
+        os.kill(proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 20
+        while missing := [name for name, size in sizes.items()
+                          if b"orderly.process: task " not in (data_dir / f"{name}.log").read_bytes()[size:]]:
+            assert time.monotonic() < deadline, f"no tasks logged after SIGUSR1 by {missing}"
+            await asyncio.sleep(0.2)
+        for described in processes.values():
+            os.kill(described["pid"], 0)
         assert "worker exited" not in log.read_text(), log.read_text()[-3000:]
         assert await asyncio.to_thread(stop_dev, proc) == 0
         for port in (kafka_port, pg_port, ingest_port):
