@@ -21,6 +21,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from app.process_setup import dump_tasks
 from app.readiness import Readiness
 from app.waits import within
 
@@ -225,17 +226,24 @@ async def start_service(started: contextlib.AsyncExitStack, service: Service, re
         started.push_async_callback(runner.cleanup)
 
 
+CLEANUP_GRACE_S = 10.0  # how long a cancelled task beside the main loop may clean up (a consumer leaving its group)
 CANCEL_AGAIN_S = 1.0
 
 
 def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> None:
     """Run ``task`` beside the process's main loop until ``started`` closes, then cancel it and wait
-    until it cleaned up. A task that lost the cancellation (code that catches it, or Python 3.11's
-    ``asyncio.wait_for``: app/waits.py) is cancelled again every CANCEL_AGAIN_S, so that it cannot
-    hold the process's stop for ever."""
+    until it cleaned up. One still running CLEANUP_GRACE_S later lost the cancellation (code that
+    catches it, or Python 3.11's ``asyncio.wait_for``: app/waits.py): where every task waits is
+    logged, and it is cancelled again every CANCEL_AGAIN_S, so that it cannot hold the stop for ever."""
     running = asyncio.ensure_future(task)
 
     async def cancelled() -> None:
+        running.cancel()
+        await asyncio.wait({running}, timeout=CLEANUP_GRACE_S)
+        if not running.done():
+            log.warning("a task beside the main loop still runs %.0f s after its cancellation: cancelling it "
+                        "again", CLEANUP_GRACE_S)
+            dump_tasks()
         while not running.done():
             running.cancel()
             await asyncio.wait({running}, timeout=CANCEL_AGAIN_S)

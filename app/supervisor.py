@@ -309,6 +309,9 @@ def restart_delay(restarts: int) -> float:
     return 0.0 if restarts <= 1 else min(0.5 * 2 ** min(restarts - 2, 6), 30.0)  # 2**6 * 0.5 > 30
 
 
+USR1_AFTER_S = 5.0  # a child gets a forwarded SIGUSR1 this long after its start (app/cli.py ignores it from then)
+
+
 def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: None) -> None:
     """Keep the stack's processes running until SIGTERM or Ctrl-C; ``started`` runs once the
     handlers are in place (a signal before them would kill the supervisor with its children)."""
@@ -319,9 +322,11 @@ def supervise_until_stopped(stack: Stack, started: Callable[[], None] = lambda: 
         stopping = True
 
     def dump_children(signum: int, _frame: object) -> None:
-        # kill -USR1 <orderly dev>: every Orderly process logs where its tasks wait (.orderly/<name>.log)
+        # kill -USR1 <orderly dev>: every Orderly process logs where its tasks wait (.orderly/<name>.log);
+        # not one started in the last USR1_AFTER_S, whose interpreter may not ignore it yet (it would end)
         for child in stack.children:
-            if child.proc is not None and child.proc.poll() is None:
+            if child.proc is not None and child.proc.poll() is None and \
+                    time.monotonic() - child.started_at > USR1_AFTER_S:
                 os.kill(child.proc.pid, signal.SIGUSR1)
 
     signal.signal(signal.SIGTERM, request_stop)

@@ -190,6 +190,7 @@ def test_faust_seeking_to_the_committed_offsets_supersedes_a_rewind() -> None:
     fake = _Fake(read=9)
     consumer.__dict__.update(vars(fake))  # the same read offsets and rewinds as the fake's
     consumer.__dict__["_committed_offset"] = {}
+    consumer.__dict__["_resumed"] = asyncio.Event()
 
     async def seek_to_committed() -> dict[TP, int | None]:
         return {TP0: None}
@@ -218,6 +219,7 @@ def test_faust_s_seek_starts_over_a_partition_never_committed_and_leaves_the_oth
     kafka = _Kafka()
     committed, fresh, zero, changelog = TP("ns.raw", 1), TP("ns.raw", 2), TP("ns.raw", 3), TP("ns-changelog", 0)
     consumer.__dict__.update(_rewound={}, _read_offset={fresh: 7, committed: 5}, _thread=_Thread(kafka),
+                             _resumed=asyncio.Event(),
                              _committed_offset={committed: 5, zero: None},
                              app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda t: t == "ns.raw")),
                              assignment=lambda: {committed, fresh, zero, changelog})
@@ -229,6 +231,7 @@ def test_faust_s_seek_starts_over_a_partition_never_committed_and_leaves_the_oth
     asyncio.run(consumer.perform_seek())
     assert sorted(kafka.started) == [("ns.raw", 2), ("ns.raw", 3)]
     assert consumer._read_offset[fresh] is None and consumer._read_offset[committed] == 5
+    assert consumer._resumed.is_set()  # the fetch loop, waiting with every partition paused, may read them now
 
 
 def test_the_seek_to_the_start_waits_for_the_broker_a_bounded_time() -> None:

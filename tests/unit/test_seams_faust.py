@@ -28,7 +28,7 @@ Producer, Thread = faust_aiokafka.Producer, faust_aiokafka.AIOKafkaConsumerThrea
 SOURCES = {
     "Consumer._drain_messages": (Consumer._drain_messages, "44a2500309e83c63"),
     "Consumer._wait_next_records": (Consumer._wait_next_records, "6218e1969a636b3f"),
-    "Consumer.resume_partitions": (Consumer.resume_partitions, "afe6b7c02a41d63c"),
+    "Consumer.resume_flow": (Consumer.resume_flow, "db59630f25b5819b"),
     "Consumer._commit_handler": (Consumer._commit_handler.fun, "4e5da5df073082d6"),
     "Consumer._new_offset": (Consumer._new_offset, "1d2c7ea89a7ad4f1"),
     "Consumer._commit_offsets": (Consumer._commit_offsets, "1a69799041188441"),
@@ -55,7 +55,8 @@ def test_each_method_the_seam_overrides_is_the_source_it_was_written_against() -
     (Consumer, "_drain_messages", ["self", "fetcher"]),
     (Consumer, "_wait_next_records", ["self", "timeout"]),
     (Consumer, "_get_active_partitions", ["self"]),
-    (Consumer, "resume_partitions", ["self", "tps"]),
+    (Consumer, "resume_flow", ["self"]),
+    (Consumer, "perform_seek", ["self"]),
     (Consumer, "_new_offset", ["self", "tp"]),
     (Consumer, "_commit_offsets", ["self", "offsets", "start_new_transaction"]),
     (Consumer, "_should_commit", ["self", "tp", "offset"]),
@@ -129,15 +130,15 @@ def test_the_transport_builds_the_seams_consumer_producer_and_transaction_manage
     assert seam.hooks_of(app) is None and seam.worker_transactional_id(app) is None
 
 
-def test_with_every_partition_paused_the_fetch_loop_wakes_when_one_is_resumed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Faust slept 1 s there, so the partitions resumed at a recovery's end waited for it; the
-    seam's wait ends at the resume (Faust's sleep and the seam's fallback made endless here, so that
-    only the resume can end it)."""
+def paused_wait(monkeypatch: pytest.MonkeyPatch, wake: str) -> tuple[bool, bool, tuple[object, object]]:
+    """The fetch loop's wait with every partition paused, then the partition resumed and ``wake``
+    done ("flow": the flow resumed; "seek": the seek to the committed offsets): whether the wait
+    was still on before the resume, whether it was still on after the resume alone, and what it
+    returned. Faust's 1 s sleep and the seam's fallback are made endless, so only a wake-up ends it."""
     monkeypatch.setattr(seam_consumer, "PAUSED_WAIT_S", 3600.0)
     tp = faust.types.TP("seam-wake-raw", 0)
 
-    async def scenario() -> tuple[bool, tuple[object, object]]:
+    async def scenario() -> tuple[bool, bool, tuple[object, object]]:
         app = seam.WorkerApp("seam-wake", broker="kafka://127.0.0.1:1", store="memory://")  # on this loop
         app.transport = seam.Transport(app.conf.broker_consumer, app)
         consumer = seam_consumer.consumer_of(app)
@@ -145,15 +146,36 @@ def test_with_every_partition_paused_the_fetch_loop_wakes_when_one_is_resumed(
         async def sleeps_for_ever(seconds: float) -> None:  # Faust's 1 s sleep, made endless
             await asyncio.get_running_loop().create_future()
 
+        async def seeks(self: object) -> None:  # Faust's seek (on the consumer thread), done at once
+            return None
+
         monkeypatch.setattr(consumer, "sleep", sleeps_for_ever)
+        monkeypatch.setattr(faust_aiokafka.Consumer, "perform_seek", seeks)
+        monkeypatch.setattr(consumer, "assignment", set)  # nothing the seam would seek to the start
         consumer.resume_flow()
         consumer.pause_partitions({tp})
         waiting = asyncio.ensure_future(consumer._wait_next_records(1.0))
         for _ in range(20):
             await asyncio.sleep(0)
-        asleep = not waiting.done()
+        before = not waiting.done()
         consumer.resume_partitions({tp})
-        return asleep, await asyncio.wait_for(waiting, 30)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        after_resume = not waiting.done()
+        if wake == "flow":
+            consumer.resume_flow()
+        else:
+            await consumer.perform_seek()
+        return before, after_resume, await asyncio.wait_for(waiting, 30)
 
-    asleep, answer = asyncio.run(scenario())
-    assert asleep and answer == ({}, set())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("wake", ["flow", "seek"])
+def test_with_every_partition_paused_the_fetch_loop_wakes_once_the_resumed_ones_can_be_read(
+        monkeypatch: pytest.MonkeyPatch, wake: str) -> None:
+    """Faust slept 1 s there, so the partitions resumed at a recovery's end waited for it. The seam's
+    wait ends after the seek that follows a resume (a fetch before it would hand records over
+    twice) or when the flow resumes; the resume alone does not end it."""
+    before, after_resume, answer = paused_wait(monkeypatch, wake)
+    assert before and after_resume and answer == ({}, set())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from app import metrics
 from app.metrics import beside
 from app.process_setup import dump_tasks, until_terminated
 from app.settings import DEV_DEFAULTS, Settings
@@ -88,7 +89,10 @@ def test_the_scan_finds_asyncio_wait_for_however_it_is_reached() -> None:
     assert wait_fors(source, "m.py") == ["m.py:2", "m.py:4"]
 
 
-def test_a_task_beside_the_main_loop_that_swallows_its_cancellation_still_ends_at_the_stop() -> None:
+def test_a_task_beside_the_main_loop_that_swallows_its_cancellation_still_ends_at_the_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "CLEANUP_GRACE_S", 0.1)
+
     async def scenario() -> tuple[int, bool]:
         swallowed = 0
 
@@ -163,3 +167,24 @@ def test_until_terminated_logs_tasks_on_sigusr1_and_ignores_it_afterwards(caplog
         signal.signal(signal.SIGUSR1, previous)
     assert "main_loop" in "\n".join(r.getMessage() for r in caplog.records)
     assert after == signal.SIG_IGN  # a late USR1 while the process exits does not end it early
+
+
+def test_a_task_beside_the_main_loop_cleans_up_in_peace_within_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer leaving its group takes a moment: its cleanup is not cancelled again meanwhile."""
+    monkeypatch.setattr(metrics, "CANCEL_AGAIN_S", 0.01)
+    cleaned: list[str] = []
+
+    async def consumer() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # leaving the group: twenty times CANCEL_AGAIN_S
+            cleaned.append("left")
+
+    async def scenario() -> None:
+        async with contextlib.AsyncExitStack() as started:
+            beside(started, consumer())
+            await asyncio.sleep(0)
+
+    asyncio.run(within(scenario(), 10))
+    assert cleaned == ["left"]

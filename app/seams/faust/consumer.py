@@ -21,6 +21,7 @@ from mode import Service, ServiceT
 
 from app.seams import aiokafka as kafka_seam
 from app.seams.faust.app import hooks_of
+from app.waits import within
 
 # Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
 # and leaves out the partitions whose records are still buffered or paused (Faust pauses them for
@@ -93,8 +94,8 @@ class Consumer(faust_aiokafka.Consumer):
             return False
         return not any(channel.queue.full() for channel in conductor._tp_index.get(tp, ()))
 
-    def resume_partitions(self, tps: Any) -> None:
-        super().resume_partitions(tps)
+    def resume_flow(self) -> None:
+        super().resume_flow()
         self._resumed.set()
 
     async def _wait_next_records(self, timeout: float) -> tuple[Any, set[TP] | None]:  # noqa: ASYNC109  # Faust's
@@ -105,13 +106,17 @@ class Consumer(faust_aiokafka.Consumer):
         asks again. At the end of a rebalance's recovery the flow resumes before the stream
         partitions do (faust/tables/recovery.py lines 476-479, then 649), so the fetch loop slept
         and the first records of every partition assigned waited up to 1 s after "Worker ready"
-        (bench restart's ``gone``: ready → first decision about 1.0 s). Here that wait ends as soon
-        as a partition is resumed, on stop, or after the same 1 s."""
+        (bench restart's ``gone``: ready → first decision about 1.0 s). Here that wait ends when the
+        partitions resumed can be read: after the seek to their committed offsets that follows their
+        resume (perform_seek, not at the resume itself: a fetch between the two hands over records
+        the seek then hands over again), at a resume of the flow (how Faust's other resumes end), or
+        after the same 1 s. A stop cancels the fetch loop's task, which ends the wait too."""
         if not self.flow_active:
             await self.wait(self.can_resume_flow.wait())  # as Faust's
-        self._resumed.clear()  # before looking: a resume from now on ends the wait below
+        self._resumed.clear()  # before looking: a wake-up from now on ends the wait below
         if not self.app.client_only and not self._get_active_partitions():
-            await self.wait(self._resumed.wait(), timeout=PAUSED_WAIT_S)
+            with contextlib.suppress(TimeoutError):
+                await within(self._resumed.wait(), PAUSED_WAIT_S)
             return {}, set()  # getmany yields nothing and is called again
         records: tuple[Any, set[TP] | None] = await super()._wait_next_records(timeout)
         return records
@@ -250,6 +255,7 @@ class Consumer(faust_aiokafka.Consumer):
             await thread.call_thread(seek_to_start, thread._ensure_consumer(), unstarted)
             for tp in unstarted:
                 self._read_offset[tp] = None
+        self._resumed.set()  # the partitions resumed before this seek are read from where it put them
 
     @Service.task
     async def _commit_handler(self) -> None:
