@@ -66,7 +66,7 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     async def process(stream: faust.StreamT[bytes]) -> None:  # a function: Faust names the agent after it
         await runtime.process(stream)
 
-    app.early_tasks = (runtime.watch_membership, runtime.watch_loop)
+    app.early_tasks = (runtime.take_signals, runtime.watch_membership, runtime.watch_loop)
     app.run_timer(WATCHDOG_EVERY_S, runtime.watchdog)
     app.run_timer(LAG_EVERY_S, runtime.export_lag)
     if settings.metrics_port:

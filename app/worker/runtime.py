@@ -84,8 +84,12 @@ class WorkerRuntime:
 
     # --- the agent ---
 
-    async def on_start(self) -> None:
+    async def take_signals(self) -> None:
+        """kill -USR1 logs where the tasks wait, from the app's start on (an early task): a worker
+        stuck joining its group or recovering its table is when it is needed."""
         dump_tasks_on_usr1()
+
+    async def on_start(self) -> None:
         if self.takeover is not None:
             self.takeover.start()
 

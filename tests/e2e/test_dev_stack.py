@@ -152,12 +152,15 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             async with http.get(f"{stack['ingest_url']}/resources/pg/dep_dev") as resp:
                 assert resp.status == 404
         # kill -USR1 of `orderly dev`: each of its processes logs where its tasks wait, and goes on
+        # (sent again every 2 s: a process still starting ignores it until it can log its tasks)
         sizes = {name: (data_dir / f"{name}.log").stat().st_size for name in processes}
-        os.kill(proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 20
+        deadline, sent = time.monotonic() + 40, 0.0
         while missing := [name for name, size in sizes.items()
                           if b"orderly.process: task " not in (data_dir / f"{name}.log").read_bytes()[size:]]:
             assert time.monotonic() < deadline, f"no tasks logged after SIGUSR1 by {missing}"
+            if time.monotonic() - sent > 2.0:
+                os.kill(proc.pid, signal.SIGUSR1)
+                sent = time.monotonic()
             await asyncio.sleep(0.2)
         for described in processes.values():
             os.kill(described["pid"], 0)
