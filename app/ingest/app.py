@@ -65,7 +65,7 @@ def create_app(settings: Settings) -> web.Application:
                                on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
     app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], topics)
     app.router.add_post("/webhooks/{gateway}", app[RECEIVER].receive)
-    add_gateway_routes(app, Wiring(settings, metrics, app[CORRELATIONS], app[APPENDER], topics))
+    add_gateway_routes(app, Wiring(settings, metrics, app[CORRELATIONS], app[APPENDER], topics, app[REFUSALS]))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", Readiness(app[APPENDER], app[CORRELATIONS], topics.raw).readyz)
     # No /metrics here: the webhook port serves webhooks, correlations and health only (DESIGN.md §3);

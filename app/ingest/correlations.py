@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from app.ingest.answers import Unavailable, json_response, refusal
 from app.ingest.appender import Appender
 from app.ingest.body import ENCODED_REASON, OUTCOMES, BodyRefused, encoded, read_body, refuse_body
 from app.ingest.deliveries import next_delivery_id
+from app.logs import SampledLog
 from app.metrics import IngestMetrics
 from app.settings import Settings
 from projections.migrate import quote_ident
@@ -30,6 +32,8 @@ from topics.records import Correlation, correlation_headers
 # them, and a bound on what one PUT makes the ingest hold in memory.
 MAX_CORRELATION_BODY = 64 * 1024
 CORRELATION_FIELDS = ("merchant_reference", "our_order_id", "our_user_id")
+
+log = logging.getLogger("orderly.ingest")
 
 
 class CorrelationStore:
@@ -107,17 +111,20 @@ def correlation_error(deposit_id: str, body: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Wiring:
-    """What a gateway's extra ingest routes are given: the ingest's settings, metrics, store and appender."""
+    """What a gateway's extra ingest routes are given: the ingest's settings, metrics, store, appender
+    and the sampled log its refusals are written to."""
 
     settings: Settings
     metrics: IngestMetrics
     store: CorrelationStore
     appender: Appender
     topics: TopicNames
+    refusals: SampledLog
 
 
 def add_routes(app: web.Application, wiring: Wiring) -> None:
-    route = CorrelationRoute(wiring.settings, wiring.metrics, wiring.store, wiring.appender, wiring.topics)
+    route = CorrelationRoute(wiring.settings, wiring.metrics, wiring.store, wiring.appender, wiring.topics,
+                             wiring.refusals)
     app.router.add_put("/correlations/pg/deposits/{deposit_id}", route.put)
 
 
@@ -126,12 +133,13 @@ class CorrelationRoute:
     then the correlation appended to the raw log."""
 
     def __init__(self, settings: Settings, metrics: IngestMetrics, store: CorrelationStore, appender: Appender,
-                 topics: TopicNames) -> None:
+                 topics: TopicNames, refusals: SampledLog) -> None:
         self.settings = settings
         self.metrics = metrics
         self.store = store
         self.appender = appender
         self.topics = topics
+        self.refusals = refusals
 
     async def put(self, request: web.Request) -> web.StreamResponse:
         metrics = self.metrics
@@ -170,6 +178,10 @@ class CorrelationRoute:
                 correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
+            # the log has the whole cause (the operator's side), as the webhook route's 503s
+            self.refusals.log(logging.WARNING, ("correlations", "unavailable"), "503 correlation %s: %s (%r)",
+                              deposit_id[:200], exc, exc.__cause__,
+                              extra={"gateway": "pg", "outcome": "unavailable"})
             # the internet-facing port: our words and the error's type, never its text (an internal
             # address, a user name), as /readyz here (readiness.public_reason, whose log has the text)
             cause = exc.__cause__
