@@ -300,8 +300,25 @@ def running_pipeline(settings: Settings, logs: Path, stub_fail_first: int = 0,
         stack.callback(pipeline.stop)
         ingest = stack.enter_context(serve_ingest(settings, (metrics_ports or {}).get("ingest", 0)))
         admin = stack.enter_context(serve_in_thread(create_admin(settings)))
+        asyncio.run(ingest_ready(ingest.url))
         yield Running(settings, pipeline, ingest, stub, admin)
         assert not stub.rejected, f"badly signed or off-document effect deliveries: {stub.rejected[:5]}"
+
+
+async def ingest_ready(url: str, timeout: float = 60.0) -> None:
+    """Until the ingest's /readyz says Kafka and PostgreSQL both answer, as a load balancer waits
+    before it sends traffic: the first requests of a test then do not race the ingest's producer and
+    pool being set up while the stack's processes start (a correlation PUT answered 503 once in CI)."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{url}/readyz") as resp:
+                said = await resp.text()
+                if resp.status == 200 and orjson.loads(said).get("postgres") is True:
+                    return
+            assert time.monotonic() < deadline, f"the ingest was not ready in {timeout} s: {said}"
+            await asyncio.sleep(0.1)
 
 
 LIBFAKETIME = "/usr/lib/*/faketime/libfaketime.so.1"  # Debian's libfaketime (make test installs it)
