@@ -24,6 +24,7 @@ from app.ingest import app as ingest_app
 from app.readiness import Readiness
 from app.setting_uses import USES
 from app.settings import DEV_DEFAULTS, Settings
+from tests import parsing
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = {"ingest": "app/ingest/app.py", "worker": "app/worker/app.py", "projector": "app/projector.py",
@@ -34,7 +35,7 @@ STARTERS: dict[str, Callable[..., object]] = {"start_service": metrics.start_ser
 
 
 def calls(process: str, name: str) -> list[ast.Call]:
-    tree = ast.parse((ROOT / MODULES[process]).read_text(encoding="utf-8"))
+    tree = parsing.parse((ROOT / MODULES[process]).read_text(encoding="utf-8"))
     return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and (
         getattr(node.func, "id", None) == name or getattr(node.func, "attr", None) == name)]
 

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from app.settings import TABLE, Settings
+from tests import parsing
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("app", "topics", "projections")
@@ -32,7 +33,7 @@ def _file(module: str) -> Path | None:
 
 @cache
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"))
+    return parsing.parse(path.read_text(encoding="utf-8"))
 
 
 def _imports(node: ast.AST, module: str, is_package: bool) -> list[str]:

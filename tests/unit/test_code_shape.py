@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests import parsing
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("app", "topics", "projections")
 MODULE_LINES = 400
@@ -28,7 +30,7 @@ def violations(path: Path, root: Path = ROOT) -> list[str]:
     lines = len(source.splitlines())
     if lines > MODULE_LINES:
         found.append(f"{name}: module of {lines} lines (at most {MODULE_LINES})")
-    for node in ast.walk(ast.parse(source, filename=name)):
+    for node in ast.walk(parsing.parse(source, name)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
             if length > FUNCTION_LINES:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests import parsing
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("app", "projections", "topics")
 ALLOWED = {"app/settings.py", "app/settings_operator.py"}  # the second: settings of commands run by hand
@@ -46,7 +48,7 @@ def _passed_on(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
 
 def environ_reads(source: str) -> list[int]:
     """The lines of ``source`` that read the environment rather than pass it on."""
-    tree = ast.parse(source)
+    tree = parsing.parse(source)
     parents = _parents(tree)
     lines = []
     for node in ast.walk(tree):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from app.gateways import registry
+from tests import parsing
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("app", "topics", "projections")
@@ -23,7 +24,7 @@ STILL_NAMING: dict[str, str] = {}
 
 def quoted(source: str, names: list[str]) -> Iterator[tuple[int, str, str]]:
     """(line, name, string) of each string of ``source`` that quotes one of ``names``."""
-    tree = ast.parse(source)
+    tree = parsing.parse(source)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                   and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import parsing
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("app", "topics", "projections")
 
@@ -66,7 +68,7 @@ def imported_names(node: ast.Import | ast.ImportFrom, importer: str, is_package:
 def edges(known: dict[str, Path]) -> list[Edge]:
     found = []
     for importer, path in known.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsing.parse(path.read_text(), str(path))
         for node in ast.walk(tree):  # every statement, at any depth: functions and TYPE_CHECKING blocks too
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
@@ -83,8 +85,7 @@ def _read() -> tuple[tuple[str, ...], tuple[Edge, ...]]:
     return tuple(known), tuple(edges(known))
 
 
-# Read at collection, not late in the suite: on CPython 3.11.7, ast.parse late in a long run was seen
-# to fail with "SystemError: AST constructor recursion depth mismatch" (tests/unit/test_seams_layout.py).
+# Read at collection (tests/parsing.py: CPython 3.11's race between threads' parses).
 _read()
 
 

@@ -13,6 +13,7 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from app.kafka_client import client_options, faust_credentials
 from app.settings import DEV_DEFAULTS, Settings, SettingsError
+from tests import parsing
 from tests.kafka_security import Pki, ca_names, issue, make_ca
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def unsecured_clients(source: str, filename: str) -> list[str]:
     """``file:line name`` of each Kafka client construction in ``source`` that is not handed the
     security options."""
     found = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in ast.walk(parsing.parse(source, filename)):
         if not isinstance(node, ast.Call):
             continue
         name = _name(node)

@@ -17,6 +17,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests import parsing
+
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
@@ -57,7 +59,7 @@ def test_every_module_imported_comes_from_a_locked_package() -> None:
     modules: set[str] = set()
     for folder in ("app", "tests", "bench", "topics", "projections"):
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parsing.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Import):
                     modules |= {alias.name.split(".")[0] for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests import parsing
+
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("faust", "mode", "aiokafka")
 # The libraries' public API: their packages' top level, Faust's type interfaces, aiokafka's
@@ -79,9 +81,8 @@ def offences(tree: ast.Module, name: str) -> list[str]:
     return found
 
 
-# Parsed as the tests are collected: CPython 3.11.7's ast.parse can fail with "AST constructor
-# recursion depth mismatch" once an earlier test in the process has left its AST state off.
-TREES = {str(path.relative_to(ROOT)): ast.parse(path.read_text()) for path in modules()}
+# Parsed as the tests are collected (tests/parsing.py: CPython 3.11's race between threads' parses).
+TREES = {str(path.relative_to(ROOT)): parsing.parse(path.read_text()) for path in modules()}
 
 
 def test_no_module_outside_the_seams_reaches_into_faust_mode_or_aiokafka() -> None:
@@ -90,7 +91,7 @@ def test_no_module_outside_the_seams_reaches_into_faust_mode_or_aiokafka() -> No
     assert found == [], "go through app/seams (one door per library):\n" + "\n".join(found)
 
 
-OFFENDING = ast.parse('''
+OFFENDING = parsing.parse('''
 import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.producer import sender
@@ -107,7 +108,7 @@ class Mine:
         getattr(consumer, "_coordinator", None)
         os._exit(1)
 ''')
-HARMLESS = ast.parse("import aiohttp\nrunner._site = 1\n")
+HARMLESS = parsing.parse("import aiohttp\nrunner._site = 1\n")
 
 
 def test_the_walk_finds_each_kind_of_offence() -> None:

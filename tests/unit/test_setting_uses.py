@@ -15,8 +15,7 @@ from tests.integration.process_settings import fields_read
 FIELDS = frozenset(row.field for row in TABLE)
 REQUIRED_FIELDS = frozenset(row.field for row in TABLE if row.default is REQUIRED)
 READS_ONLY = ("parked", "inspect", "gaps", "reconcile")  # PostgreSQL's view alone (app/admin/commands.py)
-# Read at collection, as tests/unit/test_code_shape.py does: CPython 3.11.7's ast.parse, called deep in a
-# test run's stack, can fail with "AST constructor recursion depth mismatch" (as test_import_graph.py says)
+# Read at collection (tests/parsing.py: CPython 3.11's race between threads' parses).
 READ = {name: fields_read(name) for name in [*PROCESSES, "quarantine", "replay", "export", *READS_ONLY]}
 
 

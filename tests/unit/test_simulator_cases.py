@@ -16,6 +16,7 @@ import pytest
 
 from app.simulator import card_oracle, check, histories, plugins, truths
 from app.simulator.truths import T0_MS, iso
+from tests import parsing
 
 SEEDS = 1000
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +148,7 @@ ORACLE_MODULES = ["oracle.py", "pg_oracle.py", "card_oracle.py", "card.py", "pay
 
 @pytest.mark.parametrize("name", ORACLE_MODULES)
 def test_the_oracles_import_nothing_of_the_core_or_the_gateways_adapters(name: str) -> None:
-    tree = ast.parse((ROOT / "app" / "simulator" / name).read_text())
+    tree = parsing.parse((ROOT / "app" / "simulator" / name).read_text())
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert [m for m in imported if m.startswith(("app.core", "app.gateways"))] == []

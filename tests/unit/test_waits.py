@@ -22,6 +22,7 @@ from app.process_setup import dump_tasks, until_terminated
 from app.settings import DEV_DEFAULTS, Settings
 from app.sink import PgSink
 from app.waits import within
+from tests import parsing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,7 @@ def test_within_ends_a_slow_wait_with_timeout_error_and_cancels_it() -> None:
 def wait_fors(source: str, name: str) -> list[str]:
     """Where ``source`` calls ``asyncio.wait_for`` (or imports it by name)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsing.parse(source)):
         if isinstance(node, ast.Attribute) and node.attr == "wait_for" and \
                 isinstance(node.value, ast.Name) and node.value.id == "asyncio":
             found.append(f"{name}:{node.lineno}")
