@@ -311,12 +311,15 @@ async def ingest_ready(url: str, timeout: float = 60.0) -> None:
     pool being set up while the stack's processes start (a correlation PUT answered 503 once in CI)."""
     deadline = time.monotonic() + timeout
     said = ""
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         while True:
-            async with http.get(f"{url}/readyz") as resp:
-                said = await resp.text()
-                if resp.status == 200 and orjson.loads(said).get("postgres") is True:
-                    return
+            try:
+                async with http.get(f"{url}/readyz") as resp:
+                    said = f"{resp.status} {await resp.text()}"
+                    if resp.status == 200 and orjson.loads(said.partition(" ")[2]).get("postgres") is True:
+                        return
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                said = repr(exc)
             assert time.monotonic() < deadline, f"the ingest was not ready in {timeout} s: {said}"
             await asyncio.sleep(0.1)
 

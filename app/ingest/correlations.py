@@ -179,12 +179,12 @@ class CorrelationRoute:
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
             # the log has the whole cause (the operator's side), as the webhook route's 503s
-            self.refusals.log(logging.WARNING, ("correlations", "unavailable"), "503 correlation %s: %s (%r)",
-                              deposit_id[:200], exc, exc.__cause__,
-                              extra={"gateway": "pg", "outcome": "unavailable"})
+            cause = exc.__cause__
+            whole = str(exc) if cause is None or str(cause) in str(exc) else f"{exc} ({cause!r})"
+            self.refusals.log(logging.WARNING, ("correlations", "unavailable"), "503 correlation %s: %s",
+                              deposit_id, whole, extra={"gateway": "pg", "outcome": "unavailable"})
             # the internet-facing port: our words and the error's type, never its text (an internal
             # address, a user name), as /readyz here (readiness.public_reason, whose log has the text)
-            cause = exc.__cause__
             said = str(exc) if cause is None else f"{str(exc).partition(':')[0]}: {type(cause).__name__}"
             return refusal(503, said)
         metrics.requests.labels("correlations", "stored").inc()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import sys
 import uuid
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from tests.support import make_settings, signed_headers
 ROUNDS = 12
 WHEN = ("before", "racing", "after")  # the correlation PUT against the deposit's webhooks, a deposit each
 EFFECTS = ("credit_user", "release_goods", "debit_user", "hold_goods")
-PUT_TRIES = 4
 
 
 async def race(pipe: Running, dep: str, when: str) -> None:
@@ -40,18 +38,9 @@ async def race(pipe: Running, dep: str, when: str) -> None:
                                 "our_user_id": f"usr_{dep}"})
     async with aiohttp.ClientSession() as http:
         async def put() -> tuple[int, str]:
-            # A 503 (PostgreSQL or Kafka not taking the write in time: a slow disk, a start-up) is
-            # retried, as its sender must; the answers before the last are in the failure.
-            said = []
-            for _ in range(PUT_TRIES):
-                async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=correlation,
-                                    headers={"Authorization": f"Bearer {s.api_token.reveal()}"}) as resp:
-                    said.append(await resp.text())
-                    if resp.status != 503:
-                        return resp.status, " / ".join(said)
-                print(f"correlation PUT of {dep} answered 503, tried again: {said[-1]}", file=sys.stderr)
-                await asyncio.sleep(0.5)
-            return 503, " / ".join(said)
+            async with http.put(f"{pipe.ingest.url}/correlations/pg/deposits/{dep}", data=correlation,
+                                headers={"Authorization": f"Bearer {s.api_token.reveal()}"}) as resp:
+                return resp.status, await resp.text()
 
         async def webhooks() -> list[int]:
             statuses = []
