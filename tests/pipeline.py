@@ -315,9 +315,10 @@ async def ingest_ready(url: str, timeout: float = 60.0) -> None:
         while True:
             try:
                 async with http.get(f"{url}/readyz") as resp:
-                    said = f"{resp.status} {await resp.text()}"
-                    if resp.status == 200 and orjson.loads(said.partition(" ")[2]).get("postgres") is True:
+                    body = await resp.text()
+                    if resp.status == 200 and orjson.loads(body).get("postgres") is True:
                         return
+                    said = f"{resp.status} {body}"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 said = repr(exc)
             assert time.monotonic() < deadline, f"the ingest was not ready in {timeout} s: {said}"

@@ -33,8 +33,6 @@ from topics.records import Correlation, correlation_headers
 MAX_CORRELATION_BODY = 64 * 1024
 CORRELATION_FIELDS = ("merchant_reference", "our_order_id", "our_user_id")
 
-log = logging.getLogger("orderly.ingest")
-
 
 class CorrelationStore:
     """Decides 200/409 for correlation PUTs atomically in PostgreSQL (unique on both ids)."""
@@ -178,11 +176,10 @@ class CorrelationRoute:
                 correlation_headers("pg", next_delivery_id(), int(time.time() * 1000)))
         except Unavailable as exc:
             metrics.requests.labels("correlations", "unavailable").inc()
-            # the log has the whole cause (the operator's side), as the webhook route's 503s
-            cause = exc.__cause__
-            whole = str(exc) if cause is None or str(cause) in str(exc) else f"{exc} ({cause!r})"
+            # the log has the whole message (the operator's side), as the webhook route's 503s (receiver.py)
             self.refusals.log(logging.WARNING, ("correlations", "unavailable"), "503 correlation %s: %s",
-                              deposit_id, whole, extra={"gateway": "pg", "outcome": "unavailable"})
+                              deposit_id, exc, extra={"gateway": "pg", "outcome": "unavailable"})
+            cause = exc.__cause__
             # the internet-facing port: our words and the error's type, never its text (an internal
             # address, a user name), as /readyz here (readiness.public_reason, whose log has the text)
             said = str(exc) if cause is None else f"{str(exc).partition(':')[0]}: {type(cause).__name__}"
