@@ -297,7 +297,7 @@ class KafkaCluster:
             raise ValueError(f"{data_dir} holds a cluster of {len(layout['brokers'])} Kafka brokers, not {size}: "
                              "start it with that many, or use another data directory")
         if not layout:
-            base = port or spare_port()
+            base = port or spare_port(span=size)
             brokers = [base + i for i in range(size)]
             controllers: list[int] = []
             while len(controllers) < (3 if size >= 3 else 1):  # distinct, and none of the brokers' ports

@@ -41,18 +41,24 @@ def ephemeral_ports() -> tuple[int, int]:
     return low, high
 
 
-def spare_port(host: str = "127.0.0.1") -> int:
-    """A free port to keep across restarts, outside the ephemeral range when one is free there.
+def spare_port(host: str = "127.0.0.1", span: int = 1) -> int:
+    """A free port to keep across restarts, outside the ephemeral range when one is free there,
+    with the ``span - 1`` ports after it free as well (a cluster's brokers listen on consecutive
+    ports: checking only the first once let `orderly dev --brokers 3` meet its third port taken).
 
     A port from ``free_port`` lies in that range, so any outgoing connection may take it while the
     server is down (`orderly dev` once could not restart its broker for that reason).
     """
     low, _ = ephemeral_ports()
-    if low > SPARE_PORTS_FROM:
-        for port in random.sample(range(SPARE_PORTS_FROM, low), min(64, low - SPARE_PORTS_FROM)):
-            if port_is_free(port, host):
+    if low - span > SPARE_PORTS_FROM:
+        for port in random.sample(range(SPARE_PORTS_FROM, low - span + 1), min(64, low - span + 1 - SPARE_PORTS_FROM)):
+            if all(port_is_free(port + i, host) for i in range(span)):
                 return port
-    return free_port(host)
+    for _ in range(64):
+        port = free_port(host)
+        if all(port_is_free(port + i, host) for i in range(1, span)):
+            return port
+    raise RuntimeError(f"no {span} consecutive free ports on {host}")
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -36,7 +36,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from app.settings import Secret, Settings
 from app.simulator import api
 from app.stack.kafka import KafkaCluster
-from app.stack.process import free_port, port_is_free, spare_port
+from app.stack.process import free_port, spare_port
 from app.supervisor import Stack
 from projections.migrate import quote_ident
 from tests.chaos.three_gateways import (
@@ -61,15 +61,6 @@ PARTITIONS = 6  # two per worker
 BROKER_DOWN_S = 10.0
 NORMAL_S = 1.0  # a decision later than this after its webhook's 200 counts as held up by a kill
 STALL = re.compile(r"event loop: longest stall ([0-9.]+) s")  # app/worker/runtime.py watch_loop
-
-
-def three_free_ports() -> int:
-    """A port with the next two free as well: the cluster's nodes listen on consecutive ports."""
-    for _ in range(200):
-        port = spare_port()
-        if all(port_is_free(port + i) for i in (1, 2)):
-            return port
-    raise RuntimeError("no three consecutive free ports")
 
 
 @dataclass
@@ -106,7 +97,7 @@ def shape(flow: Traffic, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
         assert base.effects_secret is not None
         with effects_stub(base.effects_secret.reveal()) as stub:
             settings = base.with_overrides(
-                kafka_bootstrap=f"127.0.0.1:{three_free_ports()}",
+                kafka_bootstrap=f"127.0.0.1:{spare_port(span=3)}",
                 postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres"),
                 data_dir=tmp_path / ".orderly", partitions=PARTITIONS, ingest_port=free_port(),
                 append_timeout_s=5.0,  # the production default: a node's loss must fit in it

@@ -46,7 +46,7 @@ def watch(pids: dict[str, int], within_s: float) -> dict[str, float]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_the_group_stops_the_three_broker_stack_in_order(tmp_path: Path, sig: int) -> None:
     data_dir = tmp_path / ".orderly"
-    env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{spare_port()}",
+    env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{spare_port(span=3)}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
            "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_ADMIN_PORT": str(free_port()),
            "ORDERLY_PARTITIONS": "3"}

@@ -1,0 +1,39 @@
+"""``spare_port``: a port below the ephemeral range, with as many free after it as a cluster needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.stack import process
+from app.stack.process import spare_port
+
+
+def test_a_span_of_ports_is_free_after_the_one_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The brokers of `orderly dev --brokers 3` listen on a port and the next two: with every third
+    port taken, the port given is one whose next two are free (the first alone once was checked)."""
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    taken = {p for p in range(20000, 20100) if p % 4 == 3}
+    monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port not in taken)
+    for _ in range(50):
+        port = spare_port(span=3)
+        assert {port, port + 1, port + 2}.isdisjoint(taken) and port + 2 < 20100, port
+
+
+def test_no_span_free_below_the_ephemeral_range_is_sought_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port >= 20100)
+    monkeypatch.setattr(process, "free_port", lambda host="127.0.0.1": 40000)
+    assert spare_port(span=3) == 40000
+
+
+def test_no_span_free_anywhere_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port % 2 == 0)
+    monkeypatch.setattr(process, "free_port", lambda host="127.0.0.1": 40000)
+    with pytest.raises(RuntimeError, match="no 3 consecutive free ports"):
+        spare_port(span=3)
+
+
+def test_a_real_span_is_free_now() -> None:
+    port = spare_port(span=3)
+    assert all(process.port_is_free(port + i) for i in range(3))
