@@ -228,12 +228,14 @@ class PgSink:
         return lag
 
     async def drain(self, idle_s: float = 1.0, limit_s: float = 60.0) -> int:
-        """Run until nothing arrives for ``idle_s`` (replay and tests)."""
+        """Run until nothing arrives for ``idle_s`` with every record of the topic consumed (tests):
+        a slow join, or a fetch not answered yet, is not quiet."""
+        assert self.consumer is not None
         total, quiet_since, deadline = 0, time.monotonic(), time.monotonic() + limit_s
         while time.monotonic() < deadline:
             n = await self.run_once()
             total += n
-            if n:
+            if n or not self.consumer.assignment() or await self.lag() > 0:
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since > idle_s:
                 break

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaConsumer
 
@@ -152,3 +153,26 @@ async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committe
                     found += [Record(tp.topic, tp.partition, m.offset, m.key, m.value,
                                      {k: v.decode() for k, v in m.headers}) for m in msgs]
         return sorted(found, key=lambda r: (r.partition, r.offset))
+
+
+async def decided_at(bootstrap: str, topic: str) -> dict[str, float]:
+    """Delivery id -> wall-clock time of its first decision (the decision record's timestamp, set by
+    the worker's producer when it sent it)."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=REQUEST_BYTES,
+                                isolation_level="read_committed")  # not a decision an aborted transaction held
+    await consumer.start()
+    found: dict[str, float] = {}
+    try:
+        async with asyncio.timeout(60):
+            while not consumer.assignment():
+                await asyncio.sleep(0.05)
+            tps = sorted(consumer.assignment())
+            ends = await consumer.end_offsets(tps)
+            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+                for messages in (await consumer.getmany(timeout_ms=300, max_records=5000)).values():
+                    for m in messages:
+                        found.setdefault(orjson.loads(m.value)["delivery_id"], m.timestamp / 1000)
+    finally:
+        await consumer.stop()
+    return found

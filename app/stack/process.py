@@ -49,14 +49,16 @@ def spare_port(host: str = "127.0.0.1", span: int = 1) -> int:
     A port from ``free_port`` lies in that range, so any outgoing connection may take it while the
     server is down (`orderly dev` once could not restart its broker for that reason).
     """
-    low, _ = ephemeral_ports()
-    if low - span > SPARE_PORTS_FROM:
-        for port in random.sample(range(SPARE_PORTS_FROM, low - span + 1), min(64, low - span + 1 - SPARE_PORTS_FROM)):
-            if all(port_is_free(port + i, host) for i in range(span)):
-                return port
-    for _ in range(64):
+    low, high = ephemeral_ports()
+    # below the range (from SPARE_PORTS_FROM) or above it, the whole span outside it
+    outside: list[int] = [*range(SPARE_PORTS_FROM, low - span + 1),
+                          *range(max(high + 1, SPARE_PORTS_FROM), 65536 - span + 1)]
+    for port in random.sample(outside, min(64, len(outside))):
+        if all(port_is_free(port + i, host) for i in range(span)):
+            return port
+    for _ in range(64):  # none free outside it: one inside
         port = free_port(host)
-        if all(port_is_free(port + i, host) for i in range(1, span)):
+        if port + span - 1 <= 65535 and all(port_is_free(port + i, host) for i in range(1, span)):
             return port
     raise RuntimeError(f"no {span} consecutive free ports on {host}")
 

@@ -97,14 +97,15 @@ class Watch:
 
     urls: dict[str, str]
     changes: list[tuple[float, str, int, str]] = field(default_factory=list)
-    ingest_answers: list[tuple[float, int, bool]] = field(default_factory=list)  # (time, status, postgres) each poll
+    # (time, status, postgres, kafka) each poll: what the ingest's /readyz said of each
+    ingest_answers: list[tuple[float, int, bool, bool]] = field(default_factory=list)
     lag: list[tuple[float, int]] = field(default_factory=list)  # (time, orderly_consumer_lag of the projector)
     now: dict[str, int] = field(default_factory=dict)
 
     async def run(self, stop: asyncio.Event, metrics_url: str, namespace: str) -> None:
         topic = re.escape(names(namespace).decisions)
         gauge = re.compile(rf'^orderly_consumer_lag{{group="projector",topic="{topic}"}} (\S+)$', re.MULTILINE)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
             while not stop.is_set():
                 await asyncio.gather(*(self._poll(http, name, url) for name, url in self.urls.items()))
                 try:
@@ -123,7 +124,8 @@ class Watch:
         except (aiohttp.ClientError, TimeoutError) as exc:
             status, body = 0, {"error": type(exc).__name__}
         if name == "ingest":
-            self.ingest_answers.append((time.monotonic(), status, body.get("postgres") is True))
+            self.ingest_answers.append((time.monotonic(), status, body.get("postgres") is True,
+                                        body.get("kafka") is True))
         why = ", ".join(f"{what}: {w['reason']}" for what, w in body.get("waiting_for", {}).items())
         if self.now.get(name) != status:
             self.changes.append((time.monotonic(), name, status, why))
@@ -249,10 +251,15 @@ async def test_postgres_killed_then_stopped_while_three_gateways_flow(flow: Traf
     readings = watch.readings(stop_from, float(stopped.pop("back_at")))  # type: ignore[arg-type]
     await posting
     posting_s = time.monotonic() - started
-    # the ingest answered ready at every poll, PostgreSQL away or not, and said when it was away
-    answers = [(status, postgres) for t, status, postgres in watch.ingest_answers if t >= started]
-    assert {status for status, _ in answers} == {200}, answers
-    assert any(not postgres for _, postgres in answers)
+    # the ingest answered ready, PostgreSQL away or not, and said when it was away. Readiness is Kafka
+    # answering within 2 s (DESIGN.md §3): the shared broker of this lane, on busy cores, may miss that
+    # at a poll. Such a miss is excused only while PostgreSQL answered (nothing of the outage in it),
+    # and stays rare; while PostgreSQL was away, every poll answered 200
+    answers = [(status, postgres, kafka) for t, status, postgres, kafka in watch.ingest_answers if t >= started]
+    missed = [(status, postgres, kafka) for status, postgres, kafka in answers if status != 200]
+    assert all(status == 503 and postgres and not kafka for status, postgres, kafka in missed), missed
+    assert len(missed) <= len(answers) // 100, (len(missed), len(answers), missed)
+    assert any(not postgres for status, postgres, _ in answers if status == 200)
     for fault in (killed, stopped):
         assert fault["correlation_answer"] == 503, fault
         changes = fault["changes"]

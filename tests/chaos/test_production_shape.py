@@ -27,9 +27,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
-import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -51,8 +49,8 @@ from tests.chaos.three_gateways import (
     wait_until,
 )
 from tests.pipeline import EffectsStub, effects_stub
-from tests.support import make_settings, read_topic, serve_in_thread
-from topics.catalog import REQUEST_BYTES, names
+from tests.support import decided_at, make_settings, read_topic, serve_in_thread
+from topics.catalog import names
 
 pytestmark = pytest.mark.chaos
 SEED = int(os.environ.get("ORDERLY_CHAOS_SEED", "31"))  # another seed: ORDERLY_CHAOS_SEED=N
@@ -152,28 +150,6 @@ async def topic_layout(bootstrap: str) -> dict[str, tuple[set[int], str, dict[in
         assert all(set(p["isr"]) <= set(p["replicas"]) for p in d["partitions"])
         layout[d["topic"]] = ({len(p["isr"]) for p in d["partitions"]}, isr[d["topic"]], leaders)
     return layout
-
-
-async def decided_at(bootstrap: str, topic: str) -> dict[str, float]:
-    """Delivery id -> wall-clock time of its first decision (the decision record's timestamp, set by
-    the worker's producer when it sent it)."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=REQUEST_BYTES)
-    await consumer.start()
-    found: dict[str, float] = {}
-    try:
-        async with asyncio.timeout(60):
-            while not consumer.assignment():
-                await asyncio.sleep(0.05)
-            tps = sorted(consumer.assignment())
-            ends = await consumer.end_offsets(tps)
-            while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-                for messages in (await consumer.getmany(timeout_ms=300, max_records=5000)).values():
-                    for m in messages:
-                        found.setdefault(orjson.loads(m.value)["delivery_id"], m.timestamp / 1000)
-    finally:
-        await consumer.stop()
-    return found
 
 
 def after_kill(kill_at: float, until: float, poster: Poster, decided: dict[str, float]) -> tuple[float, float]:

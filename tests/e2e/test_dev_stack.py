@@ -20,7 +20,7 @@ import asyncpg
 import orjson
 
 from app.settings import dev_settings
-from app.stack.process import free_port, port_is_free
+from app.stack.process import port_is_free, spare_port
 from tests.support import admin_token, read_topic, signed_headers
 from topics.catalog import names
 
@@ -54,6 +54,15 @@ async def eventually_get(http: aiohttp.ClientSession, url: str, within_s: float 
             await asyncio.sleep(0.2)
 
 
+def distinct_spare_ports() -> tuple[int, int, int, int]:
+    """Kafka's, PostgreSQL's, the ingest's (with its next two free) and the admin's port, all different."""
+    while True:
+        ingest = spare_port(span=3)
+        kafka, postgres, admin = spare_port(), spare_port(), spare_port()
+        if len({kafka, postgres, admin, ingest, ingest + 1, ingest + 2}) == 6:
+            return kafka, postgres, ingest, admin
+
+
 def stop_dev(proc: subprocess.Popen[bytes]) -> int:
     os.kill(proc.pid, signal.SIGTERM)
     return proc.wait(90)
@@ -61,7 +70,9 @@ def stop_dev(proc: subprocess.Popen[bytes]) -> int:
 
 async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     data_dir = tmp_path / ".orderly"
-    kafka_port, pg_port, ingest_port, admin_port = free_port(), free_port(), free_port(), free_port()
+    # below the ephemeral range (spare_port): the stack is started again on the same ports, and an
+    # outgoing connection of another test may take a port of that range while it is down
+    kafka_port, pg_port, ingest_port, admin_port = distinct_spare_ports()
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{kafka_port}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{pg_port}/postgres",
            "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_ADMIN_PORT": str(admin_port),
@@ -80,7 +91,9 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             squatter.bind(("127.0.0.1", ingest_port + 2))
             break
         except OSError:
-            ingest_port = free_port()
+            ingest_port = spare_port(span=3)
+            while {ingest_port, ingest_port + 1, ingest_port + 2} & {kafka_port, pg_port, admin_port}:
+                ingest_port = spare_port(span=3)
     squatter.listen()
     env["ORDERLY_INGEST_PORT"] = str(ingest_port)
     settings = dev_settings(env)

@@ -82,12 +82,14 @@ async def test_a_capture_without_its_authorisation_is_overdue_past_the_setting(
     assert value(await scrape(metrics), "orderly_parked_overdue_resources", gateway="card") == 0.0
 
     # a capture parked just now is listed, not overdue; the gauge still counts one resource
+    posted = time.monotonic()
     await post(pipe, item("CAPTURE", f"{fresh}C", 500, fresh))
     await pipe.wait_for(lambda c: c.fetchval(
         "SELECT count(*) = 1 FROM webhook_events WHERE resource_id = $1 AND outcome = 'parked'", fresh))
-    now = await listed(pipe)
-    assert (now[late]["overdue"], now[fresh]["overdue"]) == (True, False)
-    assert value(await scrape(metrics), "orderly_parked_overdue_resources", gateway="adyen") == 1.0
+    now, gauge = await listed(pipe), value(await scrape(metrics), "orderly_parked_overdue_resources", gateway="adyen")
+    assert now[late]["overdue"] is True and fresh in now
+    if time.monotonic() - posted < ALERT_AFTER_S:  # (as above: a machine this slow proves nothing here)
+        assert (now[fresh]["overdue"], gauge) == (False, 1.0), (now, gauge)
 
     # the authorisations come: nothing is parked, nothing overdue
     await post(pipe, item("AUTHORISATION", late, 1000), item("AUTHORISATION", fresh, 500))

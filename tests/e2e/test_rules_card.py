@@ -181,13 +181,18 @@ async def test_default_fetch_after_60_s(pipe: Running, api: CardApi) -> None:
                                  "AND source = 'webhook'", [old, young])  # the old one may be synced by then
             return rows if len(rows) == 2 else None
         parked_at = {r["payment_ref"]: r["received_at"].timestamp() for r in await pipe.wait_for(both_parked)}
-        assert 64 <= time.time() - parked_at[old] <= 75 and 44 <= time.time() - parked_at[young] <= 55, parked_at
+        seen = time.time()  # both parked rows in the read model, where the fetcher finds them
+        # the young one not due yet when seen (else "not before" would go untested)
+        assert 64 <= seen - parked_at[old] <= 95 and 44 <= seen - parked_at[young] <= 58, (seen, parked_at)
         # the fetcher looks every 0.5 s: the old one is due at once, the young one once it is 60 s old
         await until("the fetch of the payment parked 65 s ago", lambda: api.calls[old] >= 1, timeout=30)
         await until("the fetch of the payment parked 45 s ago", lambda: api.calls[young] >= 1, timeout=60)
         for ref in (old, young):
             age = api.asked_at[ref][0] - parked_at[ref]
-            assert PLAYBOOK_FETCH_AFTER_S <= age < PLAYBOOK_FETCH_AFTER_S + 10, f"{ref} fetched {age:.1f} s after park"
+            # not before 60 s, and at a look soon after it was due and in the read model (busy cores
+            # stretch the way to the read model, which is not the rule checked here)
+            overdue = api.asked_at[ref][0] - max(seen, parked_at[ref] + PLAYBOOK_FETCH_AFTER_S)
+            assert age >= PLAYBOOK_FETCH_AFTER_S and overdue < 10, f"{ref}: {age:.1f} s after park, {overdue:.1f} late"
         for ref, amount in ((old, 7000), (young, 4000)):
             async def synced(c: Any, ref: str = ref, amount: int = amount) -> Any:
                 return await c.fetchrow("SELECT * FROM card_payments WHERE payment_ref = $1 AND captured_minor = $2",

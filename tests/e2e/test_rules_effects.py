@@ -24,7 +24,8 @@ from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings
 
-LEASE_S = 2.0  # a claimed row is claimed again after this long (ORDERLY_EFFECTS_LEASE_S)
+LEASE_S = 6.0  # a claimed row is claimed again after this long (ORDERLY_EFFECTS_LEASE_S); its half,
+# the request timeout, leaves the merchant stub (a thread of the busy pytest process) 3 s to answer
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """A merchant slow for some effects (issue #46, faults): one deposit's credit answered only after
 30 s (the first two attempts; then the merchant is quick again), another's never answered. The
-effects worker gives each request ORDERLY_EFFECTS_TIMEOUT_S (here 5 s, the default 10), so both
+effects worker gives each request ORDERLY_EFFECTS_TIMEOUT_S (the default, 10 s), so both
 time out and are retried on their schedule (the timeout, then the backoff: 0.25-0.5 s, 0.5-1 s,
 ...), the never-answered ones until they are dead after ORDERLY_EFFECTS_MAX_ATTEMPTS. Meanwhile
 the other effects keep flowing through the free slots, the requests in flight never pass
@@ -30,7 +30,7 @@ from tests.support import make_settings, serve_in_thread
 
 CONCURRENCY = 4
 MAX_ATTEMPTS = 3
-REQUEST_TIMEOUT_S = 5.0  # ORDERLY_EFFECTS_TIMEOUT_S given to the effects process: half the default, half the wait
+REQUEST_TIMEOUT_S = 10.0  # ORDERLY_EFFECTS_TIMEOUT_S given to the effects process: the default, a third of the wait
 SLOW_S, SLOW_ATTEMPTS = 30.0, 2  # the slow deposit's effects: answered after 30 s, twice
 FAST_HOLD_S = 0.25  # every other request: held this long, so that the free slots fill up
 NEVER_S = 3600.0
@@ -52,6 +52,7 @@ class Merchant:
     open_per_key: Counter[str] = field(default_factory=Counter)
     most_open_per_key: int = 0
     rejected: list[str] = field(default_factory=list)
+    while_held: set[str] = field(default_factory=set)  # keys first sent while both slow keys held a slot
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -61,6 +62,8 @@ class Merchant:
         key = request.headers["webhook-id"]
         assert orjson.loads(body)["dedupe_key"] == key
         self.started.setdefault(key, []).append(time.monotonic())
+        if self.open_per_key[self.slow] and self.open_per_key[self.never] and len(self.started[key]) == 1:
+            self.while_held.add(key)
         self.open_now += 1
         self.open_per_key[key] += 1
         self.most_open = max(self.most_open, self.open_now)
@@ -103,15 +106,14 @@ async def test_slow_and_silent_merchants_hold_their_slots_only(pipe: Running) ->
                             ORDERLY_EFFECTS_TIMEOUT_S=f"{REQUEST_TIMEOUT_S:g}")
         # the two slow credits first: they hold two of the four slots while 40 quick effects (and
         # the two deposits' release_goods) go through the other two
-        await pipe.correlate(["dep_slow", "dep_never"])
+        quick = [f"dep_q{i}" for i in range(20)]
+        await pipe.correlate(["dep_slow", "dep_never", *quick])
         await pipe.post("pg", deposit("dep_slow", 3, "settled"), deposit("dep_never", 3, "settled"))
         deadline = time.monotonic() + 60
         while not (slow in merchant.started and never in merchant.started):
             assert time.monotonic() < deadline, merchant.started
             await asyncio.sleep(0.1)
         first_slow = min(merchant.started[slow][0], merchant.started[never][0])
-        quick = [f"dep_q{i}" for i in range(20)]
-        await pipe.correlate(quick)
         await pipe.post("pg", *(deposit(d, 3, "settled") for d in quick))
         quick_keys = sorted(f"deposit:{d}:{k}" for d in quick for k in EFFECT_KINDS)
         delivered = await effect_rows(pipe, quick_keys, "delivered_at", timeout=60)
@@ -124,7 +126,7 @@ async def test_slow_and_silent_merchants_hold_their_slots_only(pipe: Running) ->
     assert not merchant.rejected, merchant.rejected[:3]
     # the quick effects flowed while the slow ones held their slots: many sent while both first slow
     # requests were still open, all delivered before the second slow attempts had timed out, each once
-    meanwhile = [k for k in quick_keys if merchant.started[k][0] < first_slow + REQUEST_TIMEOUT_S]
+    meanwhile = merchant.while_held & set(quick_keys)
     assert len(meanwhile) >= 8, len(meanwhile)
     assert quick_done - first_slow < 2 * REQUEST_TIMEOUT_S + 5, quick_done - first_slow
     assert {k: merchant.answered[k] for k in quick_keys} == dict.fromkeys(quick_keys, 1)
@@ -148,7 +150,8 @@ async def test_slow_and_silent_merchants_hold_their_slots_only(pipe: Running) ->
     for key, waits in gaps.items():
         for n, wait in enumerate(waits, start=1):
             ceiling = backoff_ceiling_s(n)
-            assert ceiling / 2 - 0.1 <= wait <= ceiling + 1.0, (key, n, round(wait, 2), ceiling)
+            # give or take this busy process's turn: the stub runs in one of its threads
+            assert ceiling / 2 - 0.1 <= wait <= ceiling + 2.0, (key, n, round(wait, 2), ceiling)
     print(f"\nquick effects {len(quick_keys)} delivered {quick_done - first_slow:.1f} s after the first slow request; "
           f"most requests open {merchant.most_open} (bound {CONCURRENCY}); retries after the timeout "
           f"{ {k: [round(w, 2) for w in v] for k, v in gaps.items()} }; requests per slow key "

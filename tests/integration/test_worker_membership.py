@@ -25,7 +25,8 @@ from app.stack.process import free_port
 from app.worker.exits import FAILED_EXIT_CODE
 from tests.pg_events import deposit
 from tests.pipeline import Pipeline, Running, running_pipeline
-from tests.support import make_settings
+from tests.support import decided_at, make_settings
+from topics.catalog import names
 
 # Before ORDERLY_SESSION_TIMEOUT_MS the session was 10 s, and with exactly-once the dead worker's
 # transaction held its partitions 10 s more. A lost worker's partitions decided within this of its
@@ -159,17 +160,22 @@ async def test_a_worker_lost_for_good_has_its_partitions_decided_by_the_other(tw
     await _until(pipeline, lambda: _owned(pipeline.log("worker2")) >= 1
                  and _owned(pipeline.log("worker")) + _owned(pipeline.log("worker2")) == pipe.settings.partitions,
                  "the two workers sharing the partitions")
-    warm = [f"warm{uuid.uuid4().hex[:8]}{i}" for i in range(PROBES)]
-    await pipe.correlate(warm)  # both deciding: the group settled
+    probes = [f"lost{uuid.uuid4().hex[:8]}{i}" for i in range(PROBES)]
+    await pipe.correlate(probes)  # both deciding (the group settled), and the probes' mappings known
     mark = len(pipeline.log("worker"))
     pipeline.kill("worker2")  # and not started again
-    killed = time.monotonic()
-    probes = [f"lost{uuid.uuid4().hex[:8]}{i}" for i in range(PROBES)]
-    await pipe.correlate(probes)
-    await pipe.post("pg", *(deposit(dep, 3, "settled") for dep in probes))
+    killed = time.time()
+    acked: dict[str, float] = {}  # delivery id -> when the ingest acknowledged it
+    for dep in probes:
+        (answer,) = await pipe.post("pg", deposit(dep, 3, "settled"))
+        acked[answer["delivery_id"]] = time.time()
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = $2 FROM pg_deposits WHERE pg_deposit_id = ANY($1) "
                                              "AND status = 'settled'", probes, len(probes)), timeout=90)
-    decided_s = time.monotonic() - killed
+    # each probe from its acknowledgement (or the kill, if later) to its committed decision, by the
+    # decision record's time: not the posts before it, nor the way on to the read model
+    decided = await decided_at(pipe.settings.kafka_bootstrap, names(pipe.settings.namespace).decisions)
+    assert set(acked) <= set(decided), set(acked) - set(decided)
+    decided_s = max(decided[d] - max(killed, at) for d, at in acked.items())
     after = pipeline.log("worker")[mark:]
     # the survivor was given every partition, the killed one's too, and decided a probe on each
     assert _owned(after) == pipe.settings.partitions, after[-3000:]

@@ -11,7 +11,7 @@ from app.stack.process import spare_port
 def test_a_span_of_ports_is_free_after_the_one_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """The brokers of `orderly dev --brokers 3` listen on a port and the next two: with every third
     port taken, the port given is one whose next two are free (the first alone once was checked)."""
-    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 65535))
     taken = {p for p in range(20000, 20100) if p % 4 == 3}
     monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port not in taken)
     for _ in range(50):
@@ -20,14 +20,14 @@ def test_a_span_of_ports_is_free_after_the_one_given(monkeypatch: pytest.MonkeyP
 
 
 def test_no_span_free_below_the_ephemeral_range_is_sought_above_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 65535))
     monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port >= 20100)
     monkeypatch.setattr(process, "free_port", lambda host="127.0.0.1": 40000)
     assert spare_port(span=3) == 40000
 
 
 def test_no_span_free_anywhere_is_an_error_that_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 60999))
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (20100, 65535))
     monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": port % 2 == 0)
     monkeypatch.setattr(process, "free_port", lambda host="127.0.0.1": 40000)
     with pytest.raises(RuntimeError, match="no 3 consecutive free ports"):
@@ -37,3 +37,12 @@ def test_no_span_free_anywhere_is_an_error_that_says_so(monkeypatch: pytest.Monk
 def test_a_real_span_is_free_now() -> None:
     port = spare_port(span=3)
     assert all(process.port_is_free(port + i) for i in range(3))
+
+
+def test_ports_above_the_ephemeral_range_count_too_and_a_span_never_passes_65535(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "ephemeral_ports", lambda: (1024, 65000))  # nothing free below it
+    monkeypatch.setattr(process, "port_is_free", lambda port, host="127.0.0.1": True)
+    for _ in range(50):
+        port = spare_port(span=3)
+        assert 65001 <= port and port + 2 <= 65535, port
