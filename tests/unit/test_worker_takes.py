@@ -101,7 +101,7 @@ def test_a_late_next_take_does_not_hold_the_records_longer_than_the_limit() -> N
 
     asyncio.run(main())
     assert decided == [records(0, 7), records(7, 3)]
-    assert HOLD_MAX_S * 0.9 <= waited[0] < 10 * HOLD_MAX_S  # held, and not for long
+    assert HOLD_MAX_S * 0.9 <= waited[0] < 20 * HOLD_MAX_S  # held, and not for long (1 s: a busy lane's slack)
 
 
 def test_records_held_when_holding_stops_being_allowed_are_decided_first() -> None:
