@@ -54,13 +54,20 @@ async def eventually_get(http: aiohttp.ClientSession, url: str, within_s: float 
             await asyncio.sleep(0.2)
 
 
-def distinct_spare_ports() -> tuple[int, int, int, int]:
-    """Kafka's, PostgreSQL's, the ingest's (with its next two free) and the admin's port, all different."""
+def distinct_spare_ports(count: int) -> list[int]:
+    """``count`` different spare ports (Kafka's, PostgreSQL's, the admin's)."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(spare_port())
+    return sorted(ports)
+
+
+def ingest_port_apart(others: list[int]) -> int:
+    """A spare port for the ingest whose next two (its /metrics, the worker's) are free and none of ``others``."""
     while True:
-        ingest = spare_port(span=3)
-        kafka, postgres, admin = spare_port(), spare_port(), spare_port()
-        if len({kafka, postgres, admin, ingest, ingest + 1, ingest + 2}) == 6:
-            return kafka, postgres, ingest, admin
+        port = spare_port(span=3)
+        if not {port, port + 1, port + 2} & set(others):
+            return port
 
 
 def stop_dev(proc: subprocess.Popen[bytes]) -> int:
@@ -72,7 +79,8 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
     data_dir = tmp_path / ".orderly"
     # below the ephemeral range (spare_port): the stack is started again on the same ports, and an
     # outgoing connection of another test may take a port of that range while it is down
-    kafka_port, pg_port, ingest_port, admin_port = distinct_spare_ports()
+    kafka_port, pg_port, admin_port = others = distinct_spare_ports(3)
+    ingest_port = ingest_port_apart(others)
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{kafka_port}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{pg_port}/postgres",
            "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_ADMIN_PORT": str(admin_port),
@@ -91,9 +99,7 @@ async def test_dev_stack_lifecycle(tmp_path: Path) -> None:
             squatter.bind(("127.0.0.1", ingest_port + 2))
             break
         except OSError:
-            ingest_port = spare_port(span=3)
-            while {ingest_port, ingest_port + 1, ingest_port + 2} & {kafka_port, pg_port, admin_port}:
-                ingest_port = spare_port(span=3)
+            ingest_port = ingest_port_apart(others)
     squatter.listen()
     env["ORDERLY_INGEST_PORT"] = str(ingest_port)
     settings = dev_settings(env)
