@@ -140,6 +140,10 @@ class WorkerMetrics(_Metrics):
         self.handed_again = Counter("orderly_worker_records_handed_again",
                                     "Records Faust handed over again after a seek (acked, not decided twice)",
                                     registry=self.registry)
+        self.peers_removed = Counter("orderly_worker_peers_removed",
+                                     "Workers silent past ORDERLY_WORKER_LOST_AFTER_MS that this one removed from "
+                                     "the group, by result (removed, not_a_member, failed)", ["result"],
+                                     registry=self.registry)
         self.rewinds = Counter("orderly_worker_partition_rewinds",
                                "Partitions fetched again from records Faust never handed over (a skip mended)",
                                registry=self.registry)

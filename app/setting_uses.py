@@ -24,7 +24,8 @@ SINK = frozenset({"instance_id", "sink_busy_interval_s", "session_timeout_s"})
 EFFECTS = frozenset({"effects_url", "effects_secret", "effects_allow_http", "effects_concurrency",
                      "effects_max_attempts", "effects_lease_s", "effects_timeout_s"})
 WORKER = frozenset({"store", "worker_stall_s", "worker_instance_id", "worker_batch_max", "worker_busy_interval_s",
-                    "faust_loglevel", "data_dir", "session_timeout_s"})
+                    "faust_loglevel", "data_dir", "session_timeout_s",
+                    "worker_lost_after_s"})
 ADMIN = frozenset({"admin_token", "admin_oidc_issuer", "admin_oidc_client_id", "admin_oidc_client_secret",
                    "admin_oidc_redirect_url", "admin_roles_claim", "admin_role_map", "admin_session_idle_s",
                    "admin_session_max_s", "admin_trusted_proxies", "admin_host", "admin_port"})

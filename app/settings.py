@@ -169,6 +169,13 @@ class Settings:
             "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "
             "(Kafka's default is 6000; `orderly dev` sets 1000), and it should be twice their "
             "broker.session.timeout.ms at least (Kafka's 9000, `orderly dev`'s 1500; a warning at start says so)")
+    # The group coordinator notices a dead member only at the session's end; the workers watch each
+    # other on the namespace's workers topic and remove one silent this long (app/worker/peers.py).
+    worker_lost_after_s = Setting("ORDERLY_WORKER_LOST_AFTER_MS", Millis(), 3.0,
+            "a worker whose alive records (every 250 ms, on `<namespace>.workers`) stop this long while the "
+            "others' go on is removed from the group by them, and its partitions move at once instead of "
+            "after ORDERLY_SESSION_TIMEOUT_MS (`0`: off). A live worker paused longer (its whole process "
+            "stopped) is removed too, and restarts")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",

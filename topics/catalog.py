@@ -41,6 +41,7 @@ class TopicNames:
     effects: str
     fetch: str
     changelog: str  # the worker table's changelog (Faust's name: "{app id}-{table}-changelog")
+    workers: str  # each worker's alive records (app/worker/peers.py)
 
 
 @functools.lru_cache(maxsize=64)  # called per request by the ingest
@@ -48,7 +49,7 @@ def names(namespace: str = "orderly") -> TopicNames:
     raw, correlations, quarantine, state, decisions, facts, effects, fetch = (f"{namespace}.{s}" for s in (
         "raw", "correlations", "quarantine", "state", "decisions", "facts", "effects", "fetch"))
     return TopicNames(raw, correlations, quarantine, state, decisions, facts, effects, fetch,
-                      changelog=f"{namespace}-worker-resources-changelog")
+                      changelog=f"{namespace}-worker-resources-changelog", workers=f"{namespace}.workers")
 
 
 def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor: int = 1,
@@ -84,4 +85,9 @@ def catalog(namespace: str = "orderly", partitions: int = 12, replication_factor
         spec(n.fetch, {"cleanup.policy": "delete", "retention.ms": str(14 * DAY_MS)}),
         # created here rather than by Faust, so that a resource's state with its parked events fits
         spec(n.changelog, {"cleanup.policy": "compact", **derived}),
+        # the workers' alive records, read in one order and timed by the broker (app/worker/peers.py)
+        TopicSpec(n.workers, 1, replication_factor, {**durable, "cleanup.policy": "delete",
+                                                     "retention.ms": str(3600 * 1000), "segment.ms": str(600 * 1000),
+                                                     "message.timestamp.type": "LogAppendTime"},
+                  co_partitioned=False),
     ]

@@ -325,6 +325,16 @@ def coordination_failure(consumer: AIOKafkaConsumer | None) -> BaseException | N
     return failure
 
 
+def request_rejoin(consumer: AIOKafkaConsumer | None) -> None:
+    """Has ``consumer`` join its group again at once, as a heartbeat answered REBALANCE_IN_PROGRESS
+    would (consumer/group_coordinator.py GroupCoordinator.request_rejoin, line 538, which its heartbeat
+    calls on that answer): after this process removed a lost member, instead of waiting out the heartbeat
+    interval to hear of its own rebalance. Called on the consumer's loop; before start, nothing."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is not None:
+        coordinator.request_rejoin()
+
+
 def positions(consumer: AIOKafkaConsumer, topic: str) -> dict[int, int | None]:
     """``consumer``'s fetch position of each assigned partition of ``topic`` (a stall's diagnosis):
     AIOKafkaConsumer._subscription (consumer.py line 341), SubscriptionState.subscription.assignment

@@ -39,6 +39,7 @@ from app.worker.batch import BatchProcessor
 from app.worker.commit import Commit
 from app.worker.consumer import commit_due, fetch_min_bytes
 from app.worker.exits import FAILED_EXIT_CODE, STALLED_EXIT_CODE, exit_for_restart
+from app.worker.peers import PeerWatch
 from app.worker.recovery import exact_highwaters
 from app.worker.shared import WorkerState
 from app.worker.takeover import Takeover
@@ -81,6 +82,11 @@ class WorkerRuntime:
         self.takeover = (Takeover(settings, app.conf.id, settings.worker_member)
                          if app.transactional_id is not None and settings.worker_member else None)
         self.taking_over: asyncio.Future[set[str]] | None = None
+        # the other workers watched, a lost one removed from the group before its session ends (peers.py)
+        self.peers = (PeerWatch(settings, app.conf.id, names(settings.namespace).workers, self.rejoin_soon,
+                                lambda result: self.metrics.peers_removed.labels(result).inc())
+                      if settings.worker_lost_after_s > 0 else None)
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- the agent ---
 
@@ -92,6 +98,15 @@ class WorkerRuntime:
     async def on_start(self) -> None:
         if self.takeover is not None:
             self.takeover.start()
+        self.loop = asyncio.get_running_loop()
+        if self.peers is not None:
+            self.peers.start()
+
+    def rejoin_soon(self) -> None:
+        """From the peers' thread, after it removed a lost worker: this worker joins again at once
+        (not at its next heartbeat), so that the rebalance that hands the partitions over starts now."""
+        if self.loop is not None and not self.app.should_stop:
+            self.loop.call_soon_threadsafe(lambda: kafka_seam.request_rejoin(self.consumer().client()))
 
     async def process(self, stream: faust.StreamT[bytes]) -> None:
         # read while the group is joined and the table recovered (the agent starts before either),
@@ -140,6 +155,8 @@ class WorkerRuntime:
     async def on_assigned(self, assigned: set[TP]) -> None:
         if self.settings.worker_instance_id:
             self.check_membership()
+        if self.peers is not None:
+            self.peers.member = kafka_seam.member_id(self.consumer().client()) or ""
         if self.takeover is not None and (self.taking_over is None or self.taking_over.done()):
             self.taking_over = asyncio.ensure_future(self.takeover.after_assignment())  # reads go on meanwhile
         mine = sorted(tp.partition for tp in assigned if tp.topic == self.raw)
@@ -155,6 +172,8 @@ class WorkerRuntime:
         self.state.assigned_generation = None
 
     async def on_stopping(self) -> None:
+        if self.peers is not None:
+            await asyncio.to_thread(self.peers.stop)
         if self.takeover is not None:
             await self.takeover.close()
         await self.producer.stop()

