@@ -98,12 +98,16 @@ class Millis:
     """Whole milliseconds in the environment, seconds in Settings."""
 
     minimum: int = 0
+    off: bool = False  # `0` accepted too (the feature off), below the minimum
 
     @property
     def accepts(self) -> str:
-        return f"whole milliseconds ≥ {self.minimum}"
+        at_least = f"whole milliseconds ≥ {self.minimum}"
+        return f"`0` (off) or {at_least}" if self.off else at_least
 
     def parse(self, raw: str) -> float:
+        if self.off and raw.strip() == "0":
+            return 0.0
         return Integer(minimum=self.minimum).parse(raw) / 1000
 
     def render(self, value: float) -> str:

@@ -171,11 +171,11 @@ class Settings:
             "broker.session.timeout.ms at least (Kafka's 9000, `orderly dev`'s 1500; a warning at start says so)")
     # The group coordinator notices a dead member only at the session's end; the workers watch each
     # other on the namespace's workers topic and remove one silent this long (app/worker/peers.py).
-    worker_lost_after_s = Setting("ORDERLY_WORKER_LOST_AFTER_MS", Millis(), 3.0,
+    worker_lost_after_s = Setting("ORDERLY_WORKER_LOST_AFTER_MS", Millis(minimum=1000, off=True), 3.0,
             "a worker whose alive records (every 250 ms, on `<namespace>.workers`) stop this long while the "
             "others' go on is removed from the group by them, and its partitions move at once instead of "
             "after ORDERLY_SESSION_TIMEOUT_MS (`0`: off). A live worker paused longer (its whole process "
-            "stopped) is removed too, and restarts")
+            "stopped) is removed too, and restarts; under a second, a few missed records would remove live ones")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",

@@ -57,8 +57,9 @@ def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
             return st.integers(min_value=minimum, max_value=10**12).map(str)
         case Number():
             return st.floats(min_value=0, exclude_min=True, allow_infinity=False).map(repr)
-        case Millis(minimum=minimum):
-            return st.integers(min_value=minimum, max_value=10**9).map(str)
+        case Millis(minimum=minimum, off=off):
+            some = st.integers(min_value=minimum, max_value=10**9).map(str)
+            return st.one_of(st.just("0"), some) if off else some
         case Names(known=known):
             return st.lists(st.sampled_from(tuple(known())), min_size=1, unique=True).map(", ".join)
         case Choice(choices=choices):
@@ -172,6 +173,17 @@ def test_an_exactly_once_commit_interval_longer_than_half_the_transaction_timeou
     at_most = Settings.from_env({**DEV_DEFAULTS, "ORDERLY_PROCESSING_GUARANTEE": "exactly_once",
                                  variable: str(TRANSACTION_TIMEOUT_S / 2)})
     assert at_most.worker_busy_commit_interval_s == TRANSACTION_TIMEOUT_S / 2
+
+
+@pytest.mark.parametrize(("given", "refused"), [("0", False), ("1", True), ("999", True), ("1000", False),
+                                               ("3000", False)])
+def test_a_lost_worker_is_judged_on_a_silence_of_a_second_at_least_or_never(given: str, refused: bool) -> None:
+    env = {**DEV_DEFAULTS, "ORDERLY_WORKER_LOST_AFTER_MS": given}
+    if refused:
+        with pytest.raises(SettingsError, match=r"ORDERLY_WORKER_LOST_AFTER_MS.*below 1000"):
+            Settings.from_env(env)
+    else:
+        assert Settings.from_env(env).worker_lost_after_s == int(given) / 1000
 
 
 def test_milliseconds_are_seconds_in_settings() -> None:
