@@ -43,8 +43,9 @@ from app.setting_kinds import (
 from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN.md §3.1)
 
 # exactly-once: the broker aborts a worker's transaction open this long (app/seams/faust/producer.py;
-# Kafka's default is 60 s, Kafka Streams' 10): a worker lost for good holds its partitions that long
-# (plus the broker's scan for them, transaction.abort.timed.out.transaction.cleanup.interval.ms). A
+# Kafka's default is 60 s, Kafka Streams' 10): the backstop when the worker taking a lost one's partitions
+# over cannot abort its transaction itself (app/worker/takeover.py), plus the broker's scan for them
+# (transaction.abort.timed.out.transaction.cleanup.interval.ms). A
 # transaction lasts one commit interval (0.3 s busy); 4 s also outlasts a broker's loss, whose partitions
 # wait for new leaders for the cluster's 1.5 s broker session (app/stack/kafka.py) while it is open.
 TRANSACTION_TIMEOUT_S = 4.0
@@ -165,7 +166,8 @@ class Settings:
     # group.min.session.timeout.ms (6 s by default): INVALID_SESSION_TIMEOUT (docs/production.md).
     session_timeout_s = Setting("ORDERLY_SESSION_TIMEOUT_MS", Millis(minimum=1000), 10.0,
             "the consumer groups' session (worker, projector, effects, fetcher, sinks): a process that "
-            "died without leaving (kill -9, a lost machine) holds its partitions this long; heartbeats go "
+            "died without leaving (kill -9, a lost machine) holds its partitions this long (a worker: until the "
+            "others remove it, ORDERLY_WORKER_LOST_AFTER_MS); heartbeats go "
             "every sixth of it. The brokers' group.min.session.timeout.ms must allow it "
             "(Kafka's default is 6000; `orderly dev` sets 1000), and it should be twice their "
             "broker.session.timeout.ms at least (Kafka's 9000, `orderly dev`'s 1500; a warning at start says so)")
@@ -174,16 +176,18 @@ class Settings:
     worker_lost_after_s = Setting("ORDERLY_WORKER_LOST_AFTER_MS", Millis(minimum=1000, off=True), 3.0,
             "a worker whose alive records (every 250 ms, on `<namespace>.workers`) stop this long while the "
             "others' go on is removed from the group by them, and its partitions move at once instead of "
-            "after ORDERLY_SESSION_TIMEOUT_MS (`0`: off). A live worker paused longer (its whole process "
-            "stopped) is removed too, and restarts; under a second, a few missed records would remove live ones")
+            "after ORDERLY_SESSION_TIMEOUT_MS (`0`: off). A worker stopping cleanly says so and is left to the "
+            "session; one paused longer (its whole process stopped) is removed too, and joins again (a static one "
+            "restarts); under a second, a few missed records would remove live ones")
     # Kafka's static membership (KIP-345): a worker that comes back under its id within the session
     # timeout gets its partitions back at once, instead of the group waiting out the dead member.
     worker_instance_id = Setting("ORDERLY_WORKER_INSTANCE_ID",
             Maybe(Text(r"[A-Za-z0-9._{}-]{1,200}", "ASCII letters, digits, '.', '_', '-' and {hostname}")), None,
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
             "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
-            "restarted worker takes its partitions back at once instead of after the session; a worker "
-            "stopped for good holds them for ORDERLY_SESSION_TIMEOUT_MS. With exactly-once it also names the worker's "
+            "restarted worker takes its partitions back at once instead of after a rebalance; a worker "
+            "stopped cleanly holds them for ORDERLY_SESSION_TIMEOUT_MS, one lost for ORDERLY_WORKER_LOST_AFTER_MS. "
+            "With exactly-once it also names the worker's "
             "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
             "one transaction per commit instead of one per partition (docs/architecture.md)")
     instance_id = Setting("ORDERLY_INSTANCE_ID",

@@ -329,10 +329,12 @@ def request_rejoin(consumer: AIOKafkaConsumer | None) -> None:
     """Has ``consumer`` join its group again at once, as a heartbeat answered REBALANCE_IN_PROGRESS
     would (consumer/group_coordinator.py GroupCoordinator.request_rejoin, line 538, which its heartbeat
     calls on that answer): after this process removed a lost member, instead of waiting out the heartbeat
-    interval to hear of its own rebalance. Called on the consumer's loop; before start, nothing."""
+    interval to hear of the rebalance. From any thread: Faust runs aiokafka's consumer on a loop of its
+    own, so the call is scheduled on the loop of the coordinator's _rejoin_needed_fut (line 269), the
+    loop its coordination task waits on. Before start, nothing."""
     coordinator = getattr(consumer, "_coordinator", None)
     if coordinator is not None:
-        coordinator.request_rejoin()
+        coordinator._rejoin_needed_fut.get_loop().call_soon_threadsafe(coordinator.request_rejoin)
 
 
 def positions(consumer: AIOKafkaConsumer, topic: str) -> dict[int, int | None]:

@@ -18,6 +18,8 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 
 UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID = 25, 82
+# what a broker without LeaveGroup version 3 (before Kafka 2.4) makes the request raise
+UNSUPPORTED = (Errors.IncompatibleBrokerVersion, Errors.UnsupportedVersionError)
 
 
 class LeaveGroupResponse_v3(Response):  # type: ignore[misc]  # aiokafka's protocol classes are untyped

@@ -21,10 +21,13 @@ What keeps a live worker in:
   for nobody: every peer's silence starts again where its own records resume;
 - only a member id a worker published itself is removed: a worker restarted under its static id
   joins under a new one, which the coordinator will not let a stale removal touch
-  (FENCED_INSTANCE_ID); a worker of a release without this watch is never removed by it.
-A live worker removed all the same (its process stopped longer than the setting, a VM paused) finds
-itself a new member at its next join and exits for its supervisor to restart it, as after a session
-expiry: a restart, never a wrong decision.
+  (FENCED_INSTANCE_ID); a worker of a release without this watch is never removed by it;
+- a worker that stops cleanly says so last: it is left to its session (a static one restarted
+  within it takes its partitions back without a rebalance; a dynamic one leaves by itself).
+A live worker removed all the same (its process stopped longer than the setting, a VM paused) rejoins
+as a new member: a static one then exits for its supervisor to restart it, as after a session
+expiry. A restart, never a wrong decision. Only workers should be able to write the topic (an ACL):
+a record naming a live member and then falling silent would have it removed.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ from app.waits import within
 log = logging.getLogger("orderly.worker")
 ALIVE_EVERY_S = 0.25  # how often a worker appends its record
 STEADY_MS = 1000  # a gap this long between a worker's own records is a pause of its view, not a peer's death
-FORGET_MS = 60_000  # a peer silent this long is forgotten (removed or gone long ago)
+FORGET_MS = 60_000  # a peer silent this long (or ten times the setting) is forgotten
 LOG_APPEND_TIME = 1  # a record's timestamp type: the broker's clock (the topic's message.timestamp.type)
 MAX_RECORD_BYTES = 1024  # a larger record on the topic is not a worker's: ignored
-REMOVE_TIMEOUT_S = 5.0  # a removal that takes longer is tried again at the next look
-START_RETRY_S = 2.0  # the clients' start tried again this often while Kafka does not answer
+MAX_PEERS = 1000  # workers remembered at once; records of further keys are ignored until some are forgotten
+REMOVE_TIMEOUT_S = 5.0  # a removal that takes longer is tried again after the setting
+RETRY_S = 1.0  # the watch's clients made again this long after they failed
+READ_WAIT_MS = 250  # a read of the topic returns after this at the latest
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Peer:
     member: str  # its member id in the group ('' before its first join)
     instance: str | None  # its static instance id (None: a dynamic member)
     at: int
+    stopping: bool = False  # its last record said it stops cleanly: left to its session
 
 
 class PeerView:
@@ -72,11 +78,13 @@ class PeerView:
     def __init__(self, own_key: str, lost_after_ms: int) -> None:
         self.own_key = own_key
         self.lost_after_ms = lost_after_ms
+        self.forget_ms = max(FORGET_MS, 10 * lost_after_ms)
         self.own_at: int | None = None  # the broker time of this worker's last record read
         self.peers: dict[str, Peer] = {}
         self.tried: dict[str, str] = {}  # key -> the member id removed (never twice)
+        self.not_before: dict[str, int] = {}  # key -> own time before which a failed removal is not tried again
 
-    def saw(self, key: str, member: str, instance: str | None, at: int) -> None:
+    def saw(self, key: str, member: str, instance: str | None, at: int, stopping: bool = False) -> None:
         if key == self.own_key:
             if self.own_at is not None and at - self.own_at > STEADY_MS:
                 # this worker's own records paused: no peer's silence before now is evidence
@@ -84,9 +92,18 @@ class PeerView:
                     peer.at = max(peer.at, at)
             self.own_at = at if self.own_at is None else max(self.own_at, at)
             return
+        if instance is not None and key != instance:
+            return  # a static worker's records are keyed by its instance id: not a worker's record
         known = self.peers.get(key)
+        if known is None and len(self.peers) >= MAX_PEERS:
+            return  # a flood of keys (not workers: a group has as many as partitions, at most) stays bounded
+        if member and (known is None or known.member != member) and self._claimed(member, key):
+            return  # another key already speaks for this member: not its record
         if known is None or at >= known.at:
-            self.peers[key] = Peer(member, instance, at)
+            self.peers[key] = Peer(member, instance, at, stopping)
+
+    def _claimed(self, member: str, key: str) -> bool:
+        return any(peer.member == member and other != key for other, peer in self.peers.items())
 
     def lost(self) -> list[tuple[str, Peer]]:
         """The peers silent past the setting, each member id once; peers silent long past it forgotten."""
@@ -95,19 +112,25 @@ class PeerView:
         found = []
         for key, peer in list(self.peers.items()):
             silent = self.own_at - peer.at
-            if silent > FORGET_MS:
+            if silent > self.forget_ms:
                 del self.peers[key]
                 self.tried.pop(key, None)
-            elif silent > self.lost_after_ms and peer.member and self.tried.get(key) != peer.member:
+                self.not_before.pop(key, None)
+            elif (silent > self.lost_after_ms and peer.member and not peer.stopping
+                  and self.tried.get(key) != peer.member and self.not_before.get(key, self.own_at - 1) < self.own_at):
                 found.append((key, peer))
         return found
 
     def removing(self, key: str, member: str) -> None:
         self.tried[key] = member
 
+    def failed(self, key: str) -> None:
+        """A removal that failed is tried again after the setting, not at every look."""
+        self.not_before[key] = (self.own_at or 0) + self.lost_after_ms
 
-def parse(value: bytes | None, group: str) -> tuple[str, str | None] | None:
-    """A record's (member id, instance id), or None if it is not a record of ``group``'s workers."""
+
+def parse(value: bytes | None, group: str) -> tuple[str, str | None, bool] | None:
+    """A record's (member id, instance id, stopping), or None if it is not a record of ``group``'s workers."""
     if value is None or len(value) > MAX_RECORD_BYTES:
         return None
     try:
@@ -116,10 +139,11 @@ def parse(value: bytes | None, group: str) -> tuple[str, str | None] | None:
         return None
     if not isinstance(body, dict) or body.get("group") != group:
         return None
-    member, instance = body.get("member"), body.get("instance")
-    if not isinstance(member, str) or not (instance is None or isinstance(instance, str)):
+    member, instance, stopping = body.get("member"), body.get("instance"), body.get("stopping", False)
+    if not isinstance(member, str) or not (instance is None or isinstance(instance, str)) \
+            or not isinstance(stopping, bool):
         return None
-    return member, instance
+    return member, instance, stopping
 
 
 class PeerWatch:
@@ -132,7 +156,8 @@ class PeerWatch:
         self.topic = topic
         self.instance = settings.worker_member
         self.key = self.instance or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.view = PeerView(self.key, round(settings.worker_lost_after_s * 1000))
+        self.lost_after_ms = round(settings.worker_lost_after_s * 1000)
+        self.view = PeerView(self.key, self.lost_after_ms)
         self.member = ""  # set by the worker's loop at each assignment
         self.on_removed = on_removed  # called from this thread after a removal (the worker rejoins)
         self.removed = removed  # a removal's outcome, for the metric
@@ -140,54 +165,66 @@ class PeerWatch:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping: asyncio.Event | None = None
         self.warned_clock = False
+        self.can_remove = True
+        self.own_seen = time.monotonic()  # when this worker last read one of its own records back
+        self.warned_own = False
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="orderly-peers", daemon=True)
         self.thread.start()
 
     def stop(self, timeout: float = 3.0) -> None:
+        """Says this worker stops (it is then left to its session) and ends the thread."""
+        if self.thread is None or not self.thread.is_alive():
+            return
         if self.loop is not None and self.stopping is not None:
-            self.loop.call_soon_threadsafe(self.stopping.set)
-        if self.thread is not None:
-            self.thread.join(timeout)
+            try:
+                self.loop.call_soon_threadsafe(self.stopping.set)
+            except RuntimeError:  # its loop just closed
+                return
+        self.thread.join(timeout)
 
     def _run(self) -> None:
         loop = self.loop = asyncio.new_event_loop()
+        self.stopping = asyncio.Event()
         try:
             loop.run_until_complete(self._main())
-        except Exception:  # the watch is a speed-up: the session still expels a lost worker
-            log.exception("the watch of the other workers ended; a lost worker's partitions wait for the session")
         finally:
             loop.close()
 
     async def _main(self) -> None:
-        self.stopping = asyncio.Event()
+        """Sessions of the two clients, new ones after a failure, until the worker stops."""
+        assert self.stopping is not None
+        while not self.stopping.is_set():
+            try:
+                await self._session()
+            except Exception as exc:  # a speed-up: meanwhile the session still expels a lost worker
+                log.warning("the watch of the other workers failed (%r); it starts again in %g s", exc, RETRY_S)
+                await self._stopped_within(RETRY_S)
+
+    async def _session(self) -> None:
         options = client_options(self.settings)
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1, **options)
+        # a request stuck on one connection must not silence this worker for the others: retried soon
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1,
+                                    request_timeout_ms=max(1000, self.lost_after_ms // 3), **options)
         consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
                                     fetch_max_wait_ms=100, **options)
+        alive: asyncio.Future[None] | None = None
         try:
-            while not await self._started(producer, consumer):
-                if await self._stopped_within(START_RETRY_S):
-                    return
+            await within(asyncio.gather(producer.start(), consumer.start()), 10.0)
+            log.info("watching the other workers on %s: one silent for %g s is removed from the group",
+                     self.topic, self.lost_after_ms / 1000)
+            alive = asyncio.ensure_future(self._say_alive(producer))
             tp = TopicPartition(self.topic, 0)
             consumer.assign([tp])
             await self._seek_back(consumer, tp)
-            alive = asyncio.ensure_future(self._say_alive(producer))
-            try:
-                await self._watch(producer, consumer, tp)
-            finally:
-                alive.cancel()
+            await self._watch(producer, consumer, tp)
+            alive.cancel()
+            await self._say_stopping(producer)
         finally:
+            if alive is not None:
+                alive.cancel()
             await asyncio.gather(producer.stop(), consumer.stop(), return_exceptions=True)
-
-    async def _started(self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer) -> bool:
-        try:
-            await within(asyncio.gather(producer.start(), consumer.start()), 10.0)
-            return True
-        except Exception as exc:
-            log.info("the watch of the other workers waits for Kafka (%r)", exc)
-            return False
 
     @staticmethod
     async def _seek_back(consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
@@ -208,24 +245,46 @@ class PeerWatch:
             return False
         return True
 
+    def _record(self, stopping: bool = False) -> bytes:
+        body = {"group": self.group, "member": self.member, "instance": self.instance}
+        return orjson.dumps({**body, "stopping": True} if stopping else body)
+
     async def _say_alive(self, producer: AIOKafkaProducer) -> None:
         key = self.key.encode()
         while True:
-            value = orjson.dumps({"group": self.group, "member": self.member, "instance": self.instance})
             try:
-                await producer.send(self.topic, value, key=key, partition=0)  # queued; not awaited further
+                await producer.send(self.topic, self._record(), key=key, partition=0)  # queued, not awaited
             except Exception as exc:
-                log.debug("alive record not sent: %r", exc)
+                log.info("alive record not sent: %r", exc)
             await asyncio.sleep(ALIVE_EVERY_S)
+
+    async def _say_stopping(self, producer: AIOKafkaProducer) -> None:
+        try:
+            await within(producer.send_and_wait(self.topic, self._record(stopping=True), key=self.key.encode(),
+                                                partition=0), 2.0)
+        except Exception as exc:  # the others then remove it after the setting, as a lost one
+            log.info("the record that this worker stops was not sent (%r)", exc)
 
     async def _watch(self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
         assert self.stopping is not None
         while not self.stopping.is_set():
-            batches = await consumer.getmany(tp, timeout_ms=500)
+            batches = await consumer.getmany(tp, timeout_ms=READ_WAIT_MS)
+            own_before = self.view.own_at
             for record in batches.get(tp, []):
                 self._read(record.key, record.value, record.timestamp, record.timestamp_type)
-            for key, peer in self.view.lost():
+            self._check_own(own_before)
+            for key, peer in self.view.lost() if self.can_remove else []:
                 await self._remove(producer, key, peer)
+
+    def _check_own(self, before: int | None) -> None:
+        """A worker that does not read its own records back may be removed by the others: said once."""
+        now = time.monotonic()
+        if self.view.own_at != before:
+            self.own_seen, self.warned_own = now, False
+        elif not self.warned_own and now - self.own_seen > self.lost_after_ms / 1000:
+            self.warned_own = True
+            log.warning("this worker has not read its own alive record on %s for %.1f s: the other workers may "
+                        "remove it from the group (it then joins again)", self.topic, now - self.own_seen)
 
     def _read(self, key: bytes | None, value: bytes | None, at: int, timestamp_type: int) -> None:
         said = parse(value, self.group)
@@ -234,20 +293,27 @@ class PeerWatch:
         if timestamp_type != LOG_APPEND_TIME:  # producers' clocks are not one clock: no judgement from them
             if not self.warned_clock:
                 self.warned_clock = True
-                log.warning("topic %s does not stamp records with the broker's time (message.timestamp.type="
-                            "LogAppendTime): lost workers are not removed before their session ends; run "
-                            "`orderly topics` to set it (docs/production.md#scaling-out)", self.topic)
+                log.warning("topic %s does not stamp records with the broker's time: lost workers are left to "
+                            "their session; set its message.timestamp.type=LogAppendTime (kafka-configs --alter) "
+                            "or delete it for the next start to create it (docs/production.md#scaling-out)",
+                            self.topic)
             return
-        self.view.saw(key.decode("utf-8", "replace"), *said, at)
+        self.view.saw(key.decode("utf-8", "replace"), *said[:2], at, said[2])
 
     async def _remove(self, producer: AIOKafkaProducer, key: str, peer: Peer) -> None:
         silent = (self.view.own_at or peer.at) - peer.at
         try:
             answers = await within(aiokafka_groups.remove_members(producer.client, self.group,
-                                                             [(peer.member, peer.instance)]), REMOVE_TIMEOUT_S)
-        except Exception as exc:  # tried again at the next look
+                                                                   [(peer.member, peer.instance)]), REMOVE_TIMEOUT_S)
+        except aiokafka_groups.UNSUPPORTED as exc:
+            self.can_remove = False
+            log.error("the brokers do not take LeaveGroup version 3 (Kafka 2.4+) (%r): lost workers are left to "
+                      "their session", exc)
+            return
+        except Exception as exc:  # tried again after the setting
             log.warning("worker %s has said nothing for %.1f s, but removing it from group %s failed (%r)",
                         key, silent / 1000, self.group, exc)
+            self.view.failed(key)
             self.removed("failed")
             return
         self.view.removing(key, peer.member)
@@ -258,7 +324,9 @@ class PeerWatch:
                         silent / 1000, self.group, self.settings.session_timeout_s)
             self.removed("removed")
             self.on_removed()
-        else:  # gone already (a clean leave, another worker removed it) or back under a new member id
-            log.info("worker %s has said nothing for %.1f s and is no longer member %s of group %s (error %s)",
-                     key, silent / 1000, peer.member, self.group, error)
-            self.removed("not_a_member")
+            return
+        log.info("worker %s has said nothing for %.1f s and is no longer member %s of group %s (error %s)",
+                 key, silent / 1000, peer.member, self.group, error)
+        self.removed("not_a_member")
+        if error == aiokafka_groups.UNKNOWN_MEMBER_ID and silent < self.settings.session_timeout_s * 1000:
+            self.on_removed()  # another worker removed it just now: join the rebalance at once too

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -26,7 +27,7 @@ from app.stack.process import free_port
 from app.worker.exits import FAILED_EXIT_CODE
 from tests.pg_events import deposit
 from tests.pipeline import Pipeline, Running, running_pipeline
-from tests.support import decided_at, make_settings
+from tests.support import decided_at, make_settings, read_topic
 from topics.catalog import names
 
 # The group's session (ORDERLY_SESSION_TIMEOUT_MS' default). A lost worker's partitions decided well
@@ -113,10 +114,16 @@ async def test_rebalances_of_a_static_group_end_no_worker(kafka: KafkaBroker, po
     try:
         await _until(pipeline, lambda: assigned("worker") >= 1, "worker assigned")
         pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
-        await _until(pipeline, lambda: assigned("worker2") >= 1 and assigned("worker") >= 2, "worker2 joined")
+        await _until(pipeline, lambda: assigned("worker2") >= 1 and assigned("worker") >= 2
+                     and "watching the other workers" in pipeline.log("worker2"), "worker2 joined")
         pipeline.terminate("worker2")  # for good: a static member leaves no group, its session expires
         before = assigned("worker")
         await _until(pipeline, lambda: assigned("worker") > before, "worker2's partitions back to worker")
+        # a clean stop said so on the workers topic: left to its session, not removed as a lost worker
+        said = [orjson.loads(r.value) for r in await read_topic(kafka.bootstrap, names(settings.namespace).workers)
+                if r.key == b"worker2"]
+        assert said and said[-1].get("stopping") is True, said[-3:]
+        assert "removed from group" not in pipeline.log("worker"), pipeline.log("worker")[-3000:]
         pipeline.start("worker2", "worker", ORDERLY_DATA_DIR=str(tmp_path / "two"))
         await _until(pipeline, lambda: assigned("worker2") >= 2, "worker2 joined again")
         pipeline.kill("worker")

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.seams.aiokafka_groups import LeaveGroupResponse_v3, RemoveMembersRequest
-from app.worker.peers import FORGET_MS, MAX_RECORD_BYTES, STEADY_MS, PeerView, parse
+from app.worker.peers import FORGET_MS, MAX_PEERS, MAX_RECORD_BYTES, STEADY_MS, PeerView, parse
 
 LOST_AFTER = 3000
 EVERY = 250  # ms between a worker's records
@@ -123,13 +123,65 @@ def test_a_peer_silent_long_past_the_setting_is_forgotten() -> None:
     assert v.peers == {} and v.tried == {}
 
 
+def test_a_flood_of_keys_is_remembered_up_to_a_bound_and_the_known_ones_still_count() -> None:
+    v = view()
+    v.saw("peer", "m-1", "peer", 0)
+    for i in range(3 * MAX_PEERS):
+        v.saw(f"flood-{i}", f"m-flood-{i}", None, 0)
+    assert len(v.peers) == MAX_PEERS and "peer" in v.peers
+    v.saw("peer", "m-1", "peer", 100)
+    assert v.peers["peer"].at == 100
+
+
+def test_a_worker_that_said_it_stops_is_left_to_its_session() -> None:
+    v = view()
+    v.saw("peer", "m-1", "peer", 0, stopping=True)
+    steady(v, 0, 3 * LOST_AFTER)
+    assert v.lost() == []
+    v.saw("peer", "", "peer", 3 * LOST_AFTER)  # started again under its id
+    v.saw("peer", "m-2", "peer", 3 * LOST_AFTER + 500)
+    steady(v, 3 * LOST_AFTER, 4 * LOST_AFTER + 501)
+    assert [(k, p.member) for k, p in v.lost()] == [("peer", "m-2")]  # lost this time: no word of stopping
+
+
+def test_a_record_under_another_key_than_its_instance_or_for_a_member_another_key_speaks_for_is_not_read() -> None:
+    v = view()
+    v.saw("forged", "m-1", "peer", 0)  # a static worker's records are keyed by its instance id
+    v.saw("peer", "m-1", "peer", 0)
+    v.saw("forged-2", "m-1", None, 100)  # m-1 is the peer's
+    assert set(v.peers) == {"peer"}
+    steady(v, 0, LOST_AFTER + 1)
+    assert [k for k, _ in v.lost()] == ["peer"]
+
+
+def test_a_failed_removal_is_tried_again_after_the_setting_not_at_every_look() -> None:
+    v = view()
+    v.saw("peer", "m-1", "peer", 0)
+    steady(v, 0, LOST_AFTER + 1)
+    [(key, _)] = v.lost()
+    v.failed(key)
+    steady(v, LOST_AFTER + 1, 2 * LOST_AFTER + 1)
+    assert v.lost() == []
+    steady(v, 2 * LOST_AFTER + 1, 2 * LOST_AFTER + 2)
+    assert [k for k, _ in v.lost()] == ["peer"]
+
+
+def test_a_long_setting_is_not_outlasted_by_forgetting() -> None:
+    v = PeerView("me", 2 * FORGET_MS)
+    v.saw("peer", "m-1", "peer", 0)
+    steady(v, 0, 2 * FORGET_MS + 1)
+    assert [k for k, _ in v.lost()] == ["peer"]
+
+
 def record(**body: object) -> bytes:
     return orjson.dumps({"group": "g", "member": "m-1", "instance": "w-1", **body})
 
 
 def test_only_a_record_of_the_group_with_its_fields_is_read() -> None:
-    assert parse(record(), "g") == ("m-1", "w-1")
-    assert parse(record(instance=None), "g") == ("m-1", None)
+    assert parse(record(), "g") == ("m-1", "w-1", False)
+    assert parse(record(instance=None), "g") == ("m-1", None, False)
+    assert parse(record(stopping=True), "g") == ("m-1", "w-1", True)
+    assert parse(record(stopping="yes"), "g") is None
     assert parse(record(), "other") is None
     assert parse(record(member=7), "g") is None
     assert parse(record(instance=["w"]), "g") is None
@@ -142,7 +194,8 @@ def test_only_a_record_of_the_group_with_its_fields_is_read() -> None:
 @given(st.binary(max_size=2 * MAX_RECORD_BYTES))
 def test_no_bytes_on_the_topic_make_the_reader_raise(value: bytes) -> None:
     found = parse(value, "g")
-    assert found is None or (isinstance(found[0], str) and (found[1] is None or isinstance(found[1], str)))
+    assert found is None or (isinstance(found[0], str) and (found[1] is None or isinstance(found[1], str))
+                             and isinstance(found[2], bool))
 
 
 def kafka_string(text: str | None) -> bytes:

@@ -64,6 +64,7 @@ def test_each_private_method_relied_on_has_its_signature(owner: type, method: st
     (group_coordinator.GroupCoordinator, "__init__", "_coordination_task"),
     (group_coordinator.GroupCoordinator, "__init__", "generation"),
     (group_coordinator.GroupCoordinator, "__init__", "member_id"),
+    (group_coordinator.GroupCoordinator, "__init__", "_rejoin_needed_fut"),
     (aiokafka_producer.AIOKafkaProducer, "__init__", "_txn_manager"),
     (transaction_manager.TransactionManager, "__init__", "_pending_txn_partitions"),
     (transaction_manager.TransactionManager, "__init__", "_pending_txn_offsets"),
