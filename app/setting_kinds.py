@@ -102,13 +102,10 @@ class Millis:
 
     @property
     def accepts(self) -> str:
-        at_least = f"whole milliseconds ≥ {self.minimum}"
-        return f"`0` (off) or {at_least}" if self.off else at_least
+        return ("`0` (off) or " if self.off else "") + f"whole milliseconds ≥ {self.minimum}"
 
     def parse(self, raw: str) -> float:
-        if self.off and raw.strip() == "0":
-            return 0.0
-        return Integer(minimum=self.minimum).parse(raw) / 1000
+        return 0.0 if self.off and raw.strip() == "0" else Integer(minimum=self.minimum).parse(raw) / 1000
 
     def render(self, value: float) -> str:
         return str(round(value * 1000))
