@@ -186,7 +186,8 @@ class Settings:
             "this worker's static member id in its consumer group, unique per worker (`orderly dev` sets "
             "`worker-1`, `worker-2`, …; `{hostname}` stands for the host's name, e.g. a container's): a "
             "restarted worker takes its partitions back at once instead of after a rebalance; a worker "
-            "stopped cleanly holds them for ORDERLY_SESSION_TIMEOUT_MS, one lost for ORDERLY_WORKER_LOST_AFTER_MS. "
+            "stopped cleanly holds them for ORDERLY_SESSION_TIMEOUT_MS, one lost for ORDERLY_WORKER_LOST_AFTER_MS "
+            "(the session when that is `0`). "
             "With exactly-once it also names the worker's "
             "transactional producer (`<namespace>-worker-worker-<id>`), which commits all its partitions in "
             "one transaction per commit instead of one per partition (docs/architecture.md)")

@@ -325,16 +325,24 @@ def coordination_failure(consumer: AIOKafkaConsumer | None) -> BaseException | N
     return failure
 
 
-def request_rejoin(consumer: AIOKafkaConsumer | None) -> None:
+def request_rejoin(consumer: AIOKafkaConsumer | None, generation: int) -> None:
     """Has ``consumer`` join its group again at once, as a heartbeat answered REBALANCE_IN_PROGRESS
     would (consumer/group_coordinator.py GroupCoordinator.request_rejoin, line 538, which its heartbeat
     calls on that answer): after this process removed a lost member, instead of waiting out the heartbeat
-    interval to hear of the rebalance. From any thread: Faust runs aiokafka's consumer on a loop of its
-    own, so the call is scheduled on the loop of the coordinator's _rejoin_needed_fut (line 269), the
-    loop its coordination task waits on. Before start, nothing."""
+    interval to hear of the rebalance; not if the group moved past ``generation`` meanwhile (that
+    rebalance is over: another join would only start one more). From any thread: Faust runs aiokafka's
+    consumer on a loop of its own, so the call is scheduled on the loop of the coordinator's
+    _rejoin_needed_fut (line 269, made again on the same loop at line 1443), which its coordination task
+    waits on. Before start, nothing."""
     coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is not None:
-        coordinator._rejoin_needed_fut.get_loop().call_soon_threadsafe(coordinator.request_rejoin)
+    if coordinator is None:
+        return
+
+    def rejoin() -> None:
+        if coordinator.generation == generation:
+            coordinator.request_rejoin()
+
+    coordinator._rejoin_needed_fut.get_loop().call_soon_threadsafe(rejoin)
 
 
 def positions(consumer: AIOKafkaConsumer, topic: str) -> dict[int, int | None]:

@@ -40,12 +40,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from app.kafka_client import client_options
+from app.seams import aiokafka as kafka_seam
 from app.seams import aiokafka_groups
 from app.settings import Settings
 from app.waits import within
@@ -57,7 +59,8 @@ FORGET_MS = 60_000  # a peer silent this long (or ten times the setting) is forg
 LOG_APPEND_TIME = 1  # a record's timestamp type: the broker's clock (the topic's message.timestamp.type)
 MAX_RECORD_BYTES = 1024  # a larger record on the topic is not a worker's: ignored
 MAX_PEERS = 1000  # workers remembered at once; records of further keys are ignored until some are forgotten
-REMOVE_TIMEOUT_S = 5.0  # a removal that takes longer is tried again after the setting
+REMOVE_TIMEOUT_S = 2.0  # a removal that takes longer is tried again after the setting
+STOP_WAIT_S = 5.0  # a stop waits this long for the thread to say so and end (a removal under way, its record)
 RETRY_S = 1.0  # the watch's clients made again this long after they failed
 READ_WAIT_MS = 250  # a read of the topic returns after this at the latest
 
@@ -68,8 +71,13 @@ class Peer:
 
     member: str  # its member id in the group ('' before its first join)
     instance: str | None  # its static instance id (None: a dynamic member)
-    at: int
+    at: int  # from when its silence counts (its last record, or later when this worker's own paused)
     stopping: bool = False  # its last record said it stops cleanly: left to its session
+    heard: int = field(default=-1)  # when its last record was appended (``at`` as read)
+
+    def __post_init__(self) -> None:
+        if self.heard < 0:
+            self.heard = self.at
 
 
 class PeerView:
@@ -99,8 +107,10 @@ class PeerView:
             return  # a flood of keys (not workers: a group has as many as partitions, at most) stays bounded
         if member and (known is None or known.member != member) and self._claimed(member, key):
             return  # another key already speaks for this member: not its record
-        if known is None or at >= known.at:
+        if known is None:
             self.peers[key] = Peer(member, instance, at, stopping)
+        elif at >= known.heard:
+            self.peers[key] = Peer(member, instance, max(at, known.at), stopping, heard=at)
 
     def _claimed(self, member: str, key: str) -> bool:
         return any(peer.member == member and other != key for other, peer in self.peers.items())
@@ -149,7 +159,7 @@ def parse(value: bytes | None, group: str) -> tuple[str, str | None, bool] | Non
 class PeerWatch:
     """The thread that says this worker is alive and removes the workers that stopped saying it."""
 
-    def __init__(self, settings: Settings, group: str, topic: str, on_removed: Callable[[], None],
+    def __init__(self, settings: Settings, group: str, topic: str, consumer: Callable[[], Any],
                  removed: Callable[[str], None]) -> None:
         self.settings = settings
         self.group = group
@@ -158,49 +168,61 @@ class PeerWatch:
         self.key = self.instance or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.lost_after_ms = round(settings.worker_lost_after_s * 1000)
         self.view = PeerView(self.key, self.lost_after_ms)
-        self.member = ""  # set by the worker's loop at each assignment
-        self.on_removed = on_removed  # called from this thread after a removal (the worker rejoins)
+        self.consumer = consumer  # aiokafka's consumer of the worker (None before it exists)
         self.removed = removed  # a removal's outcome, for the metric
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.stopping: asyncio.Event | None = None
+        self.stopping = asyncio.Event()  # set through self.loop from the worker's thread
+        self.said_stopping = False
         self.warned_clock = False
         self.can_remove = True
         self.own_seen = time.monotonic()  # when this worker last read one of its own records back
         self.warned_own = False
 
     def start(self) -> None:
+        self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="orderly-peers", daemon=True)
         self.thread.start()
 
-    def stop(self, timeout: float = 3.0) -> None:
+    def stop(self, timeout: float = STOP_WAIT_S) -> None:
         """Says this worker stops (it is then left to its session) and ends the thread."""
-        if self.thread is None or not self.thread.is_alive():
+        if self.thread is None or self.loop is None or not self.thread.is_alive():
             return
-        if self.loop is not None and self.stopping is not None:
-            try:
-                self.loop.call_soon_threadsafe(self.stopping.set)
-            except RuntimeError:  # its loop just closed
-                return
+        try:
+            self.loop.call_soon_threadsafe(self.stopping.set)
+        except RuntimeError:  # its loop just closed
+            return
         self.thread.join(timeout)
 
     def _run(self) -> None:
-        loop = self.loop = asyncio.new_event_loop()
-        self.stopping = asyncio.Event()
+        assert self.loop is not None
         try:
-            loop.run_until_complete(self._main())
+            while not self.stopping.is_set():
+                try:
+                    self.loop.run_until_complete(self._main())
+                except BaseException as exc:  # nothing may end the watch silently: a live worker would look dead
+                    log.error("the watch of the other workers was interrupted (%r); it starts again", exc)
         finally:
-            loop.close()
+            self.loop.close()
 
     async def _main(self) -> None:
-        """Sessions of the two clients, new ones after a failure, until the worker stops."""
-        assert self.stopping is not None
+        """Sessions of the two clients, new ones after a failure, until the worker stops; then it says so."""
         while not self.stopping.is_set():
             try:
                 await self._session()
             except Exception as exc:  # a speed-up: meanwhile the session still expels a lost worker
                 log.warning("the watch of the other workers failed (%r); it starts again in %g s", exc, RETRY_S)
                 await self._stopped_within(RETRY_S)
+        if not self.said_stopping:  # stopped while its clients were away: a producer of its own for it
+            producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1,
+                                        **client_options(self.settings))
+            try:
+                await within(producer.start(), 2.0)
+                await self._say_stopping(producer)
+            except Exception as exc:
+                log.info("the record that this worker stops was not sent (%r)", exc)
+            finally:
+                await producer.stop()
 
     async def _session(self) -> None:
         options = client_options(self.settings)
@@ -238,7 +260,6 @@ class PeerWatch:
             consumer.seek(tp, at.offset)
 
     async def _stopped_within(self, seconds: float) -> bool:
-        assert self.stopping is not None
         try:
             await within(self.stopping.wait(), seconds)
         except TimeoutError:
@@ -246,7 +267,8 @@ class PeerWatch:
         return True
 
     def _record(self, stopping: bool = False) -> bytes:
-        body = {"group": self.group, "member": self.member, "instance": self.instance}
+        # the member id at each record (a worker that joined and died before its first assignment too)
+        body = {"group": self.group, "member": kafka_seam.member_id(self.consumer()) or "", "instance": self.instance}
         return orjson.dumps({**body, "stopping": True} if stopping else body)
 
     async def _say_alive(self, producer: AIOKafkaProducer) -> None:
@@ -262,11 +284,11 @@ class PeerWatch:
         try:
             await within(producer.send_and_wait(self.topic, self._record(stopping=True), key=self.key.encode(),
                                                 partition=0), 2.0)
+            self.said_stopping = True
         except Exception as exc:  # the others then remove it after the setting, as a lost one
             log.info("the record that this worker stops was not sent (%r)", exc)
 
     async def _watch(self, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
-        assert self.stopping is not None
         while not self.stopping.is_set():
             batches = await consumer.getmany(tp, timeout_ms=READ_WAIT_MS)
             own_before = self.view.own_at
@@ -274,6 +296,8 @@ class PeerWatch:
                 self._read(record.key, record.value, record.timestamp, record.timestamp_type)
             self._check_own(own_before)
             for key, peer in self.view.lost() if self.can_remove else []:
+                if self.stopping.is_set():
+                    break
                 await self._remove(producer, key, peer)
 
     def _check_own(self, before: int | None) -> None:
@@ -301,7 +325,8 @@ class PeerWatch:
         self.view.saw(key.decode("utf-8", "replace"), *said[:2], at, said[2])
 
     async def _remove(self, producer: AIOKafkaProducer, key: str, peer: Peer) -> None:
-        silent = (self.view.own_at or peer.at) - peer.at
+        silent = (self.view.own_at or peer.heard) - peer.heard  # since its last record, as said in the log
+        generation = kafka_seam.group_membership(self.consumer()).generation
         try:
             answers = await within(aiokafka_groups.remove_members(producer.client, self.group,
                                                                    [(peer.member, peer.instance)]), REMOVE_TIMEOUT_S)
@@ -323,10 +348,10 @@ class PeerWatch:
                         "partitions move now rather than when its session (%g s) ends", key, peer.member,
                         silent / 1000, self.group, self.settings.session_timeout_s)
             self.removed("removed")
-            self.on_removed()
+            kafka_seam.request_rejoin(self.consumer(), generation)  # the rebalance now, not at a heartbeat
             return
         log.info("worker %s has said nothing for %.1f s and is no longer member %s of group %s (error %s)",
                  key, silent / 1000, peer.member, self.group, error)
         self.removed("not_a_member")
         if error == aiokafka_groups.UNKNOWN_MEMBER_ID and silent < self.settings.session_timeout_s * 1000:
-            self.on_removed()  # another worker removed it just now: join the rebalance at once too
+            kafka_seam.request_rejoin(self.consumer(), generation)  # another worker removed it just now

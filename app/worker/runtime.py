@@ -83,10 +83,9 @@ class WorkerRuntime:
                          if app.transactional_id is not None and settings.worker_member else None)
         self.taking_over: asyncio.Future[set[str]] | None = None
         # the other workers watched, a lost one removed from the group before its session ends (peers.py)
-        self.peers = (PeerWatch(settings, app.conf.id, names(settings.namespace).workers, self.rejoin_soon,
+        self.peers = (PeerWatch(settings, app.conf.id, names(settings.namespace).workers, self.aiokafka_consumer,
                                 lambda result: self.metrics.peers_removed.labels(result).inc())
                       if settings.worker_lost_after_s > 0 else None)
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     # --- the agent ---
 
@@ -98,15 +97,16 @@ class WorkerRuntime:
     async def on_start(self) -> None:
         if self.takeover is not None:
             self.takeover.start()
-        self.loop = asyncio.get_running_loop()
         if self.peers is not None:
             self.peers.start()
 
-    def rejoin_soon(self) -> None:
-        """From the peers' thread, after it removed a lost worker: this worker joins again at once
-        (not at its next heartbeat), so that the rebalance that hands the partitions over starts now."""
-        if self.loop is not None and not self.app.should_stop:
-            self.loop.call_soon_threadsafe(lambda: kafka_seam.request_rejoin(self.consumer().client()))
+    def aiokafka_consumer(self) -> Any:
+        """aiokafka's consumer under Faust's (None before it exists): read by the peers' thread for the
+        member id it publishes and the rejoin after a removal (both thread-safe: app/seams/aiokafka.py)."""
+        try:
+            return self.consumer().client()
+        except Exception:
+            return None
 
     async def process(self, stream: faust.StreamT[bytes]) -> None:
         # read while the group is joined and the table recovered (the agent starts before either),
@@ -155,8 +155,6 @@ class WorkerRuntime:
     async def on_assigned(self, assigned: set[TP]) -> None:
         if self.settings.worker_instance_id:
             self.check_membership()
-        if self.peers is not None:
-            self.peers.member = kafka_seam.member_id(self.consumer().client()) or ""
         if self.takeover is not None and (self.taking_over is None or self.taking_over.done()):
             self.taking_over = asyncio.ensure_future(self.takeover.after_assignment())  # reads go on meanwhile
         mine = sorted(tp.partition for tp in assigned if tp.topic == self.raw)
@@ -190,7 +188,8 @@ class WorkerRuntime:
         if member and self.joined_as is not None and member != self.joined_as:
             exit_for_restart(FAILED_EXIT_CODE, "this worker joined its consumer group again as a new member, so its "
                              "group forgot it: another worker with ORDERLY_WORKER_INSTANCE_ID=%s took its place (each "
-                             "worker needs an id of its own), or it was away past the %g s session timeout; exiting "
+                             "worker needs an id of its own), or it was away past the %g s session timeout or "
+                             "silent past ORDERLY_WORKER_LOST_AFTER_MS (the other workers removed it); exiting "
                              "so that the supervisor restarts it", self.settings.worker_member,
                              self.app.conf.broker_session_timeout)
         if member and self.joined_as is None:

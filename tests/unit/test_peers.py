@@ -76,6 +76,16 @@ def test_a_pause_of_its_own_records_counts_for_nobody(pause: int) -> None:
     assert [key for key, _ in v.lost()] == ["peer"]
 
 
+def test_a_pause_of_its_own_records_moves_when_silence_counts_from_not_when_a_peer_was_heard() -> None:
+    v = view()
+    v.saw("me", "m-0", "me", 0)
+    v.saw("peer", "m-1", "peer", 0)
+    v.saw("me", "m-0", "me", 5000)
+    assert (v.peers["peer"].at, v.peers["peer"].heard) == (5000, 0)
+    v.saw("peer", "m-1", "peer", 5100)
+    assert (v.peers["peer"].at, v.peers["peer"].heard) == (5100, 5100)
+
+
 def test_nothing_is_lost_before_this_worker_reads_its_own_record() -> None:
     v = view()
     v.saw("peer", "m-1", "peer", 0)

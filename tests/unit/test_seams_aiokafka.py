@@ -4,9 +4,11 @@ against, and its patches are installed only when asked, once."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -122,3 +124,27 @@ async def test_the_accessors_read_an_unstarted_consumer_and_producer() -> None:
         await consumer.stop()
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", transactional_id="t-1")
     assert seam.in_transaction(producer) is False and seam.in_transaction(None) is False
+
+
+async def test_a_rejoin_is_asked_on_the_coordinators_loop_and_not_once_the_group_moved_on() -> None:
+    """From the peers' thread: scheduled on the loop the coordinator's future belongs to; skipped when
+    the generation the removal was sent in is over."""
+    loop = asyncio.get_running_loop()
+    asked: list[tuple[int, bool]] = []
+
+    class Coordinator:
+        generation = 5
+        _rejoin_needed_fut = loop.create_future()
+
+        def request_rejoin(self) -> None:
+            asked.append((self.generation, asyncio.get_running_loop() is loop))
+
+    consumer = SimpleNamespace(_coordinator=Coordinator())
+    await asyncio.to_thread(seam.request_rejoin, consumer, 5)
+    await asyncio.sleep(0.05)
+    assert asked == [(5, True)]
+    consumer._coordinator.generation = 6
+    await asyncio.to_thread(seam.request_rejoin, consumer, 5)
+    await asyncio.sleep(0.05)
+    assert asked == [(5, True)]
+    seam.request_rejoin(None, 5)  # no consumer yet: nothing
