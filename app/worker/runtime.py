@@ -82,6 +82,7 @@ class WorkerRuntime:
         self.takeover = (Takeover(settings, app.conf.id, settings.worker_member)
                          if app.transactional_id is not None and settings.worker_member else None)
         self.taking_over: asyncio.Future[set[str]] | None = None
+        self.faust_consumer: Consumer | None = None  # taken on the app's loop at its start
         # the other workers watched, a lost one removed from the group before its session ends (peers.py)
         self.peers = (PeerWatch(settings, app.conf.id, names(settings.namespace).workers, self.aiokafka_consumer,
                                 lambda result: self.metrics.peers_removed.labels(result).inc())
@@ -98,15 +99,13 @@ class WorkerRuntime:
         if self.takeover is not None:
             self.takeover.start()
         if self.peers is not None:
+            self.faust_consumer = self.consumer()  # here, on the app's loop: Faust makes it on first use
             self.peers.start()
 
     def aiokafka_consumer(self) -> Any:
         """aiokafka's consumer under Faust's (None before it exists): read by the peers' thread for the
         member id it publishes and the rejoin after a removal (both thread-safe: app/seams/aiokafka.py)."""
-        try:
-            return self.consumer().client()
-        except Exception:
-            return None
+        return None if self.faust_consumer is None else self.faust_consumer.client()
 
     async def process(self, stream: faust.StreamT[bytes]) -> None:
         # read while the group is joined and the table recovered (the agent starts before either),
