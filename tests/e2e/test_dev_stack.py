@@ -21,6 +21,7 @@ import orjson
 
 from app.settings import dev_settings
 from app.stack.process import port_is_free, spare_port
+from app.supervisor import PROCESSES
 from tests.support import admin_token, read_topic, signed_headers
 from topics.catalog import names
 
@@ -63,10 +64,12 @@ def distinct_spare_ports(count: int) -> list[int]:
 
 
 def ingest_port_apart(others: list[int]) -> int:
-    """A spare port for the ingest whose next two (its /metrics, the worker's) are free and none of ``others``."""
+    """A spare port for the ingest whose next two (its /metrics, the worker's) are free, and none of
+    whose processes' /metrics ports (the ingest's + 1, + 2, …: app/supervisor.py) is one of ``others``
+    (an admin port there: two binds of one port)."""
     while True:
         port = spare_port(span=3)
-        if not {port, port + 1, port + 2} & set(others):
+        if not set(range(port, port + len(PROCESSES) + 1)) & set(others):
             return port
 
 
