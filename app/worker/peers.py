@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -71,13 +71,9 @@ class Peer:
 
     member: str  # its member id in the group ('' before its first join)
     instance: str | None  # its static instance id (None: a dynamic member)
-    at: int  # from when its silence counts (its last record, or later when this worker's own paused)
-    stopping: bool = False  # its last record said it stops cleanly: left to its session
-    heard: int = field(default=-1)  # when its last record was appended (``at`` as read)
-
-    def __post_init__(self) -> None:
-        if self.heard < 0:
-            self.heard = self.at
+    heard: int  # when its last record was appended
+    at: int  # from when its silence counts (``heard``, or later when this worker's own records paused)
+    stopping: bool  # its last record said it stops cleanly: left to its session
 
 
 class PeerView:
@@ -107,10 +103,8 @@ class PeerView:
             return  # a flood of keys (not workers: a group has as many as partitions, at most) stays bounded
         if member and (known is None or known.member != member) and self._claimed(member, key):
             return  # another key already speaks for this member: not its record
-        if known is None:
-            self.peers[key] = Peer(member, instance, at, stopping)
-        elif at >= known.heard:
-            self.peers[key] = Peer(member, instance, max(at, known.at), stopping, heard=at)
+        if known is None or at >= known.heard:
+            self.peers[key] = Peer(member, instance, at, at if known is None else max(at, known.at), stopping)
 
     def _claimed(self, member: str, key: str) -> bool:
         return any(peer.member == member and other != key for other, peer in self.peers.items())
@@ -214,8 +208,7 @@ class PeerWatch:
                 log.warning("the watch of the other workers failed (%r); it starts again in %g s", exc, RETRY_S)
                 await self._stopped_within(RETRY_S)
         if not self.said_stopping:  # stopped while its clients were away: a producer of its own for it
-            producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1,
-                                        **client_options(self.settings))
+            producer = self._producer()
             try:
                 await within(producer.start(), 2.0)
                 await self._say_stopping(producer)
@@ -225,12 +218,9 @@ class PeerWatch:
                 await producer.stop()
 
     async def _session(self) -> None:
-        options = client_options(self.settings)
-        # a request stuck on one connection must not silence this worker for the others: retried soon
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1,
-                                    request_timeout_ms=max(1000, self.lost_after_ms // 3), **options)
+        producer = self._producer()
         consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap, enable_auto_commit=False,
-                                    fetch_max_wait_ms=100, **options)
+                                    fetch_max_wait_ms=100, **client_options(self.settings))
         alive: asyncio.Future[None] | None = None
         try:
             await within(asyncio.gather(producer.start(), consumer.start()), 10.0)
@@ -247,6 +237,11 @@ class PeerWatch:
             if alive is not None:
                 alive.cancel()
             await asyncio.gather(producer.stop(), consumer.stop(), return_exceptions=True)
+
+    def _producer(self) -> AIOKafkaProducer:
+        # a request stuck on one connection must not silence this worker for the others: retried soon
+        return AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, linger_ms=0, acks=1,
+                                request_timeout_ms=max(1000, self.lost_after_ms // 3), **client_options(self.settings))
 
     @staticmethod
     async def _seek_back(consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
