@@ -264,8 +264,10 @@ class Running:
             "SELECT status = 'settled' FROM pg_deposits WHERE pg_deposit_id = $1", dep), timeout=timeout)
         return time.monotonic() - started
 
-    async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0) -> Any:
-        """Poll PostgreSQL until ``check`` returns something truthy."""
+    async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0,
+                       until: Callable[[Any], bool] = bool) -> Any:
+        """Poll PostgreSQL until ``until`` holds of what ``check`` returns (by default: until it is truthy).
+        A list of rows that grows while projections catch up needs its own ``until`` (its full length)."""
         conn = await self.connect()
         try:
             deadline = time.monotonic() + timeout
@@ -274,7 +276,7 @@ class Running:
                 self.pipeline.restart_stalled()  # as its supervisor would
                 self.pipeline.assert_alive()
                 last = await check(conn)
-                if last:
+                if until(last):
                     return last
                 await asyncio.sleep(0.2)
             raise AssertionError(f"not reached in {timeout}s (last: {last!r})\n"

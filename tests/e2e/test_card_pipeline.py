@@ -112,7 +112,7 @@ async def test_full_refund_moves_to_refunded_and_rows_come_back_after_deletion(p
             "FROM card_payments WHERE payment_ref = $1", ref)]
         events_after = await pipe.wait_for(lambda c: c.fetch(
             "SELECT gateway_event_id, event_type, applied_at IS NOT NULL AS applied, source FROM card_events "
-            "WHERE payment_ref = $1 ORDER BY 1", ref))
+            "WHERE payment_ref = $1 ORDER BY 1", ref), until=lambda rows: len(rows) == len(events_before))
         assert after == before and [dict(r) for r in events_after] == events_before
     finally:
         await conn.close()

@@ -155,7 +155,8 @@ async def test_case_c_withdrawal_filled_out_of_order(pipe: Running) -> None:
     row = await pipe.wait_for(lambda c: c.fetchrow("SELECT * FROM pg_withdrawals WHERE pg_withdrawal_id = 'wdr_c'"))
     assert (row["filled_minor"], row["remaining_minor"], row["closed_at"] is not None) == (1_000_000, 0, True)
     fills = await pipe.wait_for(lambda c: c.fetch("SELECT leg_ref FROM pg_withdrawal_fills WHERE "
-                                                  "pg_withdrawal_id = 'wdr_c' ORDER BY leg_ref"))
+                                                  "pg_withdrawal_id = 'wdr_c' ORDER BY leg_ref"),
+                                until=lambda rows: len(rows) == 3)
     assert [f["leg_ref"] for f in fills] == ["leg_c1", "leg_c2", "leg_c3"]
     await delivered(pipe, "wdr_c", ["withdrawal:wdr_c:close_payout"])
 

@@ -75,7 +75,8 @@ def test_replay_agrees_with_live_in_every_round_of_a_correlation_race(
                     "SELECT count(*) = 0 FROM webhook_events WHERE outcome = 'parked'"))
                 balances = await pipe.wait_for(lambda c: c.fetch(
                     "SELECT user_id, sum(amount_minor) AS balance FROM ledger_entries WHERE user_id = ANY($1::text[]) "
-                    "GROUP BY user_id HAVING count(*) = 2", [f"usr_{dep}" for dep in deps]))
+                    "GROUP BY user_id HAVING count(*) = 2", [f"usr_{dep}" for dep in deps]),
+                    until=lambda rows: len(rows) == len(deps))
                 assert sorted((r["user_id"], r["balance"]) for r in balances) == sorted((f"usr_{d}", 0) for d in deps)
                 for _ in range(100):  # the merchant stub: each of the four effects once per deposit
                     if all(pipe.stub.deliveries[key] >= 1 for key in keys):
