@@ -310,11 +310,11 @@ def apply_event(state: State | None, n: Notification, d: Delivery) -> tuple[Stat
     event = event_of(item, d)
     if any(e.id == event.id for e in state.events):
         return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=item.eventCode,
-                                        payload=n.body)])
+                                        payload=n.payload)])
     psp = d.resource_key.partition(":")[2]
     if len(state.events) >= MAX_EVENTS:  # the state (one record of the changelog) stays bounded
         return numbered(state, [_decide(d, QUARANTINED, event_id=event.id, event_type=item.eventCode,
-                                        payload=n.body, error=f"originalReference: payment {psp} holds "
+                                        payload=n.payload, error=f"originalReference: payment {psp} holds "
                                         f"{MAX_EVENTS} notification items, the most one payment keeps")])
     state.events.append(event)
     reduced = reduce(state.events)
@@ -341,7 +341,7 @@ def apply_event(state: State | None, n: Notification, d: Delivery) -> tuple[Stat
     outcome = APPLIED if event.id in reduced.applied else PARKED
     decisions = [_decide(d, outcome, row=row, table=TABLE if row is not None else None, effects=effects,
                          error=reduced.why.get(event.id), event_id=event.id, event_type=item.eventCode,
-                         payload=n.body)]
+                         payload=n.payload)]
     for e in newly:  # items that were parked and apply now: their own deliveries move to "unparked"
         if e.id != event.id:
             original = Delivery(e.delivery_id, "adyen", d.resource_key, e.received_at_ms, d.seq)

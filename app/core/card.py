@@ -236,7 +236,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     for e in state.events:
         if e.id == event.id:
             return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=body.type,
-                                            sequence=event.sequence, payload=w.body)])
+                                            sequence=event.sequence, payload=w.payload)])
     state.events.append(event)
     state.currency = body.currency or state.currency
     reduced = reduce(state.events)
@@ -267,7 +267,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
     decisions = [_decide(d, outcome, row=row, table="card_payments" if newly else None, effects=effects,
                          facts=facts, event_id=event.id, event_type=body.type, sequence=event.sequence,
-                         payload=w.body)]
+                         payload=w.payload)]
     # events that were parked and apply now: their own deliveries move to "unparked"
     for e in newly:
         if e.id != event.id:

@@ -55,7 +55,7 @@ NULL = msgspec.Raw(b"null")
 
 
 class Parked(msgspec.Struct, gc=False):
-    """A change out of a terminal state waiting for its reorg: the body as orjson wrote it."""
+    """A change out of a terminal state waiting for its reorg: its body as received."""
 
     body: msgspec.Raw
     delivery: Delivery
@@ -168,11 +168,11 @@ def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
            "updated_at_ms": resource.updated_at, "snapshot": orjson.Fragment(written), "applied_seq": state.applied}
     effects = _effects(state, w.event_type, w, d)
     return decide(d, outcome, row=row, table=TABLE[resource.object], effects=effects,
-                  event_id=w.event_id, event_type=w.event_type, payload=w.body)  # _common's, spelt out: hot
+                  event_id=w.event_id, event_type=w.event_type, payload=w.payload)  # _common's, spelt out: hot
 
 
 def _common(w: Webhook) -> Common:
-    return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.body}
+    return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.payload}
 
 
 def _parked(p: Parked) -> Webhook:
@@ -209,7 +209,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     resource, event_id, event_type = w.resource, w.event_id, w.event_type
     if event_id in state.seen:
         # a redelivery, not a transition
-        return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.body)])
+        return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.payload)])
     state.seen.append(event_id)
     if state.kind not in (None, resource.object):
         return numbered(state, [decide(d, QUARANTINED, error="object kind changed", **_common(w))])
@@ -218,7 +218,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     if event_type == "invoice.paid_late":
         # a note beside the terminal decision, never a transition: one per invoice
         if state.noted:
-            return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.body)])
+            return numbered(state, [decide(d, DUPLICATE, event_id=event_id, event_type=event_type, payload=w.payload)])
         state.noted = True
         rid = resource.id
         note: dict[str, str] = {
@@ -231,9 +231,9 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
 
     current = _current(state)
     if current is not None and _key(resource) <= _key(current):
-        return numbered(state, [decide(d, STALE, event_id=event_id, event_type=event_type, payload=w.body)])
+        return numbered(state, [decide(d, STALE, event_id=event_id, event_type=event_type, payload=w.payload)])
     if not _allowed(current, w):
-        state.parked.append(Parked(msgspec.Raw(orjson.dumps(w.body)), d))
+        state.parked.append(Parked(msgspec.Raw(w.raw), d))
         return numbered(state, [decide(d, PARKED, error="change out of a terminal state waits for its reorg",
                                        **_common(w))])
     decisions = [_apply(state, w, d, APPLIED)]

@@ -231,12 +231,12 @@ def _guard_deposit(state: State, w: Webhook, obj: Deposit, c: Correlation, d: De
     facts, error = _overpayment_fact(state, obj, w.object)
     if state.version is not None and obj.version <= state.version:
         return decide(d, STALE, facts=facts, error=error, event_id=event.id, event_type=event.type,
-                      sequence=event.sequence, payload=w.body)
+                      sequence=event.sequence, payload=w.payload)
     state.version, state.object = obj.version, msgspec.Raw(orjson.dumps(w.object))
     effects = _deposit_effects(state, obj, c, event.id, d)
     return decide(d, applied_outcome, row=_deposit_row(state, obj, w.object, c), table="pg_deposits",
                   effects=effects, facts=facts, error=error, event_id=event.id, event_type=event.type,
-                  sequence=event.sequence, payload=w.body)
+                  sequence=event.sequence, payload=w.payload)
 
 
 def _guard_withdrawal(state: State, w: Webhook, obj: Withdrawal, d: Delivery) -> Decision:
@@ -246,7 +246,7 @@ def _guard_withdrawal(state: State, w: Webhook, obj: Withdrawal, d: Delivery) ->
         if fill is not None else []
     if state.version is not None and obj.version <= state.version:
         return decide(d, STALE, facts=facts, event_id=event.id, event_type=event.type, sequence=event.sequence,
-                      payload=w.body)
+                      payload=w.payload)
     state.version, state.object = obj.version, msgspec.Raw(orjson.dumps(w.object))
     effects = []
     # the one way to close: a guard-approved settled snapshot with nothing remaining, once
@@ -255,7 +255,7 @@ def _guard_withdrawal(state: State, w: Webhook, obj: Withdrawal, d: Delivery) ->
         effects.append(Effect(f"withdrawal:{obj.id}:close_payout", "close_payout", "pg", obj.id,
                               {"payout_id": obj.metadata.payout_id}, d.delivery_id))
     return decide(d, APPLIED, row=_withdrawal_row(state, obj), table="pg_withdrawals", effects=effects, facts=facts,
-                  event_id=event.id, event_type=event.type, sequence=event.sequence, payload=w.body)
+                  event_id=event.id, event_type=event.type, sequence=event.sequence, payload=w.payload)
 
 
 def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
@@ -270,7 +270,7 @@ def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Dec
     obj = event.data.object
     kind = cast(str, w.object["object"])  # the tag the schema read the object by
     common: Common = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
-                              "payload": w.body}
+                              "payload": w.payload}
     if event.id in state.seen:
         return state, [decide(d, DUPLICATE, **common)]
     if isinstance(obj, Deposit):

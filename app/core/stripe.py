@@ -295,17 +295,17 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     common_type = w.event.type
     for e in state.events:
         if e.id == event.id:
-            return numbered(state, [decide(d, DUPLICATE, event_id=event.id, event_type=common_type, payload=w.body)])
+            return numbered(state, [decide(d, DUPLICATE, event_id=event.id, event_type=common_type, payload=w.payload)])
     resource_id = d.resource_key.partition(":")[2]
     state.events.append(event)
     facts: list[Fact] = []
     if event.kind == "thin":
         if any(e.kind == "synced" and e.created >= event.created for e in state.events):
-            return numbered(state, [decide(d, STALE, event_id=event.id, event_type=common_type, payload=w.body)])
+            return numbered(state, [decide(d, STALE, event_id=event.id, event_type=common_type, payload=w.payload)])
         state.waiting.append(event.id)
         facts.append(fetch_fact(resource_id, event.id, "a thin event carries no state"))
         return numbered(state, [decide(d, PARKED, event_id=event.id, event_type=common_type, facts=facts,
-                                       payload=w.body)])
+                                       payload=w.payload)])
     v = view(resource_id, state.events)
     slots = latest(state.events)
     is_latest = any(slots[(o.object, o.id)].event.id == event.id for o in event.objects)
@@ -326,7 +326,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
             "amount_refunded_minor": v.refunded, "currency": v.currency, "dispute_id": dispute_id}, d.delivery_id))
     outcome = SYNCED if event.kind == "synced" else APPLIED if is_latest else STALE
     decisions = [decide(d, outcome, event_id=event.id, event_type=common_type, row=row if changed else None,
-                        table=TABLE if changed else None, effects=effects, facts=facts, payload=w.body)]
+                        table=TABLE if changed else None, effects=effects, facts=facts, payload=w.payload)]
     if event.kind == "synced":
         decisions += covered(state, event, d)
     return numbered(state, decisions)

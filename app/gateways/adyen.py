@@ -29,7 +29,7 @@ from msgspec import Meta
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
 from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text, body_error
-from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
+from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
 
 name = "adyen"
 # The event codes Orderly decides (docs/gateways/adyen.md, Decisions); any other is quarantined.
@@ -283,11 +283,11 @@ class _Envelope(Body):
 
 
 class Notification(msgspec.Struct, frozen=True, gc=False):
-    """An item record read once, for the worker: the typed item, the document as orjson read it
-    (which decisions carry unchanged), and its bytes."""
+    """An item record read once, for the worker: the typed item, and its bytes (``payload`` wraps
+    them for the decisions, which carry them unchanged)."""
 
     item: Item
-    body: Document
+    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
     raw: bytes
 
 
@@ -365,7 +365,7 @@ def read(raw: bytes, checked: bool) -> Notification | Route:
     parsed = schema.parse(raw, Item)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
-    item, body = parsed
+    item = parsed[0]
     if not checked and (found := accept(item)).resource_key is None:
         return found
-    return Notification(item, body, raw)
+    return Notification(item, orjson.Fragment(raw), raw)

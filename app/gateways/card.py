@@ -163,11 +163,11 @@ class Unchecked(Fetched):
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
-    """A card body read once, for the worker: the typed event, and the document as orjson read it
-    (``body``), which decisions carry unchanged."""
+    """A card body read once, for the worker: the typed event, and the body as received
+    (``payload``), which decisions carry unchanged."""
 
     event: Fetched | Stored
-    body: Document
+    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
     raw: bytes
 
 
@@ -201,11 +201,11 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
         parsed = schema.parse(raw, Stored)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
-    event, body = parsed
+    event = parsed[0]
     # unchecked, only the strict schema was tried: the event is a Fetched
     if not checked and isinstance(event, Fields) and (route := accept(event)).resource_key is None:
         return route
-    return Webhook(event, body, raw)
+    return Webhook(event, orjson.Fragment(raw), raw)
 
 
 def accept(event: Fields) -> Route:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
@@ -149,13 +150,13 @@ def amount_error(data: dict[str, Any]) -> str | None:
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
-    """A paymos body read once, for the worker: the typed event and resource, and the document as
-    orjson read it (``body``), which decisions and state carry unchanged."""
+    """A paymos body read once, for the worker: the typed event and resource, the body as received
+    (``payload``, which decisions and parked events carry unchanged) and its ``data`` as orjson read it."""
 
     event_id: str
     event_type: str
     resource: Resource
-    body: Document
+    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
     data: Document  # ``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)
     raw: bytes
 
@@ -188,7 +189,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
             return resource
         event_id, event_type, found = event.event_id, event.event_type, resource
     data: Any = body["data"]  # an object: the schema read it
-    return Webhook(event_id, event_type, found, body, data, raw)
+    return Webhook(event_id, event_type, found, orjson.Fragment(raw), data, raw)
 
 
 def accept(event: Event) -> Resource | Route:

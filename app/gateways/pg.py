@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
@@ -278,11 +279,11 @@ HEAD = msgspec.json.Decoder(Head)
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
-    """A pg body read once, for the worker: the typed event, and the document as orjson read it
-    (``body``, its ``data.object`` and ``data.fill``), which decisions and state carry unchanged."""
+    """A pg body read once, for the worker: the typed event, the body as received (``payload``, which
+    decisions carry unchanged), and ``data.object`` and ``data.fill`` as orjson read them."""
 
     event: Taken
-    body: Document
+    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
     object: Document
     fill: Document | None
     raw: bytes
@@ -312,7 +313,7 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     if not checked and (route := accept(event)).resource_key is None:
         return route
     data: Any = body["data"]  # objects, both: the schema read them as Data and its object
-    return Webhook(event, body, data["object"], data.get("fill"), raw)
+    return Webhook(event, orjson.Fragment(raw), data["object"], data.get("fill"), raw)
 
 
 def refused(raw: bytes, refusal: Refusal) -> Route:

@@ -178,10 +178,10 @@ DECODER = msgspec.json.Decoder(Event)
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
-    """A stripe body read once, for the worker: the typed event and the document as orjson read it."""
+    """A stripe body read once, for the worker: the typed event, and the body as received (``payload``)."""
 
     event: Snapshot | Thin | Synced
-    body: Document
+    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
     raw: bytes
 
 
@@ -229,10 +229,10 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
     parsed: tuple[Snapshot | Thin | Synced, Document] | Refusal = schema.parse(raw, EVENT)
     if isinstance(parsed, Refusal):
         return refused(raw, parsed)
-    event, body = parsed
+    event = parsed[0]
     if not checked and (found := accept(event)).resource_key is None:
         return found
-    return Webhook(event, body, raw)
+    return Webhook(event, orjson.Fragment(raw), raw)
 
 
 def accept(event: Snapshot | Thin | Synced) -> Route:

@@ -20,7 +20,7 @@ from tests.unit.test_stripe_core import PI, T, charge, deliver, effects, event, 
 
 
 def named(d: Decision) -> tuple[str | None, str | None, Any]:
-    return d.event_id, d.event_type, d.payload
+    return d.event_id, d.event_type, orjson.loads(orjson.dumps(d.payload))  # the body as received, as JSON
 
 
 def fetches(decisions: list[Decision]) -> list[dict[str, Any]]:

@@ -54,11 +54,11 @@ def test_the_workers_read_of_an_unchecked_body_refuses_what_breaks_a_limit_keepi
     assert refused.quarantine_reason is not None and refused.quarantine_reason.startswith("data.object.description: ")
 
 
-def test_the_workers_read_of_a_checked_body_keeps_the_document_and_the_bytes() -> None:
+def test_the_workers_read_of_a_checked_body_keeps_the_bytes_as_the_decisions_payload() -> None:
     for raw in (NUL, event("payment_intent.created", intent())):
         w = adapter.read(raw, True)
         assert isinstance(w, adapter.Webhook)
-        assert w.body == orjson.loads(raw) and w.raw == raw and w.event.id == "evt_1"
+        assert orjson.dumps(w.payload) == raw and w.raw == raw and w.event.id == "evt_1"
 
 
 @pytest.mark.parametrize(("obj", "key"), [
