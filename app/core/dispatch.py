@@ -104,11 +104,34 @@ def output_records(decision: Decision, n: TopicNames) -> list[Record]:
     return records
 
 
-def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int) -> Delivery:
+# The ingest writes received_at as the milliseconds of its clock. A record appended some other way
+# may carry anything there: one that is not a time a timestamp column holds (0 .. 9999-12-31) is set
+# aside with the reason, and the record set aside carries 0 (its header stays as it was).
+RECEIVED_MAX = 253_402_300_799_999
+
+
+def received_ms(text: str | bytes) -> int:
+    """The received_at header's milliseconds (``0`` when empty); ValueError if it holds no time."""
+    received = int(text) if text else 0
+    if not 0 <= received <= RECEIVED_MAX:
+        raise ValueError(f"received_at header {str(received)[:24]}: not a time in milliseconds since 1970")
+    return received
+
+
+def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int,
+                strict: bool = True) -> Delivery:
+    """The Delivery of a record's (decoded) headers. ``strict=False``, for a record being set aside:
+    a received_at that is no time reads as 0 instead of raising."""
     get = headers.get
+    try:
+        received = received_ms(get("received_at") or "")
+    except ValueError:
+        if strict:
+            raise
+        received = 0
     return Delivery(get("delivery_id") or f"{topic}:{partition}:{offset}",
                     get("gateway") or resource_key.partition(":")[0], resource_key,
-                    int(get("received_at") or 0), offset, get("source", "webhook"))
+                    received, offset, get("source", "webhook"))
 
 
 def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
@@ -124,13 +147,21 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
         (n1, gateway_b), (n2, delivery_b), (n3, received_b), (n4, source_b), (n5, checked_b) = headers
         if n1 == "gateway" and n2 == "delivery_id" and n3 == "received_at" and n4 == "source" and \
                 n5 == H_CHECKED and checked_b == b"1":
-            # every value decoded before the key and the number, as the loop fails first on those
-            named, delivered, text, sent_by = (
-                gateway_b.decode(), delivery_b.decode(), received_b.decode(), source_b.decode())
+            # the ingest's source compared as bytes, its number read from them (int() takes ASCII
+            # digits in bytes as in a str); every other value decoded before the number, as the loop
+            # fails first on those
+            named, delivered = gateway_b.decode(), delivery_b.decode()
+            sent_by = "webhook" if source_b == b"webhook" else source_b.decode()
             resource_key = record.key.decode()
+            try:
+                at = int(received_b) if received_b else 0
+            except ValueError:  # digits int() takes only in a str (١٢٣), or the str's own failure
+                at = int(received_b.decode())
+            if not 0 <= at <= RECEIVED_MAX:
+                received_ms(received_b)  # raises, with the reason
             return Delivery(delivered or f"{record.topic}:{record.partition}:{record.offset}",
                             named or resource_key.partition(":")[0], resource_key,
-                            int(text) if text else 0, record.offset, sent_by), False, True
+                            at, record.offset, sent_by), False, True
     delivery_id = gateway = received = None
     source, correlation, checked = "webhook", False, False
     for name, value in headers:
@@ -153,7 +184,7 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
     resource_key = record.key.decode()
     return Delivery(delivery_id or f"{record.topic}:{record.partition}:{record.offset}",
                     gateway or resource_key.partition(":")[0], resource_key,
-                    int(received) if received else 0, record.offset, source), correlation, checked
+                    received_ms(received) if received else 0, record.offset, source), correlation, checked
 
 
 def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value: bytes,
@@ -356,7 +387,7 @@ def set_aside(n: TopicNames, record: Incoming, headers: dict[str, str], state: b
     """The record to orderly.quarantine (its body and headers, with the stage and the reason), and a
     `quarantined` decision for the resource's timeline; the resource's state does not change."""
     resource_key = record.key.decode(errors="replace")
-    delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition)
+    delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition, strict=False)
     ordinal = (orjson.loads(state).get("n", 0) if state is not None else 0) + 1
     decision = decide(delivery, QUARANTINED, error=f"set aside by the {STAGE}: {reason}")
     decision.seq = ordinal  # not kept in the state: the state does not change

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,3 +174,20 @@ def test_a_raw_record_that_did_not_pass_the_ingest_is_checked_by_its_adapter_fir
     assert [reason for _, reason in plan.set_aside] == [
         "Refused: data.object.review: expected object | null, got str"]
     assert orjson.loads(plan.states[b"pg:dep_u"])["version"] == 3  # the valid one applied
+
+
+@pytest.mark.parametrize("received_at", [b"abc", b"\xff", b"-5", b"1" + b"0" * 30, b"253402300800000"])
+def test_a_received_at_that_is_no_time_is_set_aside_with_its_reason_and_the_batch_goes_on(received_at: bytes) -> None:
+    """A record appended to orderly.raw some other way than through the ingest may carry anything in
+    its received_at header; planning its batch must never raise (the worker would loop on it)."""
+    odd = webhook("card", "pay_o", card("pay_o", 500, "e_odd"), "d_odd")
+    odd = Incoming(odd.key, odd.value, [(k, received_at if k == "received_at" else v) for k, v in odd.headers],
+                   0, 0, N.raw)
+    batch = numbered([odd, webhook("card", "pay_p", card("pay_p", 700, "e_ok"), "d_ok")])
+    plan = plan_batch(N, GATEWAYS, batch, lambda partition, key: None)
+    assert [(gateway, reason.split(":")[0]) for gateway, reason in plan.set_aside] == [("card", "ValueError")]
+    quarantined = [value for topic, _key, value, *_ in plan.records[0] if topic == N.quarantine]
+    assert quarantined == [odd.value]  # the body as it came; its headers keep the odd value
+    decided = {key: d["outcome"] for key, d in outputs(plan, N.decisions)}
+    assert decided == {b"card:pay_o": "quarantined", b"card:pay_p": "parked"}
+    assert next(d for key, d in outputs(plan, N.decisions) if key == b"card:pay_o")["received_at_ms"] == 0

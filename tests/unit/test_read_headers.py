@@ -13,7 +13,8 @@ from topics.records import CORRELATION, H_CHECKED, H_RECORD
 NAMES = st.sampled_from(["gateway", "delivery_id", "received_at", "source", "checked", "record", "x-trace"])
 VALUES = st.one_of(
     st.sampled_from([b"", b"1", b"0", b"pg", b"card", b"webhook", b"fetch", b"correlation", b"\xff", b"\xc3",
-                     b"17", b" 42 ", "١٢٣".encode(), b"1_000", b"-5", b"x1"]),
+                     b"17", b" 42 ", "١٢٣".encode(), b"1_000", b"-5", b"x1", b"1" + b"0" * 30,
+                     b"253402300799999", b"253402300800000"]),
     st.binary(max_size=6),
     st.text(max_size=6).map(str.encode),
 )
