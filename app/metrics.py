@@ -144,6 +144,8 @@ class WorkerMetrics(_Metrics):
                                      "Workers silent past ORDERLY_WORKER_LOST_AFTER_MS that this one removed from "
                                      "the group, by result (removed, not_a_member, failed)", ["result"],
                                      registry=self.registry)
+        for result in ("removed", "not_a_member", "failed"):  # at 0 from the start: increase() sees the first
+            self.peers_removed.labels(result)
         self.rewinds = Counter("orderly_worker_partition_rewinds",
                                "Partitions fetched again from records Faust never handed over (a skip mended)",
                                registry=self.registry)

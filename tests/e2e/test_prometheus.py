@@ -313,7 +313,8 @@ async def observe(pipe: Running, ingest: str, prometheus: str, queries: list[tup
 def test_the_alerts_that_fire_on_absence_or_on_a_new_series(tmp_path: Path) -> None:
     """`promtool test rules docker/alerts.test.yml`: a merchant down since the start (no delivered
     series at all), a target gone from discovery (no up series), a worker recreated on a new
-    address (a new series, not a changed one), effects only recorded (no backlog alert). The
+    address (a new series, not a changed one), effects only recorded (no backlog alert), a worker
+    removed by another (fires at once, quiet again 15 minutes on). The
     annotations are for people: the copy of the rules the cases run against has none, so each case
     states only when an alert fires and with which labels."""
     rules = yaml.safe_load((DOCKER / "alerts.yml").read_text())

@@ -165,7 +165,7 @@ def test_prometheus_scrapes_every_orderly_process_on_its_metrics_port() -> None:
 def test_every_alert_has_a_for_a_severity_and_says_what_to_do() -> None:
     groups = yaml.safe_load((DOCKER / "alerts.yml").read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 16
+    assert len(rules) == 17
     for rule in rules:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
