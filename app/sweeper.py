@@ -28,7 +28,7 @@ from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from topics.catalog import REQUEST_BYTES, names
-from topics.records import H_DELIVERY_ID, H_RECEIVED_AT
+from topics.records import H_DELIVERY_ID, H_RECEIVED_AT, received_ms_or_none
 
 log = logging.getLogger("orderly.sweeper")
 CONSUMER = "sweeper"
@@ -103,7 +103,8 @@ class Sweeper:
                 for m in messages:
                     if tp in young or m.offset >= ends[tp]:
                         continue
-                    if int(dict(m.headers).get(H_RECEIVED_AT, b"0") or 0) > cutoff_ms:
+                    # a received_at that is no time (appended some other way) counts as old: checked now
+                    if (received_ms_or_none(dict(m.headers).get(H_RECEIVED_AT)) or 0) > cutoff_ms:
                         young.add(tp)  # this one and the rest of the partition are checked later
                         continue
                     old[tp].append(m)

@@ -27,6 +27,7 @@ from topics.records import (
     H_STAGE,
     H_TOPIC,
     quarantine_headers,
+    received_ms_or_none,
 )
 
 UPSERT = unnest_insert("quarantine", """
@@ -53,9 +54,8 @@ def row(message: ConsumerRecord) -> tuple[Any, ...]:
     headers = dict(message.headers or [])
     resource = _text(headers.get(H_RESOURCE)) or ""
     gateway, _, resource_id = resource.partition(":")
-    received = headers.get(H_RECEIVED_AT, b"")
-    received_at = (datetime.fromtimestamp(int(received) / 1000, UTC)
-                   if received.isdigit() and len(received) <= 15 else None)
+    received = received_ms_or_none(headers.get(H_RECEIVED_AT))  # None: no time (appended some other way)
+    received_at = datetime.fromtimestamp(received / 1000, UTC) if received is not None else None
     listed = [[k, printable(v.decode(errors="replace"))] for k, v in message.headers or []]
     return (_text(message.key) or f"{message.topic}:{message.partition}:{message.offset}",
             _text(headers.get(H_GATEWAY)) or gateway or None, resource_id or None,

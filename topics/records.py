@@ -22,6 +22,26 @@ H_RESOURCE = "resource_key"    # quarantine only: gateway:resource_id, when the 
 H_TOPIC = "topic"              # quarantine only: the topic a projector's or effects' record came from
 H_SOURCE_KEY = "source_key"    # quarantine only: that record's key
 CORRELATION = "correlation"
+# The ingest writes received_at as the milliseconds of its clock. A record appended some other way
+# may carry anything there: the worker sets aside one that is not a time a timestamp column holds
+# (0 .. 9999-12-31), and what reads the header elsewhere takes it as no time.
+RECEIVED_MAX = 253_402_300_799_999
+
+
+def received_ms(text: str | bytes) -> int:
+    """The received_at header's milliseconds (``0`` when empty); ValueError if it holds no time."""
+    received = int(text.decode() if isinstance(text, bytes) else text) if text else 0
+    if not 0 <= received <= RECEIVED_MAX:
+        raise ValueError(f"received_at header {str(received)[:24]}: not a time in milliseconds since 1970")
+    return received
+
+
+def received_ms_or_none(value: bytes | None) -> int | None:
+    """:func:`received_ms` of a header that may be missing, empty or hold no time: None then."""
+    try:
+        return received_ms(value) if value else None
+    except ValueError:  # UnicodeDecodeError too
+        return None
 
 
 def raw_headers(
@@ -116,7 +136,7 @@ class Decision:
     table: str | None = None  # the read-model table ``row`` belongs to
     effects: list[Effect] = field(default_factory=list)
     facts: list[Fact] = field(default_factory=list)
-    payload: Any = None  # the parsed event, for the timeline
+    payload: Any = None  # the event as the gateway sent it (the worker writes its bytes), for the timeline
     error: str | None = None
 
     def to_bytes(self) -> bytes:

@@ -22,8 +22,9 @@ import orjson
 from app.core.model import QUARANTINED, Decision, Delivery, Numbered, Recent, decide, redecided, remember
 from app.core.reducer import Gateways, Reducer
 from app.gateways.base import Route
+from app.gateways.limits import body_error, may_nest_deeper
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
-from topics.records import CORRELATION, H_CHECKED, H_RECORD, quarantine_headers
+from topics.records import CORRELATION, H_CHECKED, H_RECORD, RECEIVED_MAX, quarantine_headers, received_ms
 
 Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 # A resource's state (with its parked events) and every output record stay within half of what
@@ -102,20 +103,6 @@ def output_records(decision: Decision, n: TopicNames) -> list[Record]:
             {"kind": fact.kind, "key": fact.key, "gateway": decision.gateway,
              "resource_id": decision.resource_id, "data": fact.data})))
     return records
-
-
-# The ingest writes received_at as the milliseconds of its clock. A record appended some other way
-# may carry anything there: one that is not a time a timestamp column holds (0 .. 9999-12-31) is set
-# aside with the reason, and the record set aside carries 0 (its header stays as it was).
-RECEIVED_MAX = 253_402_300_799_999
-
-
-def received_ms(text: str | bytes) -> int:
-    """The received_at header's milliseconds (``0`` when empty); ValueError if it holds no time."""
-    received = int(text) if text else 0
-    if not 0 <= received <= RECEIVED_MAX:
-        raise ValueError(f"received_at header {str(received)[:24]}: not a time in milliseconds since 1970")
-    return received
 
 
 def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int,
@@ -215,7 +202,14 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
     elif found is not None:
         # The body is read once, here, into the gateway's typed event. A record that did not come
         # through this release's ingest (an older log, a direct append) gets the ingest's checks on
-        # that same read, so no state holds what DESIGN.md §2.4 refuses.
+        # that same read, so no state holds what DESIGN.md §2.4 refuses. The decisions, and a parked
+        # body, carry the body's bytes as they are: the ingest's limits (its depth above all, which
+        # decides whether the state and the decision can be read back) hold for every one, the
+        # fetcher's answers (not marked) and a marked record too, whose count of brackets (in C)
+        # says whether it may nest past them.
+        if (not checked and delivery.source != "webhook") or may_nest_deeper(value):
+            if (problem := body_error(value)) is not None:
+                raise Refused(problem)
         event = found.reducer.read(value, checked or delivery.source != "webhook")
         if isinstance(event, Route):
             raise Refused(event.quarantine_reason or "refused by its adapter")

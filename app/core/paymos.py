@@ -62,7 +62,7 @@ class Parked(msgspec.Struct, gc=False):
 
 
 # The JSON of this state is what orderly.state's changelog has always held (a dict in release 0.2):
-# the fields in this order, the applied ``data`` and parked bodies as orjson wrote them (raw JSON).
+# the fields in this order, the applied ``data`` as orjson wrote it and parked bodies as received (raw JSON).
 class State(msgspec.Struct, gc=False):
     """One paymos resource (an invoice, a withdrawal or a channel deposit) as the worker holds it."""
 

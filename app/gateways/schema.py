@@ -18,8 +18,9 @@ import orjson
 from app.gateways import limits
 
 T = TypeVar("T")
-# A JSON value as orjson read it from a body and passed on unread: decisions and state carry it as
-# the gateway sent it (gateways add fields; the typed schema names only those Orderly reads). It is
+# A JSON value as orjson read it from a body and passed on unread: state and rows carry parts of it
+# as the gateway sent them (gateways add fields; the typed schema names only those Orderly reads;
+# decisions carry the whole body as its bytes, each gateway's ``payload``). It is
 # opaque on purpose: what Orderly reads of a body has its type in a schema struct, and a reader of
 # one of these values narrows it first.
 Json = object
@@ -68,10 +69,11 @@ def decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T | Refusal:
 
 
 def parse(raw: bytes, into: type[T]) -> tuple[T, Document] | Refusal:
-    """The worker's one read of a body: the document as orjson reads it (what the decisions and
-    the state carry on, unknown fields included, in the form the topics have always held) and the
-    schema's typed view of it, converted from that document rather than read from the bytes again.
-    ``limits.body_error`` is the caller's to check first where the ingest has not."""
+    """The worker's one read of a body: the document as orjson reads it (the read that proves the
+    bytes are JSON every consumer reads, before decisions carry them as they are; its parts, such
+    as pg's ``data.object``, are what states and rows carry on) and the schema's typed view of it,
+    converted from that document rather than read from the bytes again. ``limits.body_error`` is the
+    caller's to check first where the ingest has not."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:

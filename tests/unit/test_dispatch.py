@@ -191,3 +191,44 @@ def test_a_received_at_that_is_no_time_is_set_aside_with_its_reason_and_the_batc
     decided = {key: d["outcome"] for key, d in outputs(plan, N.decisions)}
     assert decided == {b"card:pay_o": "quarantined", b"card:pay_p": "parked"}
     assert next(d for key, d in outputs(plan, N.decisions) if key == b"card:pay_o")["received_at_ms"] == 0
+
+
+def deep(body: bytes, levels: int) -> bytes:
+    """``body`` with an unknown field nested ``levels`` arrays deep (gateways add fields)."""
+    return body[:-1] + b',"x_deep":' + b"[" * levels + b"]" * levels + b"}"
+
+
+@pytest.mark.parametrize("marked", [True, False])  # the ingest's mark forged, or a record the fetcher might write
+@pytest.mark.parametrize("levels", [40, 1021])
+def test_a_body_nested_past_the_ingests_depth_is_set_aside_and_its_resource_goes_on(marked: bool,
+                                                                                   levels: int) -> None:
+    """The decisions and a parked paymos body carry the body's bytes as they are: one nested past the
+    ingest's depth is set aside, whatever its headers say, so no state or decision holds what could not
+    be read back (a parked body 1,021 levels deep made the next batch's state unreadable)."""
+    from tests.paymos_events import event
+
+    def record(body: bytes, delivery: str) -> Incoming:
+        headers = [*raw_headers("paymos", delivery, 1_700_000_000_000, "webhook" if marked else "fetch"),
+                   *([(H_CHECKED, b"1")] if marked else [])]
+        return Incoming(b"paymos:inv_1", body, headers, 0, 0, N.raw)
+
+    store: dict[bytes, bytes] = {}
+    at = 1_733_000_000_000
+    paid = record(event("invoice.paid", "inv_1", "paid", at), "d1")
+    waiting = record(deep(event("invoice.confirming", "inv_1", "confirming", at + 1), levels), "d2")
+    plan = plan_batch(N, GATEWAYS, numbered([paid, waiting]), lambda partition, key: store.get(key))
+    store.update(plan.states)
+    (reason,) = [reason for _, reason in plan.set_aside]
+    assert reason.startswith("Refused: ") and reason.endswith("JSON nests deeper than 32")
+    later = record(event("invoice.paid_late", "inv_1", "paid", at + 2, paid_late_at=at // 1000), "d3")
+    plan = plan_batch(N, GATEWAYS, numbered([later]), lambda partition, key: store.get(key))
+    assert plan.set_aside == [] and [d["outcome"] for _, d in outputs(plan, N.decisions)] == ["applied"]
+
+
+def test_an_integer_past_64_bits_in_a_body_the_ingest_did_not_mark_is_set_aside() -> None:
+    """A fetcher's or a direct append's body with an integer orjson reads as a float: carried as its
+    bytes, a consumer would read the integer and PostgreSQL could not store it."""
+    body = card("pay_b", 500, "e_big")[:-1] + b',"x_big":123456789012345678901234567890}'
+    odd = Incoming(b"card:pay_b", body, raw_headers("card", "d_big", 1_700_000_000_000, "fetch"), 0, 0, N.raw)
+    plan = plan_batch(N, GATEWAYS, numbered([odd]), lambda partition, key: None)
+    assert [reason for _, reason in plan.set_aside] == ["Refused: x_big: integer outside the signed 64-bit range"]

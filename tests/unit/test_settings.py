@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.address_kinds import Dsn, File, HostPorts, Port, Url
@@ -150,6 +150,7 @@ def test_dev_defaults_build() -> None:
     assert DEV_DEFAULTS["ORDERLY_KAFKA"] == "127.0.0.1:19092"
 
 
+@settings(deadline=None)  # three parses of every setting: over Hypothesis's 200 ms on a busy machine
 @given(environments())
 def test_every_setting_round_trips_through_a_childs_environment(env: dict[str, str]) -> None:
     settings = Settings.from_env(env)
