@@ -72,6 +72,7 @@ class BatchPlan:
     set_aside: list[tuple[str, str]] = field(default_factory=list)  # (gateway, reason)
 
 
+NEST_MAX = 250  # the depth a body carried as its bytes may reach (orjson writes 254 levels at most)
 _FIRST = itemgetter(0)  # a recent delivery's id
 TOUCHING = frozenset({"parked", "applied", "unparked"})  # outcomes that change what orderly.state shows
 
@@ -202,12 +203,13 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
     elif found is not None:
         # The body is read once, here, into the gateway's typed event. A record that did not come
         # through this release's ingest (an older log, a direct append) gets the ingest's checks on
-        # that same read, so no state holds what DESIGN.md §2.4 refuses. The decisions, and a parked
-        # body, carry the body's bytes as they are: the ingest's limits (its depth above all, which
-        # decides whether the state and the decision can be read back) hold for every one, the
-        # fetcher's answers (not marked) and a marked record too, whose count of brackets (in C)
-        # says whether it may nest past them.
-        if (not checked and delivery.source != "webhook") or may_nest_deeper(value):
+        # that same read, so no state holds what DESIGN.md §2.4 refuses: the fetcher's answers too
+        # (not marked), as the decisions and a parked body carry the bytes as they are. A marked
+        # record that may nest past NEST_MAX (a forged mark) is held to them as well: nested that
+        # deep, neither its decision nor a state holding it could be read back. Such a body has
+        # over 2 * NEST_MAX bytes, so the usual one is told apart by its length, not a scan.
+        if (not checked and delivery.source != "webhook") or (
+                len(value) > 2 * NEST_MAX and may_nest_deeper(value, NEST_MAX)):
             if (problem := body_error(value)) is not None:
                 raise Refused(problem)
         event = found.reducer.read(value, checked or delivery.source != "webhook")
