@@ -73,6 +73,7 @@ class BatchPlan:
 
 
 NEST_MAX = 250  # the depth a body carried as its bytes may reach (orjson writes 254 levels at most)
+_NEST_BYTES = 2 * NEST_MAX  # a body nested past NEST_MAX opens and closes that many brackets at least
 _FIRST = itemgetter(0)  # a recent delivery's id
 TOUCHING = frozenset({"parked", "applied", "unparked"})  # outcomes that change what orderly.state shows
 
@@ -209,7 +210,7 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
         # deep, neither its decision nor a state holding it could be read back. Such a body has
         # over 2 * NEST_MAX bytes, so the usual one is told apart by its length, not a scan.
         if (not checked and delivery.source != "webhook") or (
-                len(value) > 2 * NEST_MAX and may_nest_deeper(value, NEST_MAX)):
+                len(value) > _NEST_BYTES and may_nest_deeper(value, NEST_MAX)):
             if (problem := body_error(value)) is not None:
                 raise Refused(problem)
         event = found.reducer.read(value, checked or delivery.source != "webhook")
