@@ -151,7 +151,7 @@ async def read_topic(bootstrap: str, topic: str, isolation: str = "read_committe
                 batch = await consumer.getmany(timeout_ms=300)
                 for tp, msgs in batch.items():
                     found += [Record(tp.topic, tp.partition, m.offset, m.key, m.value,
-                                     {k: v.decode() for k, v in m.headers}) for m in msgs]
+                                     {k: v.decode(errors="replace") for k, v in m.headers}) for m in msgs]
         return sorted(found, key=lambda r: (r.partition, r.offset))
 
 
