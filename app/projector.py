@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 import orjson
 
 from app.core.gaps import Gap, due_for_backfill, observe
@@ -45,6 +46,16 @@ SELECT gateway, count(DISTINCT resource_id) AS resources, count(*) AS events,
 QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE redriven_at IS NULL GROUP BY stage"
 
 
+def _payload_json(payload: Any) -> str:
+    """The body as jsonb takes it. Written by msgspec, which keeps an integer past 64 bits exact (a
+    decision carries the body's bytes, and a number orjson cannot write may be in one); orjson
+    refused it, and the decision was set aside."""
+    return _encode(payload).decode()
+
+
+_encode = msgspec.json.Encoder().encode
+
+
 def _ms_to_ts(ms: int) -> Any:
     return datetime.fromtimestamp(ms / 1000, UTC)  # once per decision: the import is the module's
 
@@ -59,7 +70,7 @@ async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorM
     """
     await write(conn, sql.WEBHOOK_EVENTS, [
         (d.delivery_id, d.gateway, d.event_id, d.resource_id, d.event_type,
-         _ms_to_ts(d.received_at_ms), d.outcome, orjson.dumps(d.payload).decode(), d.seq, d.error)
+         _ms_to_ts(d.received_at_ms), d.outcome, _payload_json(d.payload), d.seq, d.error)
         for d in decisions])
     facts: dict[str, list[dict[str, Any]]] = {}
     for d in decisions:

@@ -35,6 +35,14 @@ CONSUMER = "sweeper"
 MAX_PER_SWEEP = 50_000
 
 
+
+def delivery_id_of(m: Any) -> str:
+    """The id the worker decides a raw record under: its delivery_id header as the careful pass reads
+    it (a value that is not UTF-8, with replacement characters; a null one, as none), else its place
+    in the log, as the worker names a record without one."""
+    value = dict(m.headers).get(H_DELIVERY_ID)
+    return (value or b"").decode(errors="replace") or f"{m.topic}:{m.partition}:{m.offset}"
+
 class Sweeper:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, producer: KeyedProducer, on_reappend: Any) -> None:
         self.settings = settings
@@ -109,7 +117,7 @@ class Sweeper:
                         continue
                     old[tp].append(m)
                     seen += 1
-        ids = [dict(m.headers).get(H_DELIVERY_ID, b"").decode() for ms in old.values() for m in ms]
+        ids = [delivery_id_of(m) for ms in old.values() for m in ms]
         # a record set aside to quarantine is handled too: only an operator's redrive appends it again
         decided = {r["delivery_id"] for r in await self.pool.fetch(
             "SELECT delivery_id FROM webhook_events WHERE delivery_id = ANY($1::text[]) "
@@ -120,7 +128,7 @@ class Sweeper:
         for tp, messages in old.items():
             first_undecided = None
             for m in messages:
-                delivery_id = dict(m.headers).get(H_DELIVERY_ID, b"").decode()
+                delivery_id = delivery_id_of(m)
                 if delivery_id in decided:
                     self.reappended.pop(delivery_id, None)
                     self.missing_since.pop(delivery_id, None)

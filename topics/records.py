@@ -36,7 +36,7 @@ def received_ms(text: str | bytes) -> int:
     return received
 
 
-def received_ms_or_none(value: bytes | None) -> int | None:
+def received_ms_or_none(value: str | bytes | None) -> int | None:
     """:func:`received_ms` of a header that may be missing, empty or hold no time: None then."""
     try:
         return received_ms(value) if value else None
@@ -63,7 +63,7 @@ def correlation_headers(gateway: str, delivery_id: str, received_at_ms: int) -> 
 def quarantine_headers(original: list[tuple[str, bytes]], stage: str, reason: str,
                        resource_key: str | None) -> list[tuple[str, bytes]]:
     """A set-aside record's headers: its own, with the stage that set it aside, why, and its resource."""
-    kept = [(k, v) for k, v in original if k not in (H_STAGE, H_REASON, H_RESOURCE)]
+    kept = [(k, v or b"") for k, v in original if k not in (H_STAGE, H_REASON, H_RESOURCE)]  # a null value as empty
     extra = [(H_STAGE, stage.encode()), (H_REASON, reason.encode(errors="replace"))]
     if resource_key:
         extra.append((H_RESOURCE, resource_key.encode(errors="replace")))

@@ -169,8 +169,8 @@ async def quarantined(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"{key}: {_when(value) if hasattr(value, 'isoformat') else value}")
             try:
                 print("body:", orjson.dumps(orjson.loads(body), option=orjson.OPT_INDENT_2).decode())
-            except orjson.JSONDecodeError:
-                print(f"body ({len(body)} bytes, not JSON): {bytes(body)[:2000]!r}")
+            except (orjson.JSONDecodeError, TypeError):  # TypeError: nested past what orjson writes
+                print(f"body ({len(body)} bytes, not JSON or too deep to indent): {bytes(body)[:2000]!r}")
             return 0
 
         if args.delivery_id is None:

@@ -161,7 +161,7 @@ async def quarantine_one(request: web.Request) -> web.Response:
     raw = bytes(found.pop("body"))
     try:
         body = _pretty(orjson.loads(raw))
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, TypeError):  # not JSON, or nested past what orjson writes (254 levels)
         body = raw[:20_000].decode("utf-8", "replace")
     return render(request, "quarantined.html", rec=found, body=body, size=len(raw))
 

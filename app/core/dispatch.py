@@ -23,8 +23,9 @@ from app.core.model import QUARANTINED, Decision, Delivery, Numbered, Recent, de
 from app.core.reducer import Gateways, Reducer
 from app.gateways.base import Route
 from app.gateways.limits import body_error, may_nest_deeper
+from topics import records as headers_read
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
-from topics.records import CORRELATION, H_CHECKED, H_RECORD, RECEIVED_MAX, quarantine_headers, received_ms
+from topics.records import CORRELATION, H_CHECKED, H_RECORD, quarantine_headers
 
 Record = tuple[str, bytes, bytes] | tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 # A resource's state (with its parked events) and every output record stay within half of what
@@ -112,12 +113,8 @@ def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: 
     """The Delivery of a record's (decoded) headers. ``strict=False``, for a record being set aside:
     a received_at that is no time reads as 0 instead of raising."""
     get = headers.get
-    try:
-        received = received_ms(get("received_at") or "")
-    except ValueError:
-        if strict:
-            raise
-        received = 0
+    text = get("received_at") or ""
+    received = headers_read.received_ms(text) if strict else headers_read.received_ms_or_none(text) or 0
     return Delivery(get("delivery_id") or f"{topic}:{partition}:{offset}",
                     get("gateway") or resource_key.partition(":")[0], resource_key,
                     received, offset, get("source", "webhook"))
@@ -146,8 +143,8 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
                 at = int(received_b) if received_b else 0
             except ValueError:  # digits int() takes only in a str (١٢٣), or the str's own failure
                 at = int(received_b.decode())
-            if not 0 <= at <= RECEIVED_MAX:
-                received_ms(received_b)  # raises, with the reason
+            if not 0 <= at <= headers_read.RECEIVED_MAX:
+                headers_read.received_ms(received_b)  # raises, with the reason
             return Delivery(delivered or f"{record.topic}:{record.partition}:{record.offset}",
                             named or resource_key.partition(":")[0], resource_key,
                             at, record.offset, sent_by), False, True
@@ -173,7 +170,7 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
     resource_key = record.key.decode()
     return Delivery(delivery_id or f"{record.topic}:{record.partition}:{record.offset}",
                     gateway or resource_key.partition(":")[0], resource_key,
-                    received_ms(received) if received else 0, record.offset, source), correlation, checked
+                    headers_read.received_ms(received) if received else 0, record.offset, source), correlation, checked
 
 
 def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value: bytes,
@@ -202,13 +199,10 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
             return state, [decide(delivery, QUARANTINED, error=f"gateway {gateway!r} takes no correlation")]
         after, decisions = found.reducer.correlate(state, value, delivery)
     elif found is not None:
-        # The body is read once, here, into the gateway's typed event. A record that did not come
-        # through this release's ingest (an older log, a direct append) gets the ingest's checks on
-        # that same read, so no state holds what DESIGN.md §2.4 refuses: the fetcher's answers too
-        # (not marked), as the decisions and a parked body carry the bytes as they are. A marked
-        # record that may nest past NEST_MAX (a forged mark) is held to them as well: nested that
-        # deep, neither its decision nor a state holding it could be read back. Such a body has
-        # over 2 * NEST_MAX bytes, so the usual one is told apart by its length, not a scan.
+        # The body is read once, here, into the gateway's typed event. A record the ingest did not
+        # mark (an older log, a direct append, the fetcher's) gets the ingest's checks, so no state
+        # holds what DESIGN.md §2.4 refuses; a marked one too where it may nest past NEST_MAX (told by
+        # its length first): the decisions and a parked body carry the bytes, which must read back.
         if (not checked and delivery.source != "webhook") or (
                 len(value) > _NEST_BYTES and may_nest_deeper(value, NEST_MAX)):
             if (problem := body_error(value)) is not None:
@@ -259,8 +253,7 @@ def _load(reducer: Reducer[Any, Any] | None, stored: bytes | None) -> Any:
 
 def _plan_fast(n: TopicNames, gateways: Gateways, batch: list[Incoming],
                read: Callable[[int, bytes], bytes | None], max_bytes: int) -> BatchPlan:
-    # The worker's hot loop: locals bound once, counters kept inline (a call per record adds up).
-    # States stay objects for the whole batch; each is written once, after it.
+    # The hot loop: locals bound once, counters inline; states stay objects, each written once after it.
     plan = BatchPlan()
     overlay: dict[bytes, Any] = {}
     reducers: dict[bytes, Reducer[Any, Any] | None] = {}
@@ -349,12 +342,14 @@ def _plan_careful(n: TopicNames, gateways: Gateways, batch: list[Incoming],
     current: dict[bytes, bytes | None] = {}  # resource key -> its last good state
     for index, record in enumerate(batch):
         key = record.key
-        if key not in current:
-            current[key] = read(record.partition, key)
+        if key not in current:  # a record appended without a key has no resource, and no state
+            current[key] = read(record.partition, key) if key is not None else None
         before = current[key]
-        headers = {k: v.decode(errors="replace") for k, v in record.headers}
+        headers = {k: (v or b"").decode(errors="replace") for k, v in record.headers}  # a value may be null
         outputs = plan.records.setdefault(record.partition, [])
         try:
+            if key is None:
+                raise Refused("the record has no key: it names no resource (gateway:resource_id)")
             reducer = reducer_of(gateways, key)
             state, decisions = decide_record(record.topic, gateways, _load(reducer, before),
                                              key, record.value, headers, record.offset, record.partition)
@@ -383,13 +378,23 @@ def set_aside(n: TopicNames, record: Incoming, headers: dict[str, str], state: b
               reason: str) -> list[Record]:
     """The record to orderly.quarantine (its body and headers, with the stage and the reason), and a
     `quarantined` decision for the resource's timeline; the resource's state does not change."""
-    resource_key = record.key.decode(errors="replace")
+    resource_key = (record.key or b"").decode(errors="replace")  # a record appended without a key too
     delivery = delivery_of(resource_key, headers, record.topic, record.offset, record.partition, strict=False)
-    ordinal = (orjson.loads(state).get("n", 0) if state is not None else 0) + 1
+    ordinal = _last_ordinal(state) + 1
     decision = decide(delivery, QUARANTINED, error=f"set aside by the {STAGE}: {reason}")
     decision.seq = ordinal  # not kept in the state: the state does not change
     return [
         (n.quarantine, delivery.delivery_id.encode(), record.value,
          quarantine_headers(record.headers, STAGE, reason, resource_key)),
-        (n.decisions, record.key, decision.to_bytes()),
+        (n.decisions, record.key or b"", decision.to_bytes()),
     ]
+
+
+def _last_ordinal(state: bytes | None) -> int:
+    """The ordinal a stored state reached; 0 where it has none or is damaged (setting aside never fails)."""
+    try:
+        found = orjson.loads(state) if state is not None else None
+    except orjson.JSONDecodeError:
+        return 0
+    ordinal = found.get("n", 0) if isinstance(found, dict) else 0
+    return ordinal if type(ordinal) is int else 0

@@ -239,3 +239,35 @@ def test_an_integer_past_64_bits_in_a_body_the_ingest_did_not_mark_is_set_aside(
     odd = Incoming(b"card:pay_b", body, raw_headers("card", "d_big", 1_700_000_000_000, "fetch"), 0, 0, N.raw)
     plan = plan_batch(N, GATEWAYS, numbered([odd]), lambda partition, key: None)
     assert [reason for _, reason in plan.set_aside] == ["Refused: x_big: integer outside the signed 64-bit range"]
+
+
+def with_headers(record: Incoming, **changed: bytes | None) -> Incoming:
+    headers = [(k, changed.pop(k) if k in changed else v) for k, v in record.headers] + list(changed.items())
+    return Incoming(record.key, record.value, headers, record.offset, record.partition, record.topic)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("case", "outcome"), [
+    ("a header with a null value", "parked"), ("a delivery id that is not UTF-8", "parked"),
+    ("no key", "quarantined"), ("a stored state that is a list", "quarantined"),
+    ("a stored state that is null", "quarantined"), ("a stored state that is no JSON", "quarantined"),
+])
+def test_a_record_appended_some_other_way_never_makes_planning_raise(case: str, outcome: str) -> None:
+    """Kafka allows a null header value and a null key, and a damaged changelog may hold anything: the
+    batch is planned whatever they are (the worker would loop on a batch that raises), and its other
+    records are decided."""
+    odd = webhook("card", "pay_o", card("pay_o", 500, "e_odd"), "d_odd")
+    stored: bytes | None = None
+    if case == "a header with a null value":
+        odd = with_headers(odd, x_trace=None)
+    elif case == "a delivery id that is not UTF-8":
+        odd = with_headers(odd, delivery_id=b"\xff\xfe")
+    elif case == "no key":
+        odd = Incoming(None, odd.value, odd.headers, 0, 0, N.raw)  # type: ignore[arg-type]
+    else:
+        stored = {"a stored state that is a list": b"[]", "a stored state that is null": b"null",
+                  "a stored state that is no JSON": b"\x00"}[case]
+    good = webhook("card", "pay_g", card("pay_g", 700, "e_ok"), "d_ok")
+    plan = plan_batch(N, GATEWAYS, numbered([odd, good]), lambda partition, key: stored if key == odd.key else None)
+    decided = [(key, d["outcome"]) for key, d in outputs(plan, N.decisions)]
+    assert decided == [(odd.key or b"", outcome), (b"card:pay_g", "parked")]
+    assert len(plan.set_aside) == (outcome == "quarantined")
