@@ -110,8 +110,7 @@ def output_records(decision: Decision, n: TopicNames) -> list[Record]:
 
 def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int,
                 strict: bool = True) -> Delivery:
-    """The Delivery of a record's (decoded) headers. ``strict=False``, for a record being set aside:
-    a received_at that is no time reads as 0 instead of raising."""
+    """The Delivery of a record's decoded headers (``strict=False``: a received_at that is no time is 0)."""
     get = headers.get
     text = get("received_at") or ""
     received = headers_read.received_ms(text) if strict else headers_read.received_ms_or_none(text) or 0
@@ -363,7 +362,8 @@ def _plan_careful(n: TopicNames, gateways: Gateways, batch: list[Incoming],
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"[:REASON_MAX]
             outputs += set_aside(n, record, headers, before, reason)
-            plan.set_aside.append((headers.get("gateway") or key.decode(errors="replace").partition(":")[0], reason))
+            named = headers.get("gateway") or (key or b"").decode(errors="replace").partition(":")[0]
+            plan.set_aside.append((named, reason))
             plan.outcomes[(plan.set_aside[-1][0], QUARANTINED)] += 1
             continue
         current[key] = after
@@ -397,4 +397,4 @@ def _last_ordinal(state: bytes | None) -> int:
     except orjson.JSONDecodeError:
         return 0
     ordinal = found.get("n", 0) if isinstance(found, dict) else 0
-    return ordinal if type(ordinal) is int else 0
+    return ordinal if type(ordinal) is int and 0 <= ordinal < 1 << 62 else 0

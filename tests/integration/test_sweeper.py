@@ -90,34 +90,3 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
         await sweeper.stop()
         await pool.close()
         await producer.stop()
-
-
-async def test_a_record_whose_received_at_is_no_time_is_swept_as_an_old_one(kafka: KafkaBroker,
-                                                                            postgres: PostgresServer) -> None:
-    """A record appended some other way than by the ingest may carry anything as its received_at: the
-    worker sets it aside (a quarantine row), and the sweeper takes it as old, never raising (it did:
-    the fetcher that runs it then restarted on the same record for ever)."""
-    s = make_settings(kafka.bootstrap, postgres.dsn, f"sweepodd{uuid.uuid4().hex[:8]}", sweep_after_s=2.0)
-    await prepare(s)
-    n = names(s.namespace)
-    producer = KeyedProducer(s.kafka_bootstrap)
-    await producer.start()
-    pool = await asyncpg.create_pool(s.postgres_dsn.reveal(), min_size=1, max_size=2,
-                                     server_settings={"search_path": quote_ident(s.namespace)})
-    sweeper = Sweeper(s, pool, producer, lambda _topic: None)
-    try:
-        odd = [b"abc", b"\xff", b"253402300800000", b"-5"]
-        await producer.send_all([(n.raw, f"pg:dep_o{i}".encode(), deposit(f"dep_o{i}", 1, "pending"),
-                                  [(k, value if k == "received_at" else v) for k, v in
-                                   raw_headers("pg", f"o{i}", 1_700_000_000_000)]) for i, value in enumerate(odd)])
-        await pool.execute("INSERT INTO quarantine (delivery_id, stage, reason, headers, body) "
-                           "VALUES ('o0', 'worker', 'ValueError', '[]', '')")  # set aside by the worker
-        await sweeper.start()
-        await commit_worker_group(s, n.raw)
-        assert await sweeper.sweep() == 3  # o1-o3: old, past the worker and the projector, and no row
-        copies = sorted(r.headers["delivery_id"] for r in await read_topic(s.kafka_bootstrap, n.raw))
-        assert copies == ["o0", "o1", "o1", "o2", "o2", "o3", "o3"]
-    finally:
-        await sweeper.stop()
-        await pool.close()
-        await producer.stop()

@@ -271,3 +271,14 @@ def test_a_record_appended_some_other_way_never_makes_planning_raise(case: str, 
     decided = [(key, d["outcome"]) for key, d in outputs(plan, N.decisions)]
     assert decided == [(odd.key or b"", outcome), (b"card:pay_g", "parked")]
     assert len(plan.set_aside) == (outcome == "quarantined")
+
+
+def test_a_keyless_record_without_a_gateway_header_and_a_state_at_the_largest_ordinal_is_set_aside() -> None:
+    """The reason's gateway then comes from nowhere, and the stored ordinal cannot be counted on: the
+    record is still set aside (the worker would loop on a batch that raises)."""
+    odd = Incoming(None, b"{}", [("delivery_id", b"d_k")], 0, 0, N.raw)  # type: ignore[arg-type]
+    plan = plan_batch(N, GATEWAYS, [odd], lambda partition, key: None)
+    assert [gateway for gateway, _ in plan.set_aside] == [""]
+    damaged = webhook("card", "pay_d", card("pay_d", 5, "e_d"), "d_d")
+    plan = plan_batch(N, GATEWAYS, [damaged], lambda partition, key: b'{"n": 18446744073709551615}')
+    assert len(plan.set_aside) == 1 and [d["seq"] for _, d in outputs(plan, N.decisions)] == [1]
