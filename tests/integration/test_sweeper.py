@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 
 import asyncpg
@@ -40,6 +42,24 @@ async def commit_worker_group(s: Settings, topic: str, at_start: bool = False) -
         await consumer.stop()
 
 
+@asynccontextmanager
+async def sweeping(s: Settings, reappended: Callable[[str], object]) -> AsyncIterator[tuple[
+        KeyedProducer, asyncpg.Pool, Sweeper]]:
+    """The namespace's topics and tables, a producer, a pool and a Sweeper (started by the test)."""
+    await prepare(s)
+    producer = KeyedProducer(s.kafka_bootstrap)
+    await producer.start()
+    pool = await asyncpg.create_pool(s.postgres_dsn.reveal(), min_size=1, max_size=2,
+                                     server_settings={"search_path": quote_ident(s.namespace)})
+    sweeper = Sweeper(s, pool, producer, reappended)
+    try:
+        yield producer, pool, sweeper
+    finally:
+        await sweeper.stop()
+        await pool.close()
+        await producer.stop()
+
+
 async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBroker, postgres: PostgresServer,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # The sweeper's clock for "not again within ORDERLY_SWEEP_AFTER_S" is moved by the test: a sweep
@@ -47,15 +67,9 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
     clock = [time.monotonic()]
     monkeypatch.setattr(sweeper_module, "time", SimpleNamespace(time=time.time, monotonic=lambda: clock[0]))
     s = make_settings(kafka.bootstrap, postgres.dsn, f"sweep{uuid.uuid4().hex[:8]}", sweep_after_s=2.0)
-    await prepare(s)
     n = names(s.namespace)
-    producer = KeyedProducer(s.kafka_bootstrap)
-    await producer.start()
-    pool = await asyncpg.create_pool(s.postgres_dsn.reveal(), min_size=1, max_size=2,
-                                     server_settings={"search_path": quote_ident(s.namespace)})
     reappended: list[str] = []
-    sweeper = Sweeper(s, pool, producer, reappended.append)
-    try:
+    async with sweeping(s, reappended.append) as (producer, pool, sweeper):
         await producer.send_all([(n.raw, f"pg:dep_w{i}".encode(), deposit(f"dep_w{i}", 1, "pending"),
                                   raw_headers("pg", f"d{i}", 1_700_000_000_000)) for i in range(3)])
         await pool.execute("INSERT INTO webhook_events (delivery_id, gateway, received_at, outcome) "
@@ -86,7 +100,26 @@ async def test_undecided_records_are_appended_again_until_decided(kafka: KafkaBr
         # every original is decided: the sweep position is where the worker group is (the copies lie beyond)
         assert {r["partition"]: r["next_offset"] for r in ends} == committed
         assert reappended == [n.raw] * 3
-    finally:
-        await sweeper.stop()
-        await pool.close()
-        await producer.stop()
+
+
+async def test_a_record_whose_received_at_is_no_time_is_swept_as_an_old_one(kafka: KafkaBroker,
+                                                                            postgres: PostgresServer) -> None:
+    """A record appended some other way than by the ingest may carry anything as its received_at: the
+    worker sets it aside (a quarantine row), and the sweeper takes it as old, never raising (it did:
+    the fetcher that runs it then restarted on the same record for ever). Its records are on the
+    broker before the sweeper starts, so its first pass reads every partition from the beginning
+    (with aiokafka's default reset, one partition in two began at its end)."""
+    s = make_settings(kafka.bootstrap, postgres.dsn, f"sweepodd{uuid.uuid4().hex[:8]}", sweep_after_s=2.0)
+    n = names(s.namespace)
+    async with sweeping(s, lambda _topic: None) as (producer, pool, sweeper):
+        odd = [b"abc", b"\xff", b"253402300800000", b"-5"]
+        await producer.send_all([(n.raw, f"pg:dep_o{i}".encode(), deposit(f"dep_o{i}", 1, "pending"),
+                                  [(k, value if k == "received_at" else v) for k, v in
+                                   raw_headers("pg", f"o{i}", 1_700_000_000_000)]) for i, value in enumerate(odd)])
+        await pool.execute("INSERT INTO quarantine (delivery_id, stage, reason, headers, body) "
+                           "VALUES ('o0', 'worker', 'ValueError', '[]', '')")  # set aside by the worker
+        await sweeper.start()
+        await commit_worker_group(s, n.raw)
+        assert await sweeper.sweep() == 3  # o1-o3: old, past the worker and the projector, and no row
+        copies = sorted(r.headers["delivery_id"] for r in await read_topic(s.kafka_bootstrap, n.raw))
+        assert copies == ["o0", "o1", "o1", "o2", "o2", "o3", "o3"]
