@@ -152,6 +152,10 @@ def test_any_order_with_a_reorg_detour_over_http(pipe: Running, data: st.DataObj
             "SELECT * FROM paymos_invoices WHERE id = $1 AND updated_at_ms = $2", rid, BASE_MS + 400))
         assert row["status"] == "paid_over"
         await settled(pipe, rid, len(order))
+        # the effects process writes this table from orderly.effects: it may lag webhook_events
+        await pipe.wait_for(lambda c: c.fetchval(
+            "SELECT count(*) >= 1 FROM effects WHERE resource_id = $1 AND type IN ('invoice_paid', 'invoice_paid_over')",
+            rid))
         credits = [k for k, t in await effects(pipe, rid) if t in ("invoice_paid", "invoice_paid_over")]
         assert credits == [f"paymos:{rid}:credit"]
 
