@@ -65,6 +65,8 @@ async def test_pay_8c21_over_refund_parks_until_the_second_capture(pipe: Running
     assert row["state"] == "captured"  # totals not level: a partial refund keeps Captured
     await pipe.wait_for(lambda c: c.fetchval(
         "SELECT count(*) = 4 FROM card_events WHERE payment_ref = $1 AND applied_at IS NOT NULL", ref))
+    # the effects process writes its table from orderly.effects: it may lag the card projection
+    await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM effects WHERE resource_id = $1", ref))
     conn = await pipe.connect()
     try:
         outcomes = {r["event_id"]: r["outcome"] for r in await conn.fetch(
