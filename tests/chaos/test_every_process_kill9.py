@@ -26,7 +26,7 @@ import pytest
 from app.simulator import api
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.chaos.three_gateways import (
     Killer,
     Poster,
@@ -61,7 +61,8 @@ def pipe(flow: Traffic, kafka: KafkaBroker, postgres: PostgresServer, tmp_path: 
         s = make_settings(kafka.bootstrap, postgres.dsn, f"every{uuid.uuid4().hex[:8]}",
                           effects_lease_s=LEASE_S, effects_timeout_s=LEASE_S - 1, append_timeout_s=2.0,
                           worker_stall_s=10.0, sweep_after_s=5.0,
-                          ingest_port=free_port(), api_urls={"card": gateway_api, "pg": gateway_api},
+                          ingest_port=spare_port(),  # outside the ephemeral range: kept while the ingest is down
+                          api_urls={"card": gateway_api, "pg": gateway_api},
                           fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0)
         with running_pipeline(s, tmp_path) as running:
             running.pipeline.start("ingest")  # `orderly ingest`, on ORDERLY_INGEST_PORT after every restart

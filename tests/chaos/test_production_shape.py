@@ -34,7 +34,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from app.settings import Secret, Settings
 from app.simulator import api
 from app.stack.kafka import KafkaCluster
-from app.stack.process import free_port, spare_port
+from app.stack.process import spare_port
 from app.supervisor import Stack
 from projections.migrate import quote_ident
 from tests.chaos.three_gateways import (
@@ -97,7 +97,11 @@ def shape(flow: Traffic, tmp_path: Path, request: pytest.FixtureRequest) -> Iter
             settings = base.with_overrides(
                 kafka_bootstrap=f"127.0.0.1:{spare_port(span=3)}",
                 postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres"),
-                data_dir=tmp_path / ".orderly", partitions=PARTITIONS, ingest_port=free_port(),
+                data_dir=tmp_path / ".orderly", partitions=PARTITIONS,
+                # the ingest's port and, after it, one metrics port per process (7): outside the
+                # ephemeral range, where a Kafka client's outgoing connection can take one between a
+                # process's start and its bind (worker-2 once exited 1 at start here, likely so)
+                ingest_port=spare_port(span=8),
                 append_timeout_s=5.0,  # the production default: a node's loss must fit in it
                 effects_url=stub.url, api_urls={"card": gateway_api, "pg": gateway_api},
                 fetch_parked_after_s=3.0, fetch_interval_s=1.0, gap_backfill_after_s=6.0, sweep_after_s=5.0,
