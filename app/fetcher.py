@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaError
 
 from app.effects import require_https
 from app.gateways import registry
+from app.gateways.limits import body_error
 from app.gateways.registry import Fetch, Gateway
 from app.kafka_client import client_options
 from app.metrics import FetcherMetrics, beside, every, start_service
@@ -187,6 +188,8 @@ class Fetcher:
         answer = tuple(answers) if fetch.also else answers[0]  # with ``also``: the pair (registry.Fetch)
         try:
             body = fetch.synced(resource_id, answer, int(time.time() * 1000))
+            if (problem := body_error(body)) is not None:  # the worker would quarantine it, at every fetch
+                raise ValueError(problem)
         except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
             log.error("unusable gateway answer for %s: %s: %s", resource_id, type(exc).__name__, exc,
                       extra={"gateway": name, "resource_id": resource_id})
@@ -230,9 +233,10 @@ class Fetcher:
                     return appended
                 raw = orjson.dumps(event)
                 route = gateway.adapter.route(raw)
-                if route.resource_key is None:
-                    log.error("backfilled %s event %s cannot be routed: %s", name, event.get("id"),
-                              route.quarantine_reason)
+                if route.resource_key is None or (problem := body_error(raw)) is not None:
+                    log.error("backfilled %s event %s set aside: %s", name, event.get("id"),
+                              route.quarantine_reason or problem)
+                    self.metrics.set_aside.labels("fetcher", name).inc()
                     continue
                 await self.producer.send_and_wait(
                     names(self.settings.namespace).raw, route.resource_key.encode(), raw,

@@ -154,8 +154,8 @@ def test_any_order_with_a_reorg_detour_over_http(pipe: Running, data: st.DataObj
         await settled(pipe, rid, len(order))
         # the effects process writes this table from orderly.effects: it may lag webhook_events
         await pipe.wait_for(lambda c: c.fetchval(
-            "SELECT count(*) >= 1 FROM effects WHERE resource_id = $1 AND type IN ('invoice_paid', 'invoice_paid_over')",
-            rid))
+            "SELECT count(*) >= 1 FROM effects WHERE resource_id = $1 "
+            "AND type IN ('invoice_paid', 'invoice_paid_over')", rid))
         credits = [k for k, t in await effects(pipe, rid) if t in ("invoice_paid", "invoice_paid_over")]
         assert credits == [f"paymos:{rid}:credit"]
 

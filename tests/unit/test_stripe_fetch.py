@@ -191,6 +191,9 @@ async def test_without_a_key_no_authorization_is_sent() -> None:
     (intent(), {"object": "list", "data": "x"}, 200, "unusable"),
     (intent(), refunds(has_more=True), 200, "unusable"),
     ([1, 2], refunds(), 200, "unusable"),
+    # past the limits every input keeps (DESIGN §2.4): the worker would quarantine it at every fetch
+    ({**intent(), "metadata": {"k": "a\x00b"}}, refunds(), 200, "unusable"),
+    ({**intent(), "metadata": orjson.loads(b'{"a":' * 40 + b"{}" + b"}" * 40)}, refunds(), 200, "unusable"),
     (intent(), refunds(), 404, "not_found"),
 ])
 async def test_an_unusable_or_missing_answer_appends_nothing_and_is_counted(

@@ -1,0 +1,64 @@
+"""The fetcher keeps the limits every input keeps (DESIGN §2.4) on what it appends: a backfilled
+event past them is set aside (logged, counted), the events around it are appended; the worker would
+otherwise quarantine it each time the gap is backfilled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from app.fetcher import Fetcher
+from app.gateways import registry
+from tests.pg_events import deposit
+from tests.support import make_settings, serve_in_thread
+
+
+class Appended:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, bytes, Any]] = []
+
+    async def send_and_wait(self, topic: str, key: bytes, value: bytes, headers: Any) -> None:
+        self.records.append((topic, key, value, headers))
+
+
+def deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@contextmanager
+def events_api(page: list[dict[str, Any]]) -> Iterator[str]:
+    async def events(request: web.Request) -> web.Response:
+        since = int(request.query["since_sequence"])
+        return web.json_response({"data": [e for e in page if e["sequence"] > since]})
+
+    app = web.Application()
+    app.router.add_get("/v1/pay/events", events)
+    with serve_in_thread(app) as url:
+        yield url
+
+
+@pytest.mark.parametrize("extra", [{"note": "a\x00b"}, {"nested": deep(40)}, {"big": 2**63}],
+                         ids=["nul", "deep", "big_int"])
+async def test_a_backfilled_event_past_the_limits_is_set_aside_and_the_rest_appended(extra: dict[str, Any]) -> None:
+    page = [orjson.loads(deposit("dep_lim", v, "pending", sequence=v, **(extra if v == 2 else {})))
+            for v in (1, 2, 3)]
+    with events_api(page) as url:
+        fetcher = Fetcher(make_settings("127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "unit",
+                                        api_urls={"pg": url}, fetch_rate_per_s=1000.0))
+        appended = Appended()
+        fetcher.producer = appended  # type: ignore[assignment]
+        async with aiohttp.ClientSession() as fetcher.http:
+            count = await fetcher.backfill(registry.GATEWAYS["pg"], url, "/v1/pay/events",
+                                           {"since_sequence": 0, "until_sequence": 3})
+    assert count == 2
+    assert [orjson.loads(value)["sequence"] for _, _, value, _ in appended.records] == [1, 3]
+    assert fetcher.metrics.set_aside.labels("fetcher", "pg")._value.get() == 1
