@@ -28,7 +28,7 @@ from app.kafka_client import client_options
 from app.producer import KeyedProducer
 from app.settings import Settings
 from topics.catalog import REQUEST_BYTES, names
-from topics.records import H_DELIVERY_ID, H_RECEIVED_AT, received_ms_or_none
+from topics.records import H_DELIVERY_ID, H_RECEIVED_AT, log_place, received_ms_or_none
 
 log = logging.getLogger("orderly.sweeper")
 CONSUMER = "sweeper"
@@ -41,7 +41,7 @@ def delivery_id_of(m: Any) -> str:
     it (a value that is not UTF-8, with replacement characters; a null one, as none), else its place
     in the log, as the worker names a record without one."""
     value = dict(m.headers).get(H_DELIVERY_ID)
-    return (value or b"").decode(errors="replace") or f"{m.topic}:{m.partition}:{m.offset}"
+    return (value or b"").decode(errors="replace") or log_place(m.topic, m.partition, m.offset)
 
 class Sweeper:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, producer: KeyedProducer, on_reappend: Any) -> None:

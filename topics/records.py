@@ -44,6 +44,12 @@ def received_ms_or_none(value: str | bytes | None) -> int | None:
         return None
 
 
+def log_place(topic: str, partition: int, offset: int) -> str:
+    """The delivery id of a record that names none (no delivery_id header, or an empty one): its place
+    in the log. The worker decides it under this id, and the sweeper looks for its decision under it."""
+    return f"{topic}:{partition}:{offset}"
+
+
 def raw_headers(
     gateway: str, delivery_id: str, received_at_ms: int, source: str = "webhook"
 ) -> list[tuple[str, bytes]]:

@@ -114,7 +114,7 @@ def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: 
     get = headers.get
     text = get("received_at") or ""
     received = headers_read.received_ms(text) if strict else headers_read.received_ms_or_none(text) or 0
-    return Delivery(get("delivery_id") or f"{topic}:{partition}:{offset}",
+    return Delivery(get("delivery_id") or headers_read.log_place(topic, partition, offset),
                     get("gateway") or resource_key.partition(":")[0], resource_key,
                     received, offset, get("source", "webhook"))
 
@@ -144,7 +144,7 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
                 at = int(received_b.decode())
             if not 0 <= at <= headers_read.RECEIVED_MAX:
                 headers_read.received_ms(received_b)  # raises, with the reason
-            return Delivery(delivered or f"{record.topic}:{record.partition}:{record.offset}",
+            return Delivery(delivered or headers_read.log_place(record.topic, record.partition, record.offset),
                             named or resource_key.partition(":")[0], resource_key,
                             at, record.offset, sent_by), False, True
     delivery_id = gateway = received = None
@@ -167,7 +167,7 @@ def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
             if name == H_RECORD:
                 correlation = text == CORRELATION
     resource_key = record.key.decode()
-    return Delivery(delivery_id or f"{record.topic}:{record.partition}:{record.offset}",
+    return Delivery(delivery_id or headers_read.log_place(record.topic, record.partition, record.offset),
                     gateway or resource_key.partition(":")[0], resource_key,
                     headers_read.received_ms(received) if received else 0, record.offset, source), correlation, checked
 
