@@ -35,6 +35,7 @@ from tests.chaos.three_gateways import (
     differences,
     matches_truth,
     replay,
+    still_moving,
     traffic,
     undecided,
     wait_until,
@@ -161,6 +162,13 @@ async def test_kill_9_every_process_while_12000_webhooks_of_three_gateways_flow(
             missing = [(d, r.partition, r.offset, r.headers) for d, r in raw.items() if d not in have]
             return f"{len(missing)} records of orderly.raw without a decision, e.g. {missing[:6]}"
         sweep_s = await wait_until(all_stored_decided, 60, "every stored record decided", explain_stored)
+
+        async def effects_done() -> bool:  # the effects of the decisions just made, another process's table
+            return await still_moving(conn, pipe.settings.kafka_bootstrap, pipe.settings.namespace) is None
+
+        async def moving() -> str:
+            return str(await still_moving(conn, pipe.settings.kafka_bootstrap, pipe.settings.namespace))
+        await wait_until(effects_done, 60, "every emitted effect recorded and delivered", moving)
 
         assert await undecided(conn, poster.acked) == 0
         await assert_matches_truth(conn, flow.truth)

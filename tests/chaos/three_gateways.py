@@ -35,7 +35,8 @@ from app.simulator import lifecycles
 from app.simulator import paymos as paymos_simulator
 from app.simulator import pg as pg_simulator
 from tests.pipeline import Running
-from tests.support import signed_headers
+from tests.support import read_topic, signed_headers
+from topics.catalog import names
 
 REORDER = 8  # how many positions of its gateway's stream a delivery may move
 REDELIVERED = 0.05  # deliveries sent again later (the gateway did not see the 200)
@@ -257,6 +258,25 @@ async def wait_until(check: Any, limit_s: float, what: str, explain: Any = None)
             raise AssertionError(f"{what}: not reached in {limit_s:.0f} s{why}")
         await asyncio.sleep(0.5)
     return time.monotonic() - started
+
+
+async def still_moving(conn: asyncpg.Connection, bootstrap: str, namespace: str) -> str | None:
+    """What the pipeline has not finished once the fetcher is stopped: records of orderly.raw without
+    their decision (its last backfills, the sweeper's), effects of orderly.effects not recorded and
+    delivered (another process writes that table); None when nothing. A test checks the read models
+    and replays only after this, as the decisions' read model alone can be ahead of both."""
+    raw = {r.headers["delivery_id"] for r in await read_topic(bootstrap, names(namespace).raw)}
+    decided = {r[0] for r in await conn.fetch(
+        "SELECT delivery_id FROM webhook_events WHERE delivery_id = ANY($1::text[])", list(raw))}
+    emitted = {r.key.decode() for r in await read_topic(bootstrap, names(namespace).effects) if r.key}
+    settled = {r[0] for r in await conn.fetch(
+        "SELECT dedupe_key FROM effects WHERE dedupe_key = ANY($1::text[]) "
+        "AND (delivered_at IS NOT NULL OR dead_at IS NOT NULL)", list(emitted))}
+    if raw <= decided and emitted <= settled:
+        return None
+    undecided_ids, unsettled = sorted(raw - decided), sorted(emitted - settled)
+    return (f"{len(undecided_ids)} stored records without a decision, e.g. {undecided_ids[:5]}; "
+            f"{len(unsettled)} effects emitted, not recorded and delivered, e.g. {unsettled[:5]}")
 
 
 async def undecided(conn: asyncpg.Connection, acked: list[str]) -> int:

@@ -71,9 +71,11 @@ async def set_up(pipe: Running) -> Scenario:
     await pipe.correlate(["dep_gap"])
     await pipe.post("pg", deposit("dep_gap", 1, "pending", sequence=3), deposit("dep_gap", 2, "pending", sequence=6))
     await pipe.wait_for(lambda c: c.fetchval("SELECT count(*) = 1 FROM pg_sequence_gaps"))
-    # what the scenario emitted so far is delivered before the merchant starts refusing
+    # what the scenario emitted so far (the card payment's mark_order_paid, dep_gap's two status
+    # updates: the effects process may not have recorded the last yet) is delivered before the
+    # merchant starts refusing
     await pipe.wait_for(lambda c: c.fetchval(
-        "SELECT count(*) > 0 AND count(*) FILTER (WHERE delivered_at IS NULL) = 0 FROM effects"))
+        "SELECT count(*) = 3 AND count(*) FILTER (WHERE delivered_at IS NULL) = 0 FROM effects"))
     restart_effects(pipe, ORDERLY_EFFECTS_MAX_ATTEMPTS="1")
     pipe.stub.behave(refuse_with=500)
     first = await settle_deposits(pipe, "early", 2)

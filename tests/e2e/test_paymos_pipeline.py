@@ -113,6 +113,7 @@ async def test_channel_deposit_is_credited_once_across_a_reorg(pipe: Running) ->
                event("payment_channel.deposit.confirmed", "pcd_a", "confirmed", 4000, net_amount="2.5"))
     await pipe.wait_for(lambda c: c.fetchval(
         f"SELECT 1 FROM paymos_channel_deposits WHERE id = 'pcd_a' AND updated_at_ms = {BASE_MS + 4000}"))
+    await pipe.wait_for(lambda c: c.fetchval("SELECT 1 FROM effects WHERE resource_id = 'pcd_a'"))  # another process
     assert await effects(pipe, "pcd_a") == [("paymos:pcd_a:credit_channel_deposit", "credit_channel_deposit")]
 
 

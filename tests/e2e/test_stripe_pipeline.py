@@ -230,7 +230,12 @@ async def observed(conn: asyncpg.Connection, history: History) -> Outcome:
 def test_replay_of_everything_above_equals_live_and_delivers_nothing_again(pipe: Running, tmp_path: Path) -> None:
     """Replay equals live for stripe: every record above (webhooks, thin events, fetched answers,
     quarantined bodies) rebuilt into a fresh namespace gives the same stripe_payment_intents."""
-    delivered_before = sum(pipe.stub.deliveries.values())
+    async def settled() -> int:  # every recorded effect delivered: none is on its way during the replay
+        await pipe.wait_for(lambda c: c.fetchval(
+            "SELECT count(*) = 0 FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL"), timeout=90)
+        return sum(pipe.stub.deliveries.values())
+
+    delivered_before = asyncio.run(settled())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = replay(pipe.settings, f"rb{uuid.uuid4().hex[:8]}", tmp_path / "replay")
