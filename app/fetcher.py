@@ -26,6 +26,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from app import pg_pool
 from app.effects import require_https
 from app.gateways import registry
 from app.gateways.limits import body_error
@@ -37,7 +38,6 @@ from app.readiness import UNREACHABLE, Readiness, wait_for_postgres
 from app.settings import Settings
 from app.sweeper import Sweeper
 from projections import quarantine, sql
-from projections.migrate import quote_ident
 from topics.catalog import names
 from topics.records import raw_headers
 
@@ -93,8 +93,8 @@ class Fetcher:
 
     async def start(self) -> None:
         await self.producer.start()
-        self.pool = await asyncpg.create_pool(self.settings.postgres_dsn.reveal(), min_size=1, max_size=2,
-                                              server_settings={"search_path": quote_ident(self.settings.namespace)})
+        self.pool = await pg_pool.create_pool(self.settings.postgres_dsn.reveal(), self.settings.namespace,
+                                              min_size=1, max_size=2)
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
 
     async def stop(self) -> None:

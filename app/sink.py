@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
+from app import pg_pool
 from app.core.pacing import busy_pause
 from app.group_session import session_refusal
 from app.kafka_client import client_options
@@ -30,7 +31,6 @@ from app.settings import Settings, SettingsError
 from app.waits import within
 from projections import sql
 from projections.bulk import Conn, printable
-from projections.migrate import quote_ident
 from topics.catalog import REQUEST_BYTES
 
 log = logging.getLogger("orderly.sink")
@@ -68,9 +68,8 @@ class PgSink:
     async def start(self) -> None:
         # the brokers' session bounds are read while the pool connects: no wait added to a restart
         refused = asyncio.ensure_future(session_refusal(self.settings))
-        self.pool = await asyncpg.create_pool(
-            self.settings.postgres_dsn.reveal(), min_size=1, max_size=4,
-            server_settings={"search_path": quote_ident(self.settings.namespace)})
+        self.pool = await pg_pool.create_pool(self.settings.postgres_dsn.reveal(), self.settings.namespace,
+                                              min_size=1, max_size=4)
         if (reason := await refused) is not None:
             raise SettingsError(reason)
         self.consumer = AIOKafkaConsumer(

@@ -16,6 +16,7 @@ import asyncpg
 import orjson
 from aiohttp import web
 
+from app import pg_pool
 from app.gateways.limits import id_error
 from app.ingest.answers import Unavailable, json_response, refusal
 from app.ingest.appender import Appender
@@ -24,7 +25,6 @@ from app.ingest.deliveries import next_delivery_id
 from app.logs import SampledLog
 from app.metrics import IngestMetrics
 from app.settings import Settings
-from projections.migrate import quote_ident
 from topics.catalog import TopicNames
 from topics.records import Correlation, correlation_headers
 
@@ -60,9 +60,7 @@ class CorrelationStore:
         return self._pool
 
     async def _create_pool(self) -> asyncpg.Pool:
-        return await asyncpg.create_pool(
-            self.dsn, min_size=1, max_size=4, timeout=3,
-            server_settings={"search_path": quote_ident(self.schema)})
+        return await pg_pool.create_pool(self.dsn, self.schema, min_size=1, max_size=4, timeout=3)
 
     async def claim(self, c: Correlation, timeout_s: float) -> bool:
         """True if the mapping is new or identical; False if it conflicts with a stored one."""
