@@ -101,6 +101,17 @@ class IngestMetrics(_Metrics):
         self.log_suppressed = Counter(
             "orderly_log_lines_suppressed", "Sampled log lines not written (the first few per gateway and "
             "reason a minute are)", ["logger"], registry=self.registry)
+        self.correlation_batches = Counter(
+            "orderly_ingest_correlation_batches", "Batches of correlation claims by outcome: decided, again (after "
+            "a deadlock), alone (a claim refused: each decided by itself), refused, unavailable (503 for each "
+            "claim), busy (a claim refused at once: too many waiting)", ["outcome"], registry=self.registry)
+        for outcome in ("decided", "again", "alone", "refused", "unavailable", "busy"):
+            self.correlation_batches.labels(outcome)
+        self.correlation_batch_size = Histogram(
+            "orderly_ingest_correlation_batch_size", "Correlation claims decided in one statement",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
+        self.correlations_waiting = Gauge(
+            "orderly_ingest_correlations_waiting", "Correlation claims waiting for their batch", registry=self.registry)
         self.handed_over = Counter(
             "orderly_ingest_connections_handed_over", "Connections the webhook fast path gave to aiohttp's "
             "HTTP protocol (another route, a body still arriving, chunked, Expect, HTTP/1.0, ...)",

@@ -12,7 +12,8 @@ from aiohttp import web
 from app.gateways import registry
 from app.ingest.appender import Appender
 from app.ingest.body import MAX_BODY
-from app.ingest.correlations import CorrelationStore, Wiring
+from app.ingest.correlation_store import CorrelationStore
+from app.ingest.correlations import Wiring
 from app.ingest.readiness import Readiness, healthz
 from app.ingest.receiver import Receiver
 from app.kafka_client import client_options
@@ -60,7 +61,7 @@ def create_app(settings: Settings) -> web.Application:
     topics = names(settings.namespace)  # once, not per request
     app[APPENDER] = Appender(settings.kafka_bootstrap, settings.append_timeout_s, metrics,
                              **client_options(settings))
-    app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn.reveal(), settings.namespace)
+    app[CORRELATIONS] = CorrelationStore(settings.postgres_dsn.reveal(), settings.namespace, metrics)
     app[REFUSALS] = SampledLog(log, first=REFUSALS_LOGGED_PER_MINUTE, window_s=60.0,
                                on_suppressed=lambda key: metrics.log_suppressed.labels(log.name).inc())
     app[RECEIVER] = Receiver(settings, metrics, app[APPENDER], app[REFUSALS], topics)

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from app.ingest.answers import Unavailable, json_response
 from app.ingest.appender import Appender
-from app.ingest.correlations import CorrelationStore
+from app.ingest.correlation_store import CorrelationStore
 
 log = logging.getLogger("orderly.ingest")
 

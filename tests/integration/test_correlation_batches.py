@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.ingest import correlations as store_module
+from app.ingest import correlation_store as store_module
 from app.ingest.answers import Unavailable
-from app.ingest.correlations import CorrelationStore
+from app.ingest.correlation_store import CorrelationStore
+from app.metrics import IngestMetrics
 from app.stack.postgres import PostgresServer
 from projections.migrate import migrate, quote_ident
 from topics.records import Correlation
@@ -118,3 +119,102 @@ async def test_postgresql_away_is_unavailable_for_every_claim_of_the_batch() -> 
     assert len({id(r) for r in results}) == 5  # each caller raises its own
     assert all(str(r).startswith("postgres unreachable:") and isinstance(r.__cause__, OSError)
                for r in results if isinstance(r, Unavailable)), results
+
+
+def outcomes(metrics: IngestMetrics) -> dict[str, float]:
+    return {o: metrics.correlation_batches.labels(o)._value.get()
+            for o in ("decided", "again", "alone", "refused", "unavailable", "busy")}
+
+
+async def test_two_ingests_deciding_the_same_deposits_in_crossed_orders_do_not_deadlock(
+        schema: str, postgres: PostgresServer) -> None:
+    """Each batch goes in deposit order: two ingests' batches of the same 256 deposits, given in
+    opposite orders, take their rows in one order (before, 4 rounds in 10 deadlocked)."""
+    for round_ in range(6):
+        claims = [Correlation(f"r{round_}d{i:03}", f"r{round_}m{i:03}", "o", "u") for i in range(256)]
+        metrics = [IngestMetrics(), IngestMetrics()]
+        stores = [CorrelationStore(postgres.dsn, schema, m) for m in metrics]
+        try:
+            answers = await asyncio.gather(*(stores[0].claim(c, 10) for c in claims),
+                                           *(stores[1].claim(c, 10) for c in reversed(claims)))
+        finally:
+            for store in stores:
+                await store.close()
+        assert all(answers)  # identical claims: both 200
+        assert [outcomes(m)["again"] for m in metrics] == [0, 0]
+
+
+async def test_a_batch_picked_as_a_deadlocks_victim_is_decided_again(
+        schema: str, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = IngestMetrics()
+    store = CorrelationStore(postgres.dsn, schema, metrics)
+    real = store_module.CorrelationStore._decide
+    calls = []
+
+    async def deadlocked_once(self: CorrelationStore, claims: list[Correlation], deadline: float) -> list[bool]:
+        calls.append(len(claims))
+        if len(calls) == 1:
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        return await real(self, claims, deadline)
+
+    monkeypatch.setattr(store_module.CorrelationStore, "_decide", deadlocked_once)
+    try:
+        answers = await asyncio.gather(*(store.claim(Correlation(f"v{i}", f"vm{i}", "o", "u"), 10) for i in range(5)))
+    finally:
+        await store.close()
+    assert answers == [True] * 5 and calls == [5, 5]
+    assert outcomes(metrics)["again"] == 1 and outcomes(metrics)["alone"] == 0
+
+
+async def test_a_refusal_of_the_batchs_own_is_a_503_for_each_claim_not_one_at_a_time(
+        schema: str, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock or statement timeout, read-only after a failover, too many connections: PostgreSQL's,
+    not a claim's. Each caller is answered at once, and no claim is decided by itself afterwards."""
+    metrics = IngestMetrics()
+    store = CorrelationStore(postgres.dsn, schema, metrics)
+    calls = []
+
+    async def refusing(self: CorrelationStore, claims: list[Correlation], deadline: float) -> list[bool]:
+        calls.append(len(claims))
+        raise asyncpg.LockNotAvailableError("canceling statement due to lock timeout")
+
+    monkeypatch.setattr(store_module.CorrelationStore, "_decide", refusing)
+    try:
+        answers = await asyncio.gather(*(store.claim(Correlation(f"l{i}", f"lm{i}", "o", "u"), 10) for i in range(6)),
+                                       return_exceptions=True)
+    finally:
+        await store.close()
+    assert calls == [6]
+    assert all(isinstance(a, Unavailable) and isinstance(a.__cause__, asyncpg.LockNotAvailableError)
+               for a in answers), answers
+    assert str(answers[0]).startswith("postgres unavailable: LockNotAvailableError")
+    assert outcomes(metrics)["unavailable"] == 1
+
+
+async def test_claims_past_the_waiting_bound_are_refused_at_once_and_stopping_answers_the_rest(
+        schema: str, postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = IngestMetrics()
+    store = CorrelationStore(postgres.dsn, schema, metrics)
+    monkeypatch.setattr(store_module, "WAITING_MAX", 4)
+    monkeypatch.setattr(store_module, "CLAIMS_AT_ONCE", 2)
+    stuck = asyncio.Event()
+
+    async def slow(self: CorrelationStore, claims: list[Correlation], deadline: float) -> list[bool]:
+        stuck.set()
+        await asyncio.sleep(60)  # PostgreSQL far slower than the PUTs
+        return [True] * len(claims)
+
+    monkeypatch.setattr(store_module.CorrelationStore, "_decide", slow)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    claims = [asyncio.create_task(store.claim(Correlation(f"w{i}", f"wm{i}", "o", "u"), 30)) for i in range(10)]
+    await stuck.wait()  # four claims waited (the bound), six came past it; two of the four in the batch
+    await asyncio.sleep(0.1)
+    refused = [t for t in claims if t.done()]
+    assert refused == claims[4:] and all(isinstance(t.exception(), Unavailable) for t in refused)
+    assert "4 correlations waiting already" in str(refused[0].exception())
+    assert metrics.correlations_waiting._value.get() == 2 and outcomes(metrics)["busy"] == 6
+    await store.close()  # the batch under way and the two waiting are answered now, not in 30 s
+    answers = await asyncio.gather(*claims, return_exceptions=True)
+    assert all(isinstance(a, Unavailable) for a in answers), answers
+    assert loop.time() - started < 10

@@ -13,7 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from app.ingest.appender import Appender
-from app.ingest.correlations import CorrelationRoute, CorrelationStore
+from app.ingest.correlation_store import CorrelationStore
+from app.ingest.correlations import CorrelationRoute
 from app.logs import SampledLog
 from app.metrics import IngestMetrics
 from tests.support import make_settings
