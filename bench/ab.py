@@ -78,7 +78,8 @@ def command(argv: list[str]) -> int:
                                               round_no * len(variants) + number[name])
                 ratios[name].append(result["rate"] / base)
                 line += (f" | {name} {result['rate']:.0f}/s {ratios[name][-1]:.2f}x (read model "
-                         f"{result['tail_s']:.2f} s after the last answer), CPU s {result['cpu_s']}")
+                         f"{result['tail_s']:.2f} s after the last answer), CPU s {result['cpu_s']}; "
+                         f"{e2e.correlation_line(result)}")
             print(line, flush=True)
     for name, found in ratios.items():
         print(f"{name}: {', '.join(f'{r:.2f}' for r in found)}x the round's baseline "

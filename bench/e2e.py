@@ -104,9 +104,12 @@ async def put_correlations(url: str, token: str, deposits: int = DEPOSITS) -> No
 
 @contextmanager
 def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path, tag: str,
-             deposits: int = DEPOSITS) -> Iterator[tuple[Settings, str, list[subprocess.Popen[bytes]]]]:
+             deposits: int = DEPOSITS, correlations: dict[str, Any] | None = None,
+             ) -> Iterator[tuple[Settings, str, list[subprocess.Popen[bytes]]]]:
     """An ingest, a worker, a projector and an effects recorder of a fresh namespace, with every
-    deposit's correlation stored and the worker joined: yields (settings, ingest URL, processes)."""
+    deposit's correlation stored and the worker joined: yields (settings, ingest URL, processes).
+    ``correlations`` receives the PUTs' rate and the CPU seconds they cost each process (the
+    merchant registers each deposit's correlation before its webhooks come: not timed with them)."""
     port = free_port()
     env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
            "ORDERLY_NAMESPACE": f"{tag}_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
@@ -126,7 +129,12 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
                                           stderr=subprocess.STDOUT))
     url = f"http://127.0.0.1:{port}"
     try:
+        before, started = cpu_by_process(procs, kafka, postgres), time.perf_counter()
         asyncio.run(put_correlations(url, settings.api_token.reveal(), deposits))
+        if correlations is not None:
+            correlations["rate"] = deposits / (time.perf_counter() - started)
+            correlations["cpu_s"] = {k: round(v - before.get(k, 0.0), 2)
+                                     for k, v in cpu_by_process(procs, kafka, postgres).items()}
         time.sleep(12)  # the worker joins its group and recovers; not part of the measurement
         yield settings, url, procs
     finally:
@@ -136,7 +144,9 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
 
 def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path,
                  round_no: int) -> dict[str, Any]:
-    with pipeline(kafka, postgres, guarantee, work, f"e2e{round_no}") as (settings, url, procs):
+    correlations: dict[str, Any] = {}
+    with pipeline(kafka, postgres, guarantee, work, f"e2e{round_no}", correlations=correlations) as (
+            settings, url, procs):
         requests_file = work / f"requests-{guarantee}-{round_no}.json"
         count = write_requests(settings, requests_file)
         settle(postgres, settings.namespace)
@@ -152,7 +162,15 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
     # later the last one was in the read model (the worker's backlog, a commit, the projector)
     return {"events": acked, "rate": acked / elapsed, "elapsed_s": elapsed, "ingest_rate": result["rate"],
             "ingest_p99_ms": result["p99_ms"], "answered_s": result["answered_s"],
-            "tail_s": elapsed - result["answered_s"], "cpu_s": cpu}
+            "tail_s": elapsed - result["answered_s"], "cpu_s": cpu, "correlations": correlations}
+
+
+def correlation_line(result: dict[str, Any]) -> str:
+    """The correlation PUTs before a run's webhooks: their rate and the ingest's and PostgreSQL's
+    CPU seconds per 1,000 of them."""
+    found = result["correlations"]
+    per = {k: round(1000 * found["cpu_s"].get(k, 0.0) / DEPOSITS, 3) for k in ("ingest", "postgres")}
+    return f"correlations {found['rate']:.0f} PUT/s, CPU-s per 1,000 PUTs {per}"
 
 
 def cpu_per_thousand(result: dict[str, Any]) -> float:
@@ -267,7 +285,8 @@ def main() -> None:
                     first = result["rate"] / rates["baseline"][-1]
                     print(f"round {round_no + 1}: {design} {result['rate']:.0f} events/s ({first:.2f}x the "
                           f"round's first baseline; every answer in {result['answered_s']:.2f} s, the last in the "
-                          f"read model {result['tail_s']:.2f} s later), {work_done}", flush=True)
+                          f"read model {result['tail_s']:.2f} s later), {work_done}; {correlation_line(result)}",
+                          flush=True)
                 if design not in results or result["rate"] > results[design]["rate"]:
                     results[design] = result
     around = [(rates["baseline"][2 * k] + rates["baseline"][2 * k + 1]) / 2 for k in range(ROUNDS)]

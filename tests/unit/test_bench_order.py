@@ -58,7 +58,8 @@ class FakeStack:
 
 def run(rate: float) -> dict[str, Any]:
     return {"rate": rate, "events": 30_000, "cpu_s": {"ingest": 1.0}, "elapsed_s": 30_000 / rate,
-            "answered_s": 25_000 / rate, "tail_s": 5_000 / rate}
+            "answered_s": 25_000 / rate, "tail_s": 5_000 / rate,
+            "correlations": {"rate": 2500.0, "cpu_s": {"ingest": 0.5, "postgres": 0.25, "worker": 0.1}}}
 
 
 def test_e2e_runs_the_modes_in_turn_and_pairs_each_with_its_own_rounds_baselines(
@@ -92,7 +93,10 @@ def test_e2e_runs_the_modes_in_turn_and_pairs_each_with_its_own_rounds_baselines
     # each round's own tail (a sixth of its run in run()), in round order
     assert saved["at_least_once"]["round_tails_s"] == [round(1.0 / k, 3) for k in range(1, 5)]
     assert saved["exactly_once"]["round_tails_s"] == [round(1.25 / k, 3) for k in range(1, 5)]
-    assert "at_least_once: 2.50, 2.50, 2.50, 2.50 (median 2.50, worst 2.50)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "at_least_once: 2.50, 2.50, 2.50, 2.50 (median 2.50, worst 2.50)" in out
+    # the correlation PUTs before each run: CPU-s per 1,000 of the 10,000 deposits' PUTs
+    assert "correlations 2500 PUT/s, CPU-s per 1,000 PUTs {'ingest': 0.05, 'postgres': 0.025}" in out
 
 
 def test_ab_turns_the_variants_each_round_and_keeps_each_variants_own_ratios(
