@@ -341,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"orderly {installed}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else argv
-    chosen = next((arg for arg in argv if not arg.startswith("-")), None)  # the command, before its options
+    # the command: the first argument that is no option, as long as the top-level parser takes no
+    # option with a value (--version and -h only; tests/unit/test_cli_start.py holds it)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (_fn, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         if name == chosen:

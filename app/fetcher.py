@@ -39,7 +39,7 @@ from app.settings import Settings
 from app.sweeper import Sweeper
 from projections import quarantine, sql
 from topics.catalog import names
-from topics.records import raw_headers
+from topics.records import H_SOURCE_KEY, H_TOPIC, quarantine_headers, raw_headers
 
 log = logging.getLogger("orderly.fetcher")
 
@@ -188,8 +188,6 @@ class Fetcher:
         answer = tuple(answers) if fetch.also else answers[0]  # with ``also``: the pair (registry.Fetch)
         try:
             body = fetch.synced(resource_id, answer, int(time.time() * 1000))
-            if (problem := body_error(body)) is not None:  # the worker would quarantine it, at every fetch
-                raise ValueError(problem)
         except Exception as exc:  # whatever the gateway answered, nothing is appended and the caller goes on
             log.error("unusable gateway answer for %s: %s: %s", resource_id, type(exc).__name__, exc,
                       extra={"gateway": name, "resource_id": resource_id})
@@ -201,12 +199,31 @@ class Fetcher:
         # shown in the timeline as one), never the same delivery id (the worker would take it for
         # the first one appended again and decide it "synced" once more)
         event_id = orjson.loads(body)["id"]
+        if (problem := body_error(body)) is not None:  # past the limits every input keeps
+            log.error("gateway answer for %s set aside: %s", resource_id, problem,
+                      extra={"gateway": name, "resource_id": resource_id})
+            self.metrics.fetches.labels(name, "unusable").inc()
+            self._answered(key, "unusable")  # asked again later and later; the same answer is one quarantined record
+            await self.set_aside(name, key, body, f"fetch-{event_id}", problem)
+            return 0
         self._answered(key, event_id)
         delivery_id = f"fetch-{event_id}~{uuid.uuid4().hex[:12]}"
         await self.producer.send_and_wait(names(self.settings.namespace).raw, key.encode(), body,
                                           raw_headers(name, delivery_id, int(time.time() * 1000), source="fetch"))
         self.metrics.fetches.labels(name, "synced").inc()
         return 1
+
+    async def set_aside(self, gateway: str, resource_key: str | None, body: bytes, delivery_id: str,
+                        reason: str) -> None:
+        """What the fetcher would have appended to orderly.raw, to orderly.quarantine instead, as the
+        ingest and the worker set a record aside: listed with the stage and reason (in its resource's
+        timeline when it has one), redriven to orderly.raw once fixed."""
+        headers = [(H_TOPIC, names(self.settings.namespace).raw.encode()),
+                   (H_SOURCE_KEY, (resource_key or "").encode()),
+                   *raw_headers(gateway, delivery_id, int(time.time() * 1000), source="fetch")]
+        await self.producer.send_and_wait(names(self.settings.namespace).quarantine, delivery_id.encode(), body,
+                                          quarantine_headers(headers, "fetcher", reason, resource_key))
+        self.metrics.set_aside.labels("fetcher", gateway).inc()
 
     async def backfill(self, gateway: Gateway, base: str, path: str, request: dict[str, Any]) -> int:
         """Fetch the events of a sequence gap that outlived its retry window from the gateway's event
@@ -233,10 +250,11 @@ class Fetcher:
                     return appended
                 raw = orjson.dumps(event)
                 route = gateway.adapter.route(raw)
-                if route.resource_key is None or (problem := body_error(raw)) is not None:
-                    log.error("backfilled %s event %s set aside: %s", name, event.get("id"),
-                              route.quarantine_reason or problem)
-                    self.metrics.set_aside.labels("fetcher", name).inc()
+                if route.resource_key is None:  # the ingest's own refusal (limits included)
+                    reason = route.quarantine_reason or "refused"
+                    log.error("backfilled %s event %s set aside: %s", name, event.get("id"), reason)
+                    await self.set_aside(name, route.resource_hint, raw,
+                                         f"fetch-{route.event_id or uuid.uuid4().hex[:12]}", reason)
                     continue
                 await self.producer.send_and_wait(
                     names(self.settings.namespace).raw, route.resource_key.encode(), raw,

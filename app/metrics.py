@@ -102,9 +102,10 @@ class IngestMetrics(_Metrics):
             "orderly_log_lines_suppressed", "Sampled log lines not written (the first few per gateway and "
             "reason a minute are)", ["logger"], registry=self.registry)
         self.correlation_batches = Counter(
-            "orderly_ingest_correlation_batches", "Batches of correlation claims by outcome: decided, again (after "
-            "a deadlock), alone (a claim refused: each decided by itself), refused, unavailable (503 for each "
-            "claim), busy (a claim refused at once: too many waiting)", ["outcome"], registry=self.registry)
+            "orderly_ingest_correlation_batches", "Batches of correlation claims by outcome: decided, again (decided "
+            "after a deadlock), alone (a claim's values refused: each claim then decided as a batch of one, counted "
+            "too), refused (such a claim), unavailable (503 for each claim); busy counts claims, not batches: each "
+            "refused at once, too many waiting", ["outcome"], registry=self.registry)
         for outcome in ("decided", "again", "alone", "refused", "unavailable", "busy"):
             self.correlation_batches.labels(outcome)
         self.correlation_batch_size = Histogram(

@@ -3,10 +3,11 @@ made one way (I/O shell).
 
 asyncpg resets a connection each time it goes back to its pool: ``SELECT pg_advisory_unlock_all();
 CLOSE ALL; UNLISTEN *; RESET ALL`` (``Connection.get_reset_query``), one round trip to PostgreSQL and
-four statements there, on every release. The ingest releases one for every correlation PUT. This
+four statements there, on every release. The ingest released one for every correlation PUT. This
 code keeps no session state for a reset to clear: its advisory locks are transaction-scoped
-(``pg_advisory_xact_lock``), its settings ``SET LOCAL``, it opens no cursor outside a transaction and
-listens to nothing; ``search_path`` is a connection parameter, which RESET ALL keeps anyway. So a
+(``pg_advisory_xact_lock``), it sets no setting for a session, opens no cursor outside a transaction
+and listens to nothing (tests/unit/test_pg_pool_premise.py searches for each); ``search_path`` is a
+connection parameter, which RESET ALL keeps anyway. So a
 release here only rolls back a transaction left open (asyncpg does that before any ``reset`` given
 to the pool) and skips the query. The migrations (a session advisory lock) and the admin (an
 operator's queries) keep asyncpg's reset.

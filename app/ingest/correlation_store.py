@@ -131,8 +131,14 @@ class CorrelationStore:
                 if not waiting.decided.done() and waiting.deadline > loop.time():  # its caller waits still
                     batch.append(waiting)
             self._gauge()
-            if batch:
-                await self._decide_batch(batch, min(w.deadline for w in batch))
+            if not batch:
+                continue
+            try:
+                # the latest deadline: a claim whose own passes first is answered 503 by its caller
+                await self._decide_batch(batch, max(w.deadline for w in batch))
+            except BaseException:  # the ingest stopping (or a bug): the batch under way is answered now
+                self._answer(batch, Unavailable("postgres unavailable: the ingest is stopping"), "unavailable")
+                raise
 
     async def _decide_batch(self, batch: list[Waiting], deadline: float) -> None:
         outcome = "decided"
@@ -153,9 +159,6 @@ class CorrelationStore:
                 if not waiting.decided.done():  # its caller waits still
                     await self._decide_batch([waiting], deadline)
             return
-        except asyncio.CancelledError:  # the ingest is stopping: its callers are told now
-            self._answer(batch, Unavailable("postgres unavailable: the ingest is stopping"), "unavailable")
-            raise
         except Exception as exc:  # PostgreSQL away or refusing the batch: 503 for each of its claims
             failed = exc if isinstance(exc, Unavailable) else Unavailable(
                 f"postgres unavailable: {type(exc).__name__} {exc}")

@@ -1,4 +1,4 @@
-"""The correlation store decides concurrent claims a batch at a time (app/ingest/correlations.py)
+"""The correlation store decides concurrent claims a batch at a time (app/ingest/correlation_store.py)
 against a real PostgreSQL: whatever collides, every answer is the one some one-at-a-time order of
 the same claims gives. A claim answered True is what is stored for its deposit; one answered False
 conflicts with what is stored (another mapping for its deposit, or its reference stored for another
@@ -52,18 +52,26 @@ async def schema(postgres: PostgresServer) -> AsyncIterator[str]:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(earlier=st.lists(CLAIM, max_size=3), burst=st.lists(CLAIM, min_size=1, max_size=40))
-def test_concurrent_claims_are_answered_as_one_at_a_time(postgres: PostgresServer, earlier: list[Correlation],
-                                                         burst: list[Correlation]) -> None:
+@given(earlier=st.lists(CLAIM, max_size=3), burst_on=st.lists(st.tuples(CLAIM, st.booleans()), min_size=1, max_size=40),
+       at_once=st.sampled_from([2, 3, 256]))
+def test_concurrent_claims_are_answered_as_one_at_a_time(
+        postgres: PostgresServer, earlier: list[Correlation], burst_on: list[tuple[Correlation, bool]], at_once: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ingests (two stores, each claim to one of them) and batches of 2, 3 or up to 256 claims: batches
+    that follow each other, and one store's SELECT seeing what the other's INSERT committed."""
+    monkeypatch.setattr(store_module, "CLAIMS_AT_ONCE", at_once)
+    burst = [c for c, _ in burst_on]
+
     async def scenario() -> None:
         schema = await fresh_schema(postgres.dsn)
-        store = CorrelationStore(postgres.dsn, schema)
+        stores = [CorrelationStore(postgres.dsn, schema), CorrelationStore(postgres.dsn, schema)]
         try:
             for c in earlier:  # stored before, one at a time
-                await store.claim(c, 10)
-            answers = await asyncio.gather(*(store.claim(c, 10) for c in burst))
+                await stores[0].claim(c, 10)
+            answers = await asyncio.gather(*(stores[int(other)].claim(c, 10) for c, other in burst_on))
         finally:
-            await store.close()
+            for store in stores:
+                await store.close()
         rows = await stored_rows(postgres.dsn, schema)
         fields = {c: (c.pg_deposit_id, c.merchant_reference, c.our_order_id, c.our_user_id) for c in earlier + burst}
         assert set(rows.values()) <= set(fields.values())  # nothing but a claim is stored

@@ -38,3 +38,11 @@ def test_each_command_still_takes_its_own_arguments(capsys: pytest.CaptureFixtur
         main(["--help"])
     listing = capsys.readouterr().out
     assert all(name in listing for name in COMMANDS)
+
+
+def test_the_top_level_parser_takes_no_option_with_a_value(capsys: pytest.CaptureFixture[str]) -> None:
+    """What finding the command as the first argument that is no option rests on (app/cli.py main)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert usage == "usage: orderly [-h] [--version] COMMAND ...", usage

@@ -1,6 +1,7 @@
 """The fetcher keeps the limits every input keeps (DESIGN §2.4) on what it appends: a backfilled
-event past them is set aside (logged, counted), the events around it are appended; the worker would
-otherwise quarantine it each time the gap is backfilled."""
+event past them goes to orderly.quarantine (stage fetcher, the reason; redriven to orderly.raw once
+fixed), the events around it to orderly.raw; the worker would otherwise set it aside again each time
+the gap is backfilled."""
 
 from __future__ import annotations
 
@@ -60,5 +61,11 @@ async def test_a_backfilled_event_past_the_limits_is_set_aside_and_the_rest_appe
             count = await fetcher.backfill(registry.GATEWAYS["pg"], url, "/v1/pay/events",
                                            {"since_sequence": 0, "until_sequence": 3})
     assert count == 2
-    assert [orjson.loads(value)["sequence"] for _, _, value, _ in appended.records] == [1, 3]
+    raw = [orjson.loads(value)["sequence"] for topic, _, value, _ in appended.records if topic == "unit.raw"]
+    assert raw == [1, 3]
+    [(_, key, value, headers)] = [r for r in appended.records if r[0] == "unit.quarantine"]
+    found = dict(headers)
+    assert orjson.loads(value)["sequence"] == 2 and key == b"fetch-evt_dep_lim_v2"
+    assert (found["stage"], found["topic"], found["source"], found["resource_key"]) == (
+        b"fetcher", b"unit.raw", b"fetch", b"pg:dep_lim")
     assert fetcher.metrics.set_aside.labels("fetcher", "pg")._value.get() == 1

@@ -191,9 +191,6 @@ async def test_without_a_key_no_authorization_is_sent() -> None:
     (intent(), {"object": "list", "data": "x"}, 200, "unusable"),
     (intent(), refunds(has_more=True), 200, "unusable"),
     ([1, 2], refunds(), 200, "unusable"),
-    # past the limits every input keeps (DESIGN §2.4): the worker would quarantine it at every fetch
-    ({**intent(), "metadata": {"k": "a\x00b"}}, refunds(), 200, "unusable"),
-    ({**intent(), "metadata": orjson.loads(b'{"a":' * 40 + b"{}" + b"}" * 40)}, refunds(), 200, "unusable"),
     (intent(), refunds(), 404, "not_found"),
 ])
 async def test_an_unusable_or_missing_answer_appends_nothing_and_is_counted(
@@ -211,6 +208,40 @@ async def test_an_unusable_or_missing_answer_appends_nothing_and_is_counted(
     assert fetcher.metrics.fetches.labels("stripe", outcome)._value.get() == 1
     if outcome == "unusable":
         assert fetcher.metrics.set_aside.labels("fetcher", "stripe")._value.get() == 1
+
+
+@pytest.mark.parametrize(("metadata", "reason"), [
+    ({"k": "a\x00b"}, "data.object.metadata.k: a string holds a NUL character"),
+    (orjson.loads(b'{"a":' * 40 + b"{}" + b"}" * 40), "JSON nests deeper than 32"),
+])
+async def test_an_answer_past_the_limits_is_set_aside_to_the_quarantine_once_per_answer(
+        metadata: object, reason: str) -> None:
+    """Past the limits every input keeps (DESIGN §2.4): to orderly.quarantine, stage fetcher, with the
+    reason, never to orderly.raw (the worker would set aside a new copy at every fetch); the same answer
+    again is the same quarantined record."""
+    async def answer(request: web.Request) -> web.Response:
+        if "payment_intents" in request.path:
+            return web.json_response({**intent(), "metadata": metadata})
+        return web.json_response(refunds())
+
+    with stripe_answering(answer, []) as url:
+        fetcher = Fetcher(make_settings("127.0.0.1:1", "postgresql://x@127.0.0.1:1/x", "unit",
+                                        api_urls={"stripe": url}))
+        appended = Appended()
+        fetcher.producer = appended  # type: ignore[assignment]
+        async with aiohttp.ClientSession() as fetcher.http:
+            counts = [await fetcher.sync_resource("stripe", PI) for _ in range(2)]
+    assert counts == [0, 0]
+    assert {topic for topic, _, _, _ in appended.records} == {"unit.quarantine"}
+    (_, first_id, body, headers), (_, second_id, _, _) = appended.records
+    found = dict(headers)
+    assert (found["stage"], found["topic"], found["gateway"], found["source"]) == (
+        b"fetcher", b"unit.raw", b"stripe", b"fetch")
+    assert reason in found["reason"].decode() and found["resource_key"] == f"stripe:{PI}".encode()
+    assert first_id == second_id and first_id.startswith(b"fetch-")  # one quarantined record per answer
+    assert orjson.loads(body)["object"] == "orderly.synced"
+    assert fetcher.metrics.fetches.labels("stripe", "unusable")._value.get() == 2
+    assert fetcher.metrics.set_aside.labels("fetcher", "stripe")._value.get() == 2
 
 
 # --- the simulator's Stripe API --------------------------------------------------------------------
