@@ -30,7 +30,8 @@ from app.settings import Settings
 from app.stack.process import free_port
 from projections.migrate import quote_ident
 from tests.openapi_check import checked, delivery_errors
-from tests.support import ServedIngest, admin_token, serve_in_thread, serve_ingest, signed_headers
+from tests.support import ServedIngest, admin_token, read_topic, serve_in_thread, serve_ingest, signed_headers
+from topics.catalog import names
 
 PROCESSES = ("worker", "projector", "effects", "fetcher")
 
@@ -263,6 +264,16 @@ class Running:
         await self.wait_for(lambda c: c.fetchval(
             "SELECT status = 'settled' FROM pg_deposits WHERE pg_deposit_id = $1", dep), timeout=timeout)
         return time.monotonic() - started
+
+    async def effects_settled(self, timeout: float = 90.0) -> int:
+        """Until every effect on orderly.effects is recorded and delivered (or dead): none is on its way
+        when a replay starts, to pass for one the replay delivered. The deliveries the merchant had."""
+        emitted = {r.key.decode() for r in await read_topic(self.settings.kafka_bootstrap,
+                                                             names(self.settings.namespace).effects) if r.key}
+        await self.wait_for(lambda c: c.fetchval(
+            "SELECT count(*) = $1 FROM effects WHERE dedupe_key = ANY($2::text[]) "
+            "AND (delivered_at IS NOT NULL OR dead_at IS NOT NULL)", len(emitted), list(emitted)), timeout=timeout)
+        return sum(self.stub.deliveries.values())
 
     async def wait_for(self, check: Callable[[asyncpg.Connection], Awaitable[Any]], timeout: float = 60.0,
                        until: Callable[[Any], bool] = bool) -> Any:

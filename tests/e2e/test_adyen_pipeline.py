@@ -24,8 +24,7 @@ from app.simulator.deliver import Chaos, deliver
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic
-from topics.catalog import names
+from tests.support import make_settings
 
 
 @pytest.fixture(scope="module")
@@ -154,15 +153,7 @@ def test_replay_of_everything_above_equals_live_and_delivers_nothing_again(pipe:
     simulated lifecycles with retries and lost 200s, `simulate --check`'s 300 histories, a parked
     capture, a quarantined item) rebuilt from orderly.raw into a fresh namespace gives the same
     adyen_payments, and delivers no effect again; a row changed in the live namespace is found."""
-    async def settled() -> int:  # every emitted effect recorded and delivered: none on its way during the replay
-        emitted = {r.key.decode() for r in await read_topic(pipe.settings.kafka_bootstrap,
-                                                             names(pipe.settings.namespace).effects) if r.key}
-        await pipe.wait_for(lambda c: c.fetchval(
-            "SELECT count(*) = $1 FROM effects WHERE dedupe_key = ANY($2::text[]) "
-            "AND (delivered_at IS NOT NULL OR dead_at IS NOT NULL)", len(emitted), list(emitted)), timeout=90)
-        return sum(pipe.stub.deliveries.values())
-
-    delivered_before = asyncio.run(settled())
+    delivered_before = asyncio.run(pipe.effects_settled())  # none on its way during the replay
     into = f"rb{uuid.uuid4().hex[:8]}"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

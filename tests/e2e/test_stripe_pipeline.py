@@ -28,8 +28,7 @@ from app.simulator.stripe import lifecycle
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from tests.pipeline import Running, running_pipeline
-from tests.support import make_settings, read_topic
-from topics.catalog import names
+from tests.support import make_settings
 
 T = 1_796_000_000
 
@@ -231,15 +230,7 @@ async def observed(conn: asyncpg.Connection, history: History) -> Outcome:
 def test_replay_of_everything_above_equals_live_and_delivers_nothing_again(pipe: Running, tmp_path: Path) -> None:
     """Replay equals live for stripe: every record above (webhooks, thin events, fetched answers,
     quarantined bodies) rebuilt into a fresh namespace gives the same stripe_payment_intents."""
-    async def settled() -> int:  # every emitted effect recorded and delivered: none on its way during the replay
-        emitted = {r.key.decode() for r in await read_topic(pipe.settings.kafka_bootstrap,
-                                                             names(pipe.settings.namespace).effects) if r.key}
-        await pipe.wait_for(lambda c: c.fetchval(
-            "SELECT count(*) = $1 FROM effects WHERE dedupe_key = ANY($2::text[]) "
-            "AND (delivered_at IS NOT NULL OR dead_at IS NOT NULL)", len(emitted), list(emitted)), timeout=90)
-        return sum(pipe.stub.deliveries.values())
-
-    delivered_before = asyncio.run(settled())
+    delivered_before = asyncio.run(pipe.effects_settled())  # none on its way during the replay
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = replay(pipe.settings, f"rb{uuid.uuid4().hex[:8]}", tmp_path / "replay")
