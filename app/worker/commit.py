@@ -15,11 +15,16 @@ before the offsets were decided). With exactly-once:
 7. the stage sends the held writes into the new transactions.
 
 A failure anywhere in 2-5 ends the worker: Faust would crash the app, and its stop would commit
-once more, the offsets without the writes that just failed.
+once more, the offsets without the writes that just failed. So does a commit still unfinished
+COMMIT_DEADLINE_S after it began: the broker aborts a transaction TRANSACTION_TIMEOUT_S after it
+began, so it can no longer succeed, and every later commit, a revocation's and a stop's included,
+waits for it (a CI run once saw one wait with no end: the worker took no part in its group any
+more and ignored SIGTERM).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -27,9 +32,12 @@ from faust.types import TP
 
 from app.seams.aiokafka import FencedMemberError
 from app.seams.faust import CommittingConsumer
+from app.settings import TRANSACTION_TIMEOUT_S
 from app.worker.consumer import next_commit_wait
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import WorkerState
+
+COMMIT_DEADLINE_S = 3 * TRANSACTION_TIMEOUT_S
 
 
 class Commit:
@@ -69,19 +77,20 @@ class Commit:
             if offsets and membership.generation != state.assigned_generation:
                 raise FencedMemberError(f"offsets decided in generation {state.assigned_generation} of the group, "
                                         f"which is at {membership.generation} now")
-            # 3. sends the held writes before it first waits, and holds new ones
-            revoked = await stage.flush()
-            offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
-            # 4. one transaction for every partition: it must not commit the writes of a partition
-            # whose offset it leaves out (Faust drops the offsets of partitions not assigned)
-            if self.one_transaction:
-                assigned_now = {tp.partition for tp in offsets if tp in consumer.assignment()}
-                if not stage.written <= assigned_now:
-                    raise FencedMemberError(
-                        f"the open transaction holds writes of partitions {sorted(stage.written - assigned_now)} "
-                        "whose offsets this commit would not carry")
-            # 5. the offsets and the transactions
-            did_commit = bool(offsets) and await consumer.faust_commit_offsets(offsets, start_new_transaction)
+            async with asyncio.timeout(COMMIT_DEADLINE_S):  # TimeoutError: past any transaction's life
+                # 3. sends the held writes before it first waits, and holds new ones
+                revoked = await stage.flush()
+                offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in revoked}
+                # 4. one transaction for every partition: it must not commit the writes of a partition
+                # whose offset it leaves out (Faust drops the offsets of partitions not assigned)
+                if self.one_transaction:
+                    assigned_now = {tp.partition for tp in offsets if tp in consumer.assignment()}
+                    if not stage.written <= assigned_now:
+                        raise FencedMemberError(
+                            f"the open transaction holds writes of partitions "
+                            f"{sorted(stage.written - assigned_now)} whose offsets this commit would not carry")
+                # 5. the offsets and the transactions
+                did_commit = bool(offsets) and await consumer.faust_commit_offsets(offsets, start_new_transaction)
         except Exception:
             exit_for_restart(FAILED_EXIT_CODE, "an exactly-once commit failed: exiting without committing "
                              "again, so that the supervisor restarts this worker (the open transactions are "

@@ -390,6 +390,33 @@ async def test_a_failed_exactly_once_commit_ends_the_worker_before_anything_comm
     assert ended == []  # nothing sent into the transactions after the failure
 
 
+async def test_an_exactly_once_commit_that_never_finishes_ends_the_worker_at_its_deadline(
+        monkeypatch: Any) -> None:
+    """A commit whose transaction outlived any transaction's life can no longer succeed, and every
+    later commit (a revocation's, a stop's) waits for it: once seen in CI, the worker waited for ever."""
+    from aiokafka import TopicPartition
+
+    from app.worker import commit as commit_module
+    from app.worker.exits import FAILED_EXIT_CODE
+
+    monkeypatch.setattr(commit_module, "COMMIT_DEADLINE_S", 0.2)
+
+    class Stage:
+        written: frozenset[int] = frozenset()
+
+        async def flush(self) -> set[int]:
+            await asyncio.sleep(3600)  # a broker that never answers
+            return set()
+
+        def commit_ended(self, transactions_open: bool) -> None:
+            raise AssertionError("nothing may go into a new transaction")
+
+    consumer, _, codes = exiting_consumer(monkeypatch, Stage(), 3)
+    with pytest.raises(Exited, match="commit failed"):
+        await asyncio.wait_for(consumer._commit_offsets({TopicPartition("raw", 0): 5}), 10)
+    assert codes == [FAILED_EXIT_CODE]
+
+
 async def test_a_partition_written_but_left_out_of_a_commit_is_dirty_when_revoked() -> None:
     """Outputs only (a set-aside record changes no state), flushed, but the commit left the
     partition out (Faust drops a partition no longer in the assignment): its open transaction
