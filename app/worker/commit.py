@@ -91,6 +91,11 @@ class Commit:
                             f"{sorted(stage.written - assigned_now)} whose offsets this commit would not carry")
                 # 5. the offsets and the transactions
                 did_commit = bool(offsets) and await consumer.faust_commit_offsets(offsets, start_new_transaction)
+        except TimeoutError:
+            exit_for_restart(FAILED_EXIT_CODE, "an exactly-once commit failed: it did not finish within %g s (its "
+                             "transaction has been aborted by now): exiting without committing again, so that the "
+                             "supervisor restarts this worker", COMMIT_DEADLINE_S)
+            raise  # exit_for_restart does not return; a test's stand-in may
         except Exception:
             exit_for_restart(FAILED_EXIT_CODE, "an exactly-once commit failed: exiting without committing "
                              "again, so that the supervisor restarts this worker (the open transactions are "
