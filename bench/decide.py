@@ -32,14 +32,13 @@ from app.simulator import pg as pg_simulator
 from bench.stack import save_results
 from topics.catalog import names
 from topics.partitioning import partition_for
-from topics.records import H_CHECKED, Correlation, correlation_headers, raw_headers
+from topics.records import CHECKED, Correlation, correlation_headers, raw_headers
 
 RESOURCES = int(os.environ.get("BENCH_RESOURCES", "260"))  # per gateway and kind: about 5,000 records
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
 BATCH = int(os.environ.get("BENCH_BATCH", "1000"))  # the worker's default worker_batch_max
 PARTITIONS = 12
 RECEIVED_AT_MS = 1_796_000_000_000
-CHECKED = (H_CHECKED, b"1")
 
 
 class Raw(NamedTuple):

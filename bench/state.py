@@ -39,7 +39,7 @@ from app.stack.process import stop_process
 from bench.stack import embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import H_CHECKED, Correlation, raw_headers
+from topics.records import CHECKED, Correlation, raw_headers
 
 RESOURCES = int(os.environ.get("BENCH_RESOURCES", "1000000"))
 PARTITIONS = 12
@@ -99,7 +99,7 @@ async def send_probes(settings: Settings, round_no: int) -> list[str]:
             await producer.send_and_wait(names(settings.namespace).raw, f"pg:{rid}".encode(),
                                          deposit(rid, 3, "settled", sequence=3),
                                          [*raw_headers("pg", delivery_id, int(time.time() * 1000)),
-                                          (H_CHECKED, b"1")])
+                                          CHECKED])
             ids.append(delivery_id)
     finally:
         await producer.stop()

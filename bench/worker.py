@@ -28,9 +28,7 @@ from app.stack.process import stop_process
 from bench.stack import cpu_seconds, embedded, save_results
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import H_CHECKED, correlation_headers, raw_headers
-
-CHECKED = (H_CHECKED, b"1")  # as the ingest marks what its adapter validated: the production path
+from topics.records import CHECKED, correlation_headers, raw_headers
 
 DEPOSITS = int(os.environ.get("BENCH_DEPOSITS", "5000"))
 PARTITIONS = os.environ.get("BENCH_PARTITIONS", "12")

@@ -14,7 +14,7 @@ H_GATEWAY = "gateway"
 H_DELIVERY_ID = "delivery_id"
 H_RECEIVED_AT = "received_at"  # unix milliseconds, as ASCII digits
 H_SOURCE = "source"            # "webhook" (ingest) or "fetch" (fetcher's synced events)
-H_CHECKED = "checked"          # "1": the ingest's adapter validated the body (else the worker checks it)
+H_CHECKED = "checked"          # CHECKED_VALUE: the ingest's adapter validated the body (else the worker checks it)
 H_REASON = "reason"            # quarantine only
 H_RECORD = "record"            # "correlation" on a merchant's correlation in orderly.raw; absent on webhooks
 H_STAGE = "stage"              # quarantine only: ingest, worker, projector, effects, fetcher
@@ -22,6 +22,11 @@ H_RESOURCE = "resource_key"    # quarantine only: gateway:resource_id, when the 
 H_TOPIC = "topic"              # quarantine only: the topic a projector's or effects' record came from
 H_SOURCE_KEY = "source_key"    # quarantine only: that record's key
 CORRELATION = "correlation"
+# "2": the ingest's adapter took the body and found it JSON every reader of the log reads (UTF-8,
+# numbers within a double's range: limits.unreadable), so the worker reads it with one typed decode.
+# "1", written by earlier builds, promised the first only: the worker checks such a record in full.
+CHECKED_VALUE = b"2"
+CHECKED = (H_CHECKED, CHECKED_VALUE)
 # The ingest writes received_at as the milliseconds of its clock. A record appended some other way
 # may carry anything there: the worker sets aside one that is not a time a timestamp column holds
 # (0 .. 9999-12-31), and what reads the header elsewhere takes it as no time.

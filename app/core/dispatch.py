@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-import msgspec
 import orjson
 
+from app.core.incoming import SOUND, TAKEN, checked_as, delivery_of, read_headers
+from app.core.incoming import Incoming as Incoming
 from app.core.model import QUARANTINED, Decision, Delivery, Numbered, Recent, decide, redecided, remember
 from app.core.reducer import Gateways, Reducer
 from app.gateways.base import Route
-from app.gateways.limits import body_error, may_nest_deeper
-from topics import records as headers_read
+from app.gateways.limits import body_error, may_nest_deeper, unreadable
 from topics.catalog import DERIVED_RECORD_BYTES, TopicNames
 from topics.records import CORRELATION, H_CHECKED, H_RECORD, quarantine_headers
 
@@ -42,21 +42,6 @@ class Refused(ValueError):
 
 class Oversize(ValueError):
     """An output record or a resource's state would not fit its topic."""
-
-
-# The worker builds one per consumed record. A msgspec Struct is built in C (a NamedTuple's __new__
-# is a Python function), and gc=False keeps a batch of them out of the cyclic collector's passes:
-# safe, as an Incoming holds bytes, ints, a str and a list of header tuples, none of which can
-# refer back to it.
-class Incoming(msgspec.Struct, frozen=True, gc=False):
-    """One consumed record of orderly.raw."""
-
-    key: bytes
-    value: bytes
-    headers: list[tuple[str, bytes]]
-    offset: int
-    partition: int
-    topic: str
 
 
 @dataclass
@@ -108,80 +93,16 @@ def output_records(decision: Decision, n: TopicNames) -> list[Record]:
     return records
 
 
-def delivery_of(resource_key: str, headers: dict[str, str], topic: str, offset: int, partition: int,
-                strict: bool = True) -> Delivery:
-    """The Delivery of a record's decoded headers (``strict=False``: a received_at that is no time is 0)."""
-    get = headers.get
-    text = get("received_at") or ""
-    received = headers_read.received_ms(text) if strict else headers_read.received_ms_or_none(text) or 0
-    return Delivery(get("delivery_id") or headers_read.log_place(topic, partition, offset),
-                    get("gateway") or resource_key.partition(":")[0], resource_key,
-                    received, offset, get("source", "webhook"))
-
-
-def read_headers(record: Incoming) -> tuple[Delivery, bool, bool]:
-    """What :func:`decide_record` reads of a record's headers (its Delivery, whether it is a
-    correlation, whether the ingest checked it), without a dict of them: about 6 k instructions
-    less per record. It fails where that dict would have (a value that is not UTF-8: the careful
-    pass takes the batch then), and the same header given twice counts as the last, as there.
-
-    The headers the ingest writes, in its order (``raw_headers`` then ``checked: 1``), are taken
-    apart in one unpacking: the same result as the loop below for them, at a third of its cost."""
-    headers = record.headers
-    if len(headers) == 5:
-        (n1, gateway_b), (n2, delivery_b), (n3, received_b), (n4, source_b), (n5, checked_b) = headers
-        if n1 == "gateway" and n2 == "delivery_id" and n3 == "received_at" and n4 == "source" and \
-                n5 == H_CHECKED and checked_b == b"1":
-            # the ingest's source compared as bytes, its number read from them (int() takes ASCII
-            # digits in bytes as in a str); every other value decoded before the number, as the loop
-            # fails first on those
-            named, delivered = gateway_b.decode(), delivery_b.decode()
-            sent_by = "webhook" if source_b == b"webhook" else source_b.decode()
-            resource_key = record.key.decode()
-            try:
-                at = int(received_b) if received_b else 0
-            except ValueError:  # digits int() takes only in a str (١٢٣), or the str's own failure
-                at = int(received_b.decode())
-            if not 0 <= at <= headers_read.RECEIVED_MAX:
-                headers_read.received_ms(received_b)  # raises, with the reason
-            return Delivery(delivered or headers_read.log_place(record.topic, record.partition, record.offset),
-                            named or resource_key.partition(":")[0], resource_key,
-                            at, record.offset, sent_by), False, True
-    delivery_id = gateway = received = None
-    source, correlation, checked = "webhook", False, False
-    for name, value in headers:
-        if name == "delivery_id":
-            delivery_id = value.decode()
-        elif name == "received_at":
-            received = value.decode()
-        elif name == "gateway":
-            gateway = value.decode()
-        elif name == "source":
-            source = value.decode()
-        elif name == H_CHECKED:
-            checked = value == b"1"  # the only bytes that decode to "1"
-            if not checked:
-                value.decode()  # a value that is not UTF-8 fails here, as it did in the dict
-        else:
-            text = value.decode()
-            if name == H_RECORD:
-                correlation = text == CORRELATION
-    resource_key = record.key.decode()
-    return Delivery(delivery_id or headers_read.log_place(record.topic, record.partition, record.offset),
-                    gateway or resource_key.partition(":")[0], resource_key,
-                    headers_read.received_ms(received) if received else 0, record.offset, source), correlation, checked
-
-
 def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value: bytes,
                   headers: dict[str, str], offset: int, partition: int) -> tuple[Any, list[Decision]]:
     """Decide one record on its resource's ``state`` (the state object of the key's gateway, or None)."""
     delivery = delivery_of(key.decode(), headers, topic, offset, partition)
     return decide_delivery(gateways, state, value, delivery, headers.get(H_RECORD) == CORRELATION,
-                           headers.get(H_CHECKED) == "1")
+                           checked_as(headers.get(H_CHECKED)))
 
 
 def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Delivery, correlation: bool,
-                    checked: bool) -> tuple[Any, list[Decision]]:
+                    checked: int) -> tuple[Any, list[Decision]]:
     """:func:`decide_record` once its headers are read: ``correlation``, whether the record is the
     merchant's correlation; ``checked``, whether the ingest's adapter took it."""
     # the recent deliveries' ids compared in C first: a delivery decided before is rare
@@ -198,15 +119,25 @@ def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Deli
             return state, [decide(delivery, QUARANTINED, error=f"gateway {gateway!r} takes no correlation")]
         after, decisions = found.reducer.correlate(state, value, delivery)
     elif found is not None:
-        # The body is read once, here, into the gateway's typed event. A record the ingest did not
-        # mark (an older log, a direct append, the fetcher's) gets the ingest's checks, so no state
-        # holds what DESIGN.md §2.4 refuses; a marked one too where it may nest past NEST_MAX (told by
-        # its length first): the decisions and a parked body carry the bytes, which must read back.
-        if (not checked and delivery.source != "webhook") or (
-                len(value) > _NEST_BYTES and may_nest_deeper(value, NEST_MAX)):
-            if (problem := body_error(value)) is not None:
-                raise Refused(problem)
-        event = found.reducer.read(value, checked or delivery.source != "webhook")
+        # The body is read once, here, into the gateway's typed event. A record the ingest checked
+        # (SOUND) is read by the schema alone. One a source other than the ingest appended (the
+        # fetcher's, a redrive) gets the ingest's checks of the body as a whole first; one an earlier
+        # ingest checked (TAKEN), the check it did not make; one nobody checked (an older log, a direct
+        # append), its adapter's checks in full (``trusted`` False). So no state holds what DESIGN.md
+        # §2.4 refuses, and the bytes decisions and parked events carry read back everywhere. A body
+        # that may nest past NEST_MAX (told by its length first) is checked again in any case.
+        trusted = True
+        if checked == SOUND:
+            problem = body_error(value) if len(value) > _NEST_BYTES and may_nest_deeper(value, NEST_MAX) else None
+        elif checked == TAKEN:
+            problem = unreadable(value) or (body_error(value) if may_nest_deeper(value, NEST_MAX) else None)
+        elif delivery.source != "webhook":
+            problem = body_error(value) or unreadable(value)
+        else:
+            problem, trusted = None, False
+        if problem is not None:
+            raise Refused(problem)
+        event = found.reducer.read(value, trusted)
         if isinstance(event, Route):
             raise Refused(event.quarantine_reason or "refused by its adapter")
         after, decisions = found.reducer.apply_event(state, event, delivery)

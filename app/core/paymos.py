@@ -119,7 +119,7 @@ def _effect(state: State, rid: str, d: Delivery, name: str, payload: Document, s
 
 def _amounts(w: Webhook) -> Document:
     amounts: Document = {}  # decimal strings, as sent (a loop: a comprehension has a frame of its own)
-    for k, v in w.data.items():
+    for k, v in w.fields().items():
         if is_amount(k):
             amounts[k] = v
     return amounts
@@ -159,10 +159,10 @@ def _allowed(current: Current | None, w: Webhook) -> bool:
 
 def _apply(state: State, w: Webhook, d: Delivery, outcome: str) -> Decision:
     resource = w.resource
-    # ``data`` written once: the same bytes are the state's snapshot and the row's (a Fragment is
-    # copied into the decision's JSON as it is)
-    written = orjson.dumps(w.data)
-    state.snapshot = msgspec.Raw(written)
+    # ``data`` as sent: the same bytes are the state's snapshot and the row's (a Fragment is copied
+    # into the decision's JSON as it is; the ingest checked them)
+    state.snapshot = w.data
+    written = bytes(w.data)
     state.applied += 1
     row: PaymosRow = {"id": resource.id, "status": resource.status, "is_final": resource.is_final,
            "updated_at_ms": resource.updated_at, "snapshot": orjson.Fragment(written), "applied_seq": state.applied}

@@ -16,8 +16,6 @@ each delivery with these functions. The rules it enforces:
 
 from __future__ import annotations
 
-from typing import cast
-
 import msgspec
 import orjson
 
@@ -41,7 +39,7 @@ from app.core.reducer import Reducer, state_codec
 from app.core.rows import PgBalanceTxnRow, PgDepositRow, PgWithdrawalRow
 from app.core.times import iso_ms
 from app.gateways.pg import BalanceTransaction, Deposit, Webhook, Withdrawal, read
-from app.gateways.schema import Document
+from app.gateways.schema import Json
 from topics.records import Correlation
 
 DEPOSIT, WITHDRAWAL, BALANCE_TXN = "deposit", "withdrawal", "balance_transaction"
@@ -126,7 +124,7 @@ def _ms_to_iso(ms: int | None) -> str | None:
     return iso_ms(ms)
 
 
-def _deposit_row(state: State, o: Deposit, raw: Document, c: Correlation) -> PgDepositRow:
+def _deposit_row(state: State, o: Deposit, flag: Json, c: Correlation) -> PgDepositRow:
     # called once the guard took ``o``: the state's version is o.version
     # fee_breakdown and overpayment as the gateway sent them (jsonb), with the fields it added
     return {
@@ -135,8 +133,8 @@ def _deposit_row(state: State, o: Deposit, raw: Document, c: Correlation) -> PgD
         "ordered_amount_minor": o.ordered_amount_minor,
         "transferred_amount_minor": o.transferred_amount_minor,
         "amount_received_minor": o.amount_received_minor, "fee_total_minor": o.fee_total_minor,
-        "credited_amount_minor": o.credited_amount_minor, "fee_breakdown": raw.get("fee_breakdown"),
-        "overpayment": raw.get("overpayment"), "balance_transaction_id": o.balance_transaction_id,
+        "credited_amount_minor": o.credited_amount_minor, "fee_breakdown": o.fee_breakdown,
+        "overpayment": flag, "balance_transaction_id": o.balance_transaction_id,
         "clearing_available_at": o.clearing_available_at,
         "our_order_id": c.our_order_id, "our_user_id": c.our_user_id,
         "credited_user_at": _ms_to_iso(state.credited_at_ms), "reversed_at": _ms_to_iso(state.reversed_at_ms),
@@ -154,8 +152,8 @@ def _withdrawal_row(state: State, o: Withdrawal) -> PgWithdrawalRow:
     }
 
 
-def _overpayment_fact(state: State, obj: Deposit, raw: Document) -> tuple[list[Fact], str | None]:
-    flag, typed = raw.get("overpayment"), obj.overpayment
+def _overpayment_fact(state: State, obj: Deposit, flag: Json) -> tuple[list[Fact], str | None]:
+    typed = obj.overpayment
     if typed is None or not typed.claim_id:
         return [], None
     claim_id = typed.claim_id
@@ -228,26 +226,28 @@ def _deposit_effects(state: State, obj: Deposit, c: Correlation, event_id: str, 
 def _guard_deposit(state: State, w: Webhook, obj: Deposit, c: Correlation, d: Delivery,
                    applied_outcome: str) -> Decision:
     event = w.event
-    facts, error = _overpayment_fact(state, obj, w.object)
+    # the flag as sent, with the fields the gateway added (read only where the deposit has one)
+    flag = w.overpayment() if obj.overpayment is not None else None
+    facts, error = _overpayment_fact(state, obj, flag)
     if state.version is not None and obj.version <= state.version:
         return decide(d, STALE, facts=facts, error=error, event_id=event.id, event_type=event.type,
                       sequence=event.sequence, payload=w.payload)
-    state.version, state.object = obj.version, msgspec.Raw(orjson.dumps(w.object))
+    state.version, state.object = obj.version, w.object
     effects = _deposit_effects(state, obj, c, event.id, d)
-    return decide(d, applied_outcome, row=_deposit_row(state, obj, w.object, c), table="pg_deposits",
+    return decide(d, applied_outcome, row=_deposit_row(state, obj, flag, c), table="pg_deposits",
                   effects=effects, facts=facts, error=error, event_id=event.id, event_type=event.type,
                   sequence=event.sequence, payload=w.payload)
 
 
 def _guard_withdrawal(state: State, w: Webhook, obj: Withdrawal, d: Delivery) -> Decision:
-    event, fill = w.event, w.fill
+    event, fill = w.event, w.fill_fields()
     # fill rows are appended keyed on leg_ref even when the totals are stale
     facts = [Fact("withdrawal_fill", str(fill["leg_ref"]), {**fill, "pg_withdrawal_id": obj.id})] \
         if fill is not None else []
     if state.version is not None and obj.version <= state.version:
         return decide(d, STALE, facts=facts, event_id=event.id, event_type=event.type, sequence=event.sequence,
                       payload=w.payload)
-    state.version, state.object = obj.version, msgspec.Raw(orjson.dumps(w.object))
+    state.version, state.object = obj.version, w.object
     effects = []
     # the one way to close: a guard-approved settled snapshot with nothing remaining, once
     if obj.status == "settled" and obj.remaining_minor == 0 and state.closed_at_ms is None:
@@ -268,7 +268,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
 def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Decision]]:
     event = w.event
     obj = event.data.object
-    kind = cast(str, w.object["object"])  # the tag the schema read the object by
+    kind = str(obj.__struct_config__.tag)  # the tag the schema read the object by
     common: Common = {"event_id": event.id, "event_type": event.type, "sequence": event.sequence,
                               "payload": w.payload}
     if event.id in state.seen:
@@ -287,7 +287,7 @@ def _apply_event(state: State, w: Webhook, d: Delivery) -> tuple[State, list[Dec
         # immutable, no version: dedupe on btxn_id and accumulate
         if state.object != NULL:
             return state, [decide(d, DUPLICATE, **common)]
-        state.object = msgspec.Raw(orjson.dumps(w.object))
+        state.object = w.object
         row: PgBalanceTxnRow = {
             "btxn_id": obj.id, "type": obj.type, "direction": obj.direction, "amount_minor": obj.amount_minor,
             "bucket_from": obj.bucket_from, "bucket_to": obj.bucket_to,
@@ -340,7 +340,7 @@ def _apply_correlation(state: State, correlation: Correlation, d: Delivery) -> t
             if not isinstance(w, Webhook):
                 raise Invalid(w.quarantine_reason or "refused by its adapter")
             if not isinstance(w.event.data.object, Deposit):
-                raise Invalid(f"a parked {w.object.get('object')} event")
+                raise Invalid(f"a parked {w.event.data.object.__struct_config__.tag} event")
             decisions.append(_guard_deposit(state, w, w.event.data.object, correlation, p.delivery, UNPARKED))
         except Exception as exc:  # one parked event must not take its correlation down
             # set aside with nothing of it applied

@@ -17,8 +17,8 @@ import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
-from app.gateways.limits import IdText, IsoText, Minor, Seq, TakenId, Text, body_error, int64_error
-from app.gateways.schema import Body, Document, Refusal, require_ids, require_times, valid_id
+from app.gateways.limits import IdText, IsoText, Minor, Seq, TakenId, Text, int64_error
+from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
 
 name = "card"
 EVENT_TYPES = frozenset({"payment.authorised", "payment.captured", "payment.refunded", "payment.voided"})
@@ -167,7 +167,7 @@ class Webhook(msgspec.Struct, frozen=True, gc=False):
     (``payload``), which decisions carry unchanged."""
 
     event: Fetched | Stored
-    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
+    payload: orjson.Fragment  # the body's bytes as received (checked): decisions carry them as they are
     raw: bytes
 
 
@@ -181,6 +181,9 @@ class Head(msgspec.Struct):
 
 DECODER = msgspec.json.Decoder(Event)
 HEAD = msgspec.json.Decoder(Head)
+FETCHED = msgspec.json.Decoder(Fetched)
+STORED = msgspec.json.Decoder(Stored)
+UNCHECKED = msgspec.json.Decoder(Unchecked)
 
 
 def route(raw: bytes) -> Route:
@@ -192,19 +195,18 @@ def route(raw: bytes) -> Route:
 
 def read(raw: bytes, checked: bool) -> Webhook | Route:
     """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already,
-    or the fetcher wrote it (else the same checks as :func:`route`, on the same read). A quarantine
-    Route if refused."""
-    if not checked and (problem := body_error(raw)) is not None:
-        return refused(raw, Refusal("invalid", problem))
-    parsed: tuple[Fetched | Stored, Document] | Refusal = schema.parse(raw, Fetched if checked else Unchecked)
-    if isinstance(parsed, Refusal) and checked:
-        parsed = schema.parse(raw, Stored)
-    if isinstance(parsed, Refusal):
-        return refused(raw, parsed)
-    event = parsed[0]
-    # unchecked, only the strict schema was tried: the event is a Fetched
-    if not checked and isinstance(event, Fields) and (route := accept(event)).resource_key is None:
-        return route
+    or the fetcher wrote it (else the same checks as :func:`route`). A quarantine Route if refused."""
+    if not checked:
+        strict = schema.decode(UNCHECKED, raw)
+        if isinstance(strict, Refusal):
+            return refused(raw, strict)
+        route = accept(strict)
+        return Webhook(strict, orjson.Fragment(raw), raw) if route.resource_key is not None else route
+    event: Fetched | Stored | Refusal = schema.typed(FETCHED, raw)
+    if isinstance(event, Refusal):
+        event = schema.typed(STORED, raw)
+    if isinstance(event, Refusal):
+        return refused(raw, event)
     return Webhook(event, orjson.Fragment(raw), raw)
 
 

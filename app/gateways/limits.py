@@ -53,6 +53,13 @@ _ISO_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
 # crawls (5 ms a megabyte) through some texts, such as a long run of one letter, but not through that.
 _DIGITS_AS_ZERO = bytes(ord("0") if ord("0") <= i <= ord("9") else ord(".") for i in range(256))
 _NINETEEN_DIGITS = b"0" * 19
+# A number beyond a double's range (orjson, PostgreSQL's jsonb and msgspec refuse it; a typed schema
+# skips an unknown field unread) has an exponent of three digits at least, or a run of 19 digits and
+# more: found in the same translation, with e and E as "e" and + as "+" (a negative exponent only
+# rounds towards zero). A string such as an id can hold such a run too: it costs a full read, no more.
+_NUMBERISH = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("e") if i in b"eE" else ord("+") if i == ord("+")
+                   else ord(".") for i in range(256))
+_BIG_EXPONENTS = (b"0e000", b"0e+000")
 _NUL = b"\\u0000"  # the only way a NUL reaches a JSON string; PostgreSQL text and jsonb refuse it
 
 
@@ -124,6 +131,29 @@ def may_hold_nul(raw: bytes) -> bool:
 
 def may_hold_big_int(raw: bytes) -> bool:
     return _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO)
+
+
+def unreadable(raw: bytes) -> str | None:
+    """Why ``raw`` is not JSON that every reader of the log reads, in a part a typed schema skips
+    unread (an unknown field, ``msgspec.Raw``), or None: bytes that are not UTF-8, or a number beyond
+    a double's range. The ingest checks it (schema.decode), so a record it marks checked can be read
+    by a typed decode alone and its bytes carried on as they are (DESIGN.md §2.4). A body that is not
+    JSON at all: None (the typed decoder reports it)."""
+    if not raw.isascii():
+        try:
+            raw.decode()
+        except UnicodeDecodeError as exc:
+            return f"body: not UTF-8 (byte {exc.start})"
+    numberish = raw.translate(_NUMBERISH)
+    if not (_NINETEEN_DIGITS in numberish or any(big in numberish for big in _BIG_EXPONENTS)):
+        return None
+    try:
+        msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:  # "Number out of range - at `$[...]`": its path names no key
+        return "body: a number beyond a double's range (JSON readers refuse it)" if "out of range" in str(exc) else None
+    except RecursionError:
+        return None  # body_error's to report: nesting
+    return None
 
 
 def value_error(value: Any) -> str | None:

@@ -16,7 +16,7 @@ import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
-from app.gateways.limits import DECIMAL_MAX, IdText, TakenId, Text, UnixMs, UnixS, body_error
+from app.gateways.limits import DECIMAL_MAX, IdText, TakenId, Text, UnixMs, UnixS
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, valid_id
 
 name = "paymos"
@@ -116,14 +116,15 @@ class Event(Body):
 
 
 class Checked(Body):
-    """The worker's typed view of a body the ingest took already: ``data`` read as the Resource in
-    the same conversion. The ingest's checks were made on these bytes (its :class:`Event`, the
-    whole of ``data``, :class:`StrictResource`): the ids' dots pattern and printability, which cost
-    more than the rest of the read, are not made again."""
+    """The worker's typed view of a body the ingest took already: ``data`` kept as its bytes (the
+    state's snapshot and the row's, as sent), read as the :class:`Resource` in a second decode. The
+    ingest's checks were made on these bytes (its :class:`Event`, the whole of ``data``,
+    :class:`StrictResource`, ``limits.unreadable``): the ids' dots pattern and printability, which
+    cost more than the rest of the read, are not made again."""
 
     event_id: TakenId
     event_type: Text
-    data: Resource
+    data: msgspec.Raw
     created_at: UnixMs | None = None
 
 
@@ -137,6 +138,8 @@ class Head(msgspec.Struct):
 
 DECODER = msgspec.json.Decoder(Event)
 HEAD = msgspec.json.Decoder(Head)
+CHECKED = msgspec.json.Decoder(Checked)
+RESOURCE = msgspec.json.Decoder(Resource)
 
 
 def amount_error(data: dict[str, Any]) -> str | None:
@@ -151,14 +154,19 @@ def amount_error(data: dict[str, Any]) -> str | None:
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A paymos body read once, for the worker: the typed event and resource, the body as received
-    (``payload``, which decisions and parked events carry unchanged) and its ``data`` as orjson read it."""
+    (``payload``, which decisions and parked events carry unchanged) and its ``data`` as sent."""
 
     event_id: str
     event_type: str
     resource: Resource
-    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
-    data: Document  # ``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)
+    payload: orjson.Fragment  # the body's bytes as received (checked): decisions carry them as they are
+    data: msgspec.Raw  # ``data`` as the gateway sent it, every field (the amounts go to the merchant as they are)
     raw: bytes
+
+    def fields(self) -> Document:
+        """``data`` as a JSON object (for the amounts an effect carries)."""
+        found: Document = msgspec.json.decode(self.data)
+        return found
 
 
 def route(raw: bytes) -> Route:
@@ -171,25 +179,27 @@ def route(raw: bytes) -> Route:
 
 def read(raw: bytes, checked: bool) -> Webhook | Route:
     """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already
-    (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
-    if checked:
-        typed = schema.parse(raw, Checked)
-        if isinstance(typed, Refusal):
-            return refused(raw, typed)
-        view, body = typed
-        event_id, event_type, found = view.event_id, view.event_type, view.data
-    else:
-        if (problem := body_error(raw)) is not None:
-            return refused(raw, Refusal("invalid", problem))
-        parsed = schema.parse(raw, Event)
-        if isinstance(parsed, Refusal):
-            return refused(raw, parsed)
-        event, body = parsed
-        if isinstance(resource := accept(event), Route):
-            return resource
-        event_id, event_type, found = event.event_id, event.event_type, resource
-    data: Any = body["data"]  # an object: the schema read it
-    return Webhook(event_id, event_type, found, orjson.Fragment(raw), data, raw)
+    (else the same checks as :func:`route` first). A quarantine Route if refused."""
+    if not checked:
+        strict = schema.decode(DECODER, raw)
+        if isinstance(strict, Refusal):
+            return refused(raw, strict)
+        if isinstance(taken := accept(strict), Route):
+            return taken
+    try:  # the decoders called here, not through schema.typed: a call less per decode, on every event
+        view = CHECKED.decode(raw)
+        return Webhook(view.event_id, view.event_type, RESOURCE.decode(view.data), orjson.Fragment(raw), view.data, raw)
+    except (msgspec.DecodeError, RecursionError):
+        return refused(raw, _refusal(raw))
+
+
+def _refusal(raw: bytes) -> Refusal:
+    """Why :func:`read` refused a body it took as checked, in schema.typed's words."""
+    view = schema.typed(CHECKED, raw)
+    if isinstance(view, Refusal):
+        return view
+    found = schema.typed(RESOURCE, view.data, "data")
+    return found if isinstance(found, Refusal) else Refusal("invalid", "body: refused")
 
 
 def accept(event: Event) -> Resource | Route:

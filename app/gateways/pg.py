@@ -15,7 +15,7 @@ import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
-from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, TakenId, Text, body_error
+from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, TakenId, Text
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
 name = "pg"
@@ -278,15 +278,45 @@ DECODER = msgspec.json.Decoder(Event)
 HEAD = msgspec.json.Decoder(Head)
 
 
+class DataParts(Body):
+    object: msgspec.Raw
+    fill: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class Parts(Body):
+    """``data.object`` and ``data.fill`` of a body the schema took, as their bytes."""
+
+    data: DataParts
+
+
+class Extras(Body):
+    """What a deposit's row and facts carry of ``data.object`` as the gateway sent it."""
+
+    overpayment: Any = None
+
+
+TAKEN, PARTS, EXTRAS = msgspec.json.Decoder(Taken), msgspec.json.Decoder(Parts), msgspec.json.Decoder(Extras)
+_NULL = msgspec.Raw(b"null")
+
+
 class Webhook(msgspec.Struct, frozen=True, gc=False):
     """A pg body read once, for the worker: the typed event, the body as received (``payload``, which
-    decisions carry unchanged), and ``data.object`` and ``data.fill`` as orjson read them."""
+    decisions carry unchanged), and ``data.object`` and ``data.fill`` as sent (their bytes)."""
 
     event: Taken
-    payload: orjson.Fragment  # the body's bytes as received (orjson checked them): decisions carry them as they are
-    object: Document
-    fill: Document | None
+    payload: orjson.Fragment  # the body's bytes as received (checked): decisions carry them as they are
+    object: msgspec.Raw  # the state keeps it as sent
+    fill: msgspec.Raw | None
     raw: bytes
+
+    def overpayment(self) -> Any:
+        """``data.object.overpayment`` as sent, every field (None when it has none)."""
+        return EXTRAS.decode(self.object).overpayment
+
+    def fill_fields(self) -> Document | None:
+        """``data.fill`` as sent, every field."""
+        found: Document | None = msgspec.json.decode(self.fill) if self.fill is not None else None
+        return found
 
 
 def route(raw: bytes) -> Route:
@@ -303,17 +333,20 @@ def accept(event: Taken) -> Route:
 
 def read(raw: bytes, checked: bool) -> Webhook | Route:
     """The worker's one read of a record's body; ``checked``: the ingest's adapter took it already
-    (else the same checks as :func:`route`, on the same read). A quarantine Route if refused."""
-    if not checked and (problem := body_error(raw)) is not None:
-        return refused(raw, Refusal("invalid", problem))
-    parsed: tuple[Taken, Document] | Refusal = schema.parse(raw, Taken if checked else Event)
-    if isinstance(parsed, Refusal):
-        return refused(raw, parsed)
-    event, body = parsed
-    if not checked and (route := accept(event)).resource_key is None:
-        return route
-    data: Any = body["data"]  # objects, both: the schema read them as Data and its object
-    return Webhook(event, orjson.Fragment(raw), data["object"], data.get("fill"), raw)
+    (else the same checks as :func:`route`). A quarantine Route if refused."""
+    event: Taken | Refusal
+    if not checked:
+        event = schema.decode(DECODER, raw)
+    else:
+        try:  # the decoder called here, not through schema.typed: a call less on every event
+            event = TAKEN.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            event = schema.typed(TAKEN, raw)  # why, in its words
+    if isinstance(event, Refusal):
+        return refused(raw, event)
+    parts = PARTS.decode(raw)  # the schema took the body: it has both, objects or null
+    fill = parts.data.fill
+    return Webhook(event, orjson.Fragment(raw), parts.data.object, None if fill == _NULL else fill, raw)
 
 
 def refused(raw: bytes, refusal: Refusal) -> Route:

@@ -53,14 +53,23 @@ def require_times(**values: str | None) -> None:
 
 
 def decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T | Refusal:
-    """The body decoded against the schema, or why it is refused."""
+    """The body decoded against the schema, or why it is refused (the ingest's check: a body it
+    takes is also one every reader of the log reads, ``limits.unreadable``)."""
     problem = limits.body_error(raw)
     if problem is not None:
         return Refusal("invalid", problem)
+    if (unread := limits.unreadable(raw)) is not None:
+        return Refusal("not_json", unread)
+    return typed(decoder, raw)
+
+
+def typed(decoder: msgspec.json.Decoder[T], raw: bytes | msgspec.Raw, at: str = "") -> T | Refusal:
+    """The body (or its part found at path ``at``) decoded against the schema alone: the worker's
+    read of a record the ingest checked (:func:`decode`), whose skipped parts need no second look."""
     try:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError: first
-        reason = readable(str(exc))
+        reason = readable(str(exc), at)
         if reason.startswith("body: expected object"):
             return Refusal("not_json", "body is not a JSON object")
         return Refusal("invalid", reason)

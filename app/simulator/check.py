@@ -34,7 +34,7 @@ from app.simulator.histories import History
 from app.simulator.oracle import Outcome
 from app.simulator.plugins import simulator_of
 from topics.catalog import names
-from topics.records import H_CHECKED, correlation_headers, raw_headers
+from topics.records import CHECKED, correlation_headers, raw_headers
 
 TOPICS = names("simcheck")
 MONEY_EFFECTS = {"credit_user", "debit_user"}
@@ -49,7 +49,7 @@ def records(history: History) -> list[Incoming]:
         else:
             headers = raw_headers(history.gateway, f"dlv-{offset}", d.at_ms, source=d.source)
             if d.source == "webhook":
-                headers.append((H_CHECKED, b"1"))  # the ingest validated it (tests check that it would)
+                headers.append(CHECKED)  # the ingest validated it (tests check that it would)
         out.append(Incoming(f"{history.gateway}:{d.resource}".encode(), d.body, headers, offset, 0, TOPICS.raw))
     return out
 

@@ -21,12 +21,12 @@ from app.gateways import adyen, registry
 from app.gateways.base import SignatureError
 from app.ingest.answers import Unavailable
 from app.ingest.app import validate_secrets
-from app.ingest.receiver import CHECKED, Receiver
+from app.ingest.receiver import Receiver
 from app.logs import SampledLog
 from app.metrics import IngestMetrics
 from app.settings import dev_settings
 from topics.catalog import TopicNames, names
-from topics.records import raw_headers
+from topics.records import CHECKED, raw_headers
 
 KEY = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056"  # Adyen's published test key
 OLD_KEY = "74F490DD33F7327BAECC88B2947C011FC02D014A473AAA33A8EC93E4DC069174"

@@ -4,9 +4,10 @@ gateways, equal what the dict-state reducers of release 0.2 wrote (tests/unit/da
 made by ``python -m tests.unit.test_decide_golden`` from that code and kept as it was), but for two
 changes made on purpose: paymos's terminal rule follows its document (a newer snapshot of the same
 terminal status waits for its reorg), which changed six paymos histories (2, 5, 41, 78, 88, 103) and
-nothing else; and a decision's ``payload`` (and a parked paymos body) is the body as received, not
-orjson's writing of it again: once a history has met a body not in orjson's form, its records and
-states must be the same JSON values, no longer the same bytes.
+nothing else; and a decision's ``payload`` (and a parked paymos body), pg's stored ``data.object`` and
+paymos's stored ``data`` are the body or its part as received, not orjson's writing of it again: once
+a history has met a body not in orjson's form, its records and states must be the same JSON values,
+no longer the same bytes.
 
 The histories are `orderly simulate`'s (retries, outages, fetches, late correlations), with what
 the fast path alone would not meet: bodies whose JSON is not in orjson's form (indented, escaped,
@@ -137,16 +138,19 @@ def all_runs() -> dict[str, tuple[list[dict[str, Any]], list[bool]]]:
 
 
 def as_values(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan with its decisions and paymos's stored states (what may carry a body as received) in a
-    canonical JSON form (orjson's writing of their value, keys sorted: 1, 1.0 and true stay apart);
-    every other record (effects, facts, snapshots, quarantine) and state kept as its bytes."""
+    """A plan with what may carry a body or a part of it as received (decisions, stored states and
+    orderly.state's snapshots) in a canonical JSON form (orjson's writing of their value, keys
+    sorted: 1, 1.0 and true stay apart); every other record (effects, facts, quarantine) kept as its bytes."""
     def value(encoded_value: str) -> str:
         return orjson.dumps(orjson.loads(base64.b64decode(encoded_value)), option=orjson.OPT_SORT_KEYS).decode()
 
-    paymos = base64.b64encode(b"paymos:").decode()[:8]  # the key's first 6 bytes, as base64 writes them
-    return {"records": {p: [[r[0], r[1], value(r[2]) if r[0] == N.decisions else r[2], r[3]] for r in records]
-                        for p, records in plan["records"].items()},
-            "states": {k: value(v) if k.startswith(paymos) else v for k, v in plan["states"].items()},
+    def canonical(records: list[list[Any]]) -> list[list[Any]]:
+        made = [[r[0], r[1], value(r[2]) if r[0] in (N.decisions, N.state) else r[2], r[3]] for r in records]
+        # orderly.state's snapshots were sorted by their bytes (encoded): by their values here
+        return [r for r in made if r[0] != N.state] + sorted(r for r in made if r[0] == N.state)
+
+    return {"records": {p: canonical(records) for p, records in plan["records"].items()},
+            "states": {k: value(v) for k, v in plan["states"].items()},
             "set_aside": plan["set_aside"]}
 
 

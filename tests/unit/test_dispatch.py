@@ -16,7 +16,7 @@ from app.core.dispatch import BatchPlan, Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
 from tests.pg_events import deposit
 from topics.catalog import names
-from topics.records import H_CHECKED, correlation_headers, raw_headers
+from topics.records import CHECKED, correlation_headers, raw_headers
 
 N = names("t")
 
@@ -30,7 +30,7 @@ def correlation(dep: str) -> Incoming:
 def webhook(gateway: str, resource: str, body: bytes, delivery: str, checked: bool = True) -> Incoming:
     """A raw record; ``checked``: it came through the ingest's typed validation (here, to reach the
     core with what only a bug could let through)."""
-    headers = raw_headers(gateway, delivery, 1_700_000_000_000) + ([(H_CHECKED, b"1")] if checked else [])
+    headers = raw_headers(gateway, delivery, 1_700_000_000_000) + ([CHECKED] if checked else [])
     return Incoming(f"{gateway}:{resource}".encode(), body, headers, 0, 0, N.raw)
 
 
@@ -212,7 +212,7 @@ def test_a_body_nested_past_the_ingests_depth_is_set_aside_and_its_resource_goes
 
     def record(body: bytes, delivery: str) -> Incoming:
         headers = [*raw_headers("paymos", delivery, 1_700_000_000_000, "webhook" if marked else "fetch"),
-                   *([(H_CHECKED, b"1")] if marked else [])]
+                   *([CHECKED] if marked else [])]
         return Incoming(b"paymos:inv_1", body, headers, 0, 0, N.raw)
 
     store: dict[bytes, bytes] = {}

@@ -2,8 +2,9 @@
 resource of another kind or an event seen before (killing mutmut's survivors in app/core/dispatch.py
 and app/core/pg.py, docs/testing.md).
 
-The rules: a record's headers mean what topics/records.py says (``checked: 1``, the ingest's adapter
-took the body; a delivery without a gateway header is its resource key's gateway); a resource key is
+The rules: a record's headers mean what topics/records.py says (``checked: 2``, the ingest's adapter
+took the body and found it JSON every reader reads; ``checked: 1``, an earlier ingest's adapter took
+it; a delivery without a gateway header is its resource key's gateway); a resource key is
 ``gateway:resource_id`` and a resource id may itself hold a colon; a record no reducer can decide is
 quarantined with the reason, never dropped (DESIGN.md §2.4); a pg resource is one object kind for
 ever (../shared/gateway-docs/pg-event-order-version-guard.txt); a decision names the event it was
@@ -21,7 +22,8 @@ import pytest
 from app.core import card as card_core
 from app.core import paymos as paymos_core
 from app.core import pg as pg_core
-from app.core.dispatch import Incoming, decide_delivery, plan_batch, read_headers
+from app.core.dispatch import Incoming, decide_delivery, plan_batch
+from app.core.incoming import NOT_CHECKED, SOUND, TAKEN, read_headers
 from app.core.model import APPLIED, DUPLICATE, PARKED, QUARANTINED, RECENT, STALE, Delivery, decide, remember
 from app.gateways import paymos
 from app.gateways.pg import Webhook, read
@@ -29,7 +31,7 @@ from app.gateways.registry import GATEWAYS
 from tests import paymos_events
 from tests.pg_events import balance_txn, deposit, withdrawal
 from topics.catalog import names
-from topics.records import H_CHECKED, Correlation, raw_headers
+from topics.records import CHECKED, Correlation, raw_headers
 
 RAW = names("t")
 
@@ -37,13 +39,13 @@ RAW = names("t")
 # --- read_headers: the ingest's five headers and anything else that has five ---
 
 def ingest_headers() -> list[tuple[str, bytes]]:
-    return [*raw_headers("card", "dlv_9", 1_700_000_000_123, "fetch"), (H_CHECKED, b"1")]
+    return [*raw_headers("card", "dlv_9", 1_700_000_000_123, "fetch"), CHECKED]
 
 
 def test_the_ingest_s_headers_are_read_as_written() -> None:
     delivery, correlation, checked = read_headers(Incoming(b"pg:dep_1", b"{}", ingest_headers(), 7, 2, "t.raw"))
     assert delivery == Delivery("dlv_9", "card", "pg:dep_1", 1_700_000_000_123, 7, "fetch")
-    assert (correlation, checked) == (False, True)
+    assert (correlation, checked) == (False, SOUND)
 
 
 @pytest.mark.parametrize("position", range(5))
@@ -57,14 +59,20 @@ def test_five_headers_one_of_another_name_are_read_by_their_names(position: int)
     if position < 4:
         expected.update([defaults[position]])
     assert {name: getattr(delivery, name) for name in expected} == expected
-    assert checked == (position != 4) and correlation is False
+    assert checked == (SOUND if position != 4 else NOT_CHECKED) and correlation is False
 
 
 def test_checked_counts_in_any_order() -> None:
-    headers = [(H_CHECKED, b"1"), *raw_headers("pg", "dlv_1", 5)]
-    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] is True
-    headers = [*raw_headers("pg", "dlv_1", 5), ("record", b"x"), (H_CHECKED, b"1")]
-    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] is True
+    headers = [CHECKED, *raw_headers("pg", "dlv_1", 5)]
+    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] == SOUND
+    headers = [*raw_headers("pg", "dlv_1", 5), ("record", b"x"), CHECKED]
+    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] == SOUND
+    # an earlier release's mark, in the ingest's place or another: taken, not proven sound
+    for headers in ([*raw_headers("pg", "dlv_1", 5), ("checked", b"1")],
+                    [("checked", b"1"), *raw_headers("pg", "dlv_1", 5)]):
+        assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] == TAKEN
+    headers = [*raw_headers("pg", "dlv_1", 5), ("checked", b"3")]
+    assert read_headers(Incoming(b"pg:dep_1", b"{}", headers, 0, 0, "t.raw"))[2] == NOT_CHECKED
 
 
 # --- decide_delivery: what no reducer can decide is quarantined, saying why ---
@@ -75,7 +83,7 @@ def test_checked_counts_in_any_order() -> None:
 ])
 def test_what_no_reducer_can_decide_is_quarantined_saying_why(gateway: str, correlation: bool, named: str) -> None:
     delivery = Delivery("dlv_1", gateway, f"{gateway}:x_1", 5, 3)
-    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, correlation, True)
+    state, decisions = decide_delivery(GATEWAYS, None, b"{}", delivery, correlation, SOUND)
     assert state is None and len(decisions) == 1
     decision = decisions[0]
     assert (decision.delivery_id, decision.gateway, decision.resource_id, decision.outcome) == (
@@ -87,11 +95,11 @@ def test_what_no_reducer_can_decide_is_quarantined_saying_why(gateway: str, corr
 
 def test_a_resource_id_with_a_colon_is_decided_on_its_stored_state() -> None:
     body = deposit("dep:1", 1, "pending")
-    record = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")], 0, 0, RAW.raw)
+    record = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_1", 5), CHECKED], 0, 0, RAW.raw)
     first = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None)
     assert first.set_aside == [] and set(first.states) == {b"pg:dep:1"}
     # the same event in another delivery, in a later batch: the stored state has seen it
-    later = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_2", 6), (H_CHECKED, b"1")], 1, 0, RAW.raw)
+    later = Incoming(b"pg:dep:1", body, [*raw_headers("pg", "dlv_2", 6), CHECKED], 1, 0, RAW.raw)
     again = plan_batch(RAW, GATEWAYS, [later], lambda partition, key: first.states.get(key))
     outcomes = [orjson.loads(r[2])["outcome"] for r in again.records[0] if r[0] == RAW.decisions]
     assert outcomes == [DUPLICATE]
@@ -181,7 +189,7 @@ def test_a_capture_alone_waits_and_nothing_is_authorised() -> None:
 
 
 def test_a_key_that_is_not_utf8_is_set_aside_saying_so() -> None:
-    record = Incoming(b"\xff:x", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")],
+    record = Incoming(b"\xff:x", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), CHECKED],
                       0, 0, RAW.raw)
     plan = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None)
     assert len(plan.set_aside) == 1
@@ -211,7 +219,7 @@ def test_a_parked_snapshot_that_ties_the_reorg_s_is_stale() -> None:
 
 
 def test_a_record_past_half_the_topics_limit_is_set_aside_naming_that_half_in_bytes() -> None:
-    record = Incoming(b"pg:dep_1", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), (H_CHECKED, b"1")],
+    record = Incoming(b"pg:dep_1", deposit("dep_1", 1, "pending"), [*raw_headers("pg", "dlv_1", 5), CHECKED],
                       0, 0, RAW.raw)
     plan = plan_batch(RAW, GATEWAYS, [record], lambda partition, key: None, topic_max_bytes=201)
     assert len(plan.set_aside) == 1

@@ -21,7 +21,7 @@ from app.gateways.registry import GATEWAYS
 from tests.pg_events import AMOUNT, balance_txn, deposit, withdrawal
 from tests.pg_truth import deposit_truth
 from topics.catalog import names
-from topics.records import H_CHECKED, Correlation, correlation_headers, raw_headers
+from topics.records import CHECKED, Correlation, correlation_headers, raw_headers
 
 RAW = names("t")
 CORR = {"pg_deposit_id": "dep_1", "merchant_reference": "mr_1", "our_order_id": "ord_1", "our_user_id": "usr_1"}
@@ -282,7 +282,7 @@ def as_records(order: list[bytes | dict[str, Any]], dep: str) -> list[Incoming]:
             headers = correlation_headers("pg", f"{dep}_c{i}", 1_700_000_000_000 + i)
         else:
             body = ev.replace(b"dep_1", dep.encode())
-            headers = [*raw_headers("pg", f"{dep}_d{i}", 1_700_000_000_000 + i), (H_CHECKED, b"1")]
+            headers = [*raw_headers("pg", f"{dep}_d{i}", 1_700_000_000_000 + i), CHECKED]
         records.append(Incoming(f"pg:{dep}".encode(), body, headers, 0, 0, RAW.raw))
     return records
 

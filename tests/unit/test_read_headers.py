@@ -6,13 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.dispatch import Incoming, delivery_of, read_headers
+from app.core.incoming import NOT_CHECKED, SOUND, Incoming, checked_as, delivery_of, read_headers
 from app.core.model import Delivery
-from topics.records import CORRELATION, H_CHECKED, H_RECORD
+from topics.records import CHECKED_VALUE, CORRELATION, H_CHECKED, H_RECORD
 
 NAMES = st.sampled_from(["gateway", "delivery_id", "received_at", "source", "checked", "record", "x-trace"])
 VALUES = st.one_of(
-    st.sampled_from([b"", b"1", b"0", b"pg", b"card", b"webhook", b"fetch", b"correlation", b"\xff", b"\xc3",
+    st.sampled_from([b"", b"1", b"2", b"0", b"pg", b"card", b"webhook", b"fetch", b"correlation", b"\xff", b"\xc3",
                      b"17", b" 42 ", "١٢٣".encode(), b"1_000", b"-5", b"x1", b"1" + b"0" * 30,
                      b"253402300799999", b"253402300800000"]),
     st.binary(max_size=6),
@@ -20,16 +20,16 @@ VALUES = st.one_of(
 )
 
 
-def by_dict(record: Incoming) -> tuple[Delivery, bool, bool] | str:
+def by_dict(record: Incoming) -> tuple[Delivery, bool, int] | str:
     try:
         headers = {name: value.decode() for name, value in record.headers}
         delivery = delivery_of(record.key.decode(), headers, record.topic, record.offset, record.partition)
-        return delivery, headers.get(H_RECORD) == CORRELATION, headers.get(H_CHECKED) == "1"
+        return delivery, headers.get(H_RECORD) == CORRELATION, checked_as(headers.get(H_CHECKED))
     except (UnicodeDecodeError, ValueError) as exc:
         return type(exc).__name__
 
 
-def read(record: Incoming) -> tuple[Delivery, bool, bool] | str:
+def read(record: Incoming) -> tuple[Delivery, bool, int] | str:
     try:
         return read_headers(record)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -46,10 +46,12 @@ def test_read_headers_is_what_the_dict_of_them_gave(headers: list[tuple[str, byt
 
 
 def test_a_later_header_of_the_same_name_counts() -> None:
-    record = Incoming(b"pg:d", b"{}", [("checked", b"1"), ("checked", b"0"), ("received_at", b"5"),
+    record = Incoming(b"pg:d", b"{}", [("checked", CHECKED_VALUE), ("checked", b"0"), ("received_at", b"5"),
                                        ("received_at", b"7")], 3, 1, "t.raw")
     delivery, correlation, checked = read_headers(record)
-    assert (delivery.received_at_ms, correlation, checked) == (7, False, False)
+    assert (delivery.received_at_ms, correlation, checked) == (7, False, NOT_CHECKED)
+    record = Incoming(b"pg:d", b"{}", [("checked", b"1"), ("checked", CHECKED_VALUE)], 3, 1, "t.raw")
+    assert read_headers(record)[2] == SOUND
     assert delivery.delivery_id == "t.raw:1:3" and delivery.gateway == "pg" and delivery.source == "webhook"
 
 
@@ -62,6 +64,6 @@ INGEST_ORDER = ["gateway", "delivery_id", "received_at", "source", "checked"]
 def test_the_ingest_s_own_headers_read_as_the_dict_of_them_gave(values: list[bytes], key: bytes, ingest: bool) -> None:
     # the ingest's order of names (the one-unpacking path), its checked value or any other
     if ingest:
-        values[4] = b"1"
+        values[4] = CHECKED_VALUE
     record = Incoming(key, b"{}", list(zip(INGEST_ORDER, values, strict=True)), 7, 2, "t.raw")
     assert read(record) == by_dict(record)

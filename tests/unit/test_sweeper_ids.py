@@ -14,7 +14,7 @@ from app.core.dispatch import Incoming, plan_batch
 from app.gateways.registry import GATEWAYS
 from app.sweeper import delivery_id_of
 from topics.catalog import names
-from topics.records import H_CHECKED, raw_headers
+from topics.records import CHECKED, raw_headers
 
 N = names("t")
 BODY = orjson.dumps({"id": "e1", "type": "payment.captured", "payment_ref": "pay_s", "sequence": None,
@@ -26,7 +26,7 @@ def test_the_sweeper_names_a_record_as_the_worker_decided_it(delivery_id: bytes 
     headers = [(k, v) for k, v in raw_headers("card", "x", 1_733_000_000_000) if k != "delivery_id"]
     if delivery_id != "missing":
         headers.append(("delivery_id", delivery_id))  # type: ignore[arg-type]
-    headers.append((H_CHECKED, b"1"))
+    headers.append(CHECKED)
     plan = plan_batch(N, GATEWAYS, [Incoming(b"card:pay_s", BODY, headers, 17, 3, N.raw)], lambda p, k: None)
     (decision,) = [orjson.loads(r[2]) for r in plan.records[3] if r[0] == N.decisions]
     message = SimpleNamespace(topic=N.raw, partition=3, offset=17, headers=headers)
