@@ -28,7 +28,7 @@ from msgspec import Meta
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
-from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text, body_error
+from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text
 from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
 
 name = "adyen"
@@ -360,12 +360,11 @@ def refused(raw: bytes, refusal: Refusal) -> Route:
 
 def read(raw: bytes, checked: bool) -> Notification | Route:
     """The worker's one read of an item record (``checked``: the ingest's adapter took it already)."""
-    if not checked and (problem := body_error(raw)) is not None:
-        return refused(raw, Refusal("invalid", problem))
-    parsed = schema.parse(raw, Item)
-    if isinstance(parsed, Refusal):
-        return refused(raw, parsed)
-    item = parsed[0]
+    if not checked and (refusal := schema.whole(raw)) is not None:
+        return refused(raw, refusal)
+    item = schema.typed(ITEM, raw)
+    if isinstance(item, Refusal):
+        return refused(raw, item)
     if not checked and (found := accept(item)).resource_key is None:
         return found
     return Notification(item, orjson.Fragment(raw), raw)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-import orjson
 
 from app.gateways import limits
 
@@ -55,12 +54,20 @@ def require_times(**values: str | None) -> None:
 def decode(decoder: msgspec.json.Decoder[T], raw: bytes) -> T | Refusal:
     """The body decoded against the schema, or why it is refused (the ingest's check: a body it
     takes is also one every reader of the log reads, ``limits.unreadable``)."""
-    problem = limits.body_error(raw)
-    if problem is not None:
+    refusal = whole(raw)
+    if refusal is not None:
+        return refusal
+    return typed(decoder, raw)
+
+
+def whole(raw: bytes) -> Refusal | None:
+    """Why the body as a whole is refused, whatever its schema (``limits.body_error``, then
+    ``limits.unreadable``), or None."""
+    if (problem := limits.body_error(raw)) is not None:
         return Refusal("invalid", problem)
     if (unread := limits.unreadable(raw)) is not None:
         return Refusal("not_json", unread)
-    return typed(decoder, raw)
+    return None
 
 
 def typed(decoder: msgspec.json.Decoder[T], raw: bytes | msgspec.Raw, at: str = "") -> T | Refusal:
@@ -75,24 +82,6 @@ def typed(decoder: msgspec.json.Decoder[T], raw: bytes | msgspec.Raw, at: str = 
         return Refusal("invalid", reason)
     except (msgspec.DecodeError, RecursionError):
         return Refusal("not_json", "body is not JSON")
-
-
-def parse(raw: bytes, into: type[T]) -> tuple[T, Document] | Refusal:
-    """The worker's one read of a body: the document as orjson reads it (the read that proves the
-    bytes are JSON every consumer reads, before decisions carry them as they are; its parts, such
-    as pg's ``data.object``, are what states and rows carry on) and the schema's typed view of it,
-    converted from that document rather than read from the bytes again. ``limits.body_error`` is the
-    caller's to check first where the ingest has not."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return Refusal("not_json", "body is not JSON")
-    if not isinstance(body, dict):
-        return Refusal("not_json", "body is not a JSON object")
-    try:
-        return msgspec.convert(body, into), body
-    except msgspec.ValidationError as exc:
-        return Refusal("invalid", readable(str(exc)))
 
 
 def convert(value: Any, into: type[T], at: str) -> T | Refusal:

@@ -17,7 +17,7 @@ import orjson
 
 from app.gateways import schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
-from app.gateways.limits import IdText, IsoText, Minor, Text, UnixS, body_error
+from app.gateways.limits import IdText, IsoText, Minor, Text, UnixS
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
 
 name = "stripe"
@@ -172,9 +172,10 @@ class Synced(Body, tag_field="object", tag="orderly.synced"):
 
 
 Event = Snapshot | Thin | Synced
-# msgspec takes the union as a type; typed as one for schema.parse's ``type[T]``
+# msgspec takes the union as a type; typed as one for its decoder's
 EVENT: type[Snapshot | Thin | Synced] = Event  # type: ignore[assignment]
 DECODER = msgspec.json.Decoder(Event)
+READ: msgspec.json.Decoder[Snapshot | Thin | Synced] = msgspec.json.Decoder(EVENT)
 
 
 class Webhook(msgspec.Struct, frozen=True, gc=False):
@@ -224,12 +225,11 @@ def route(raw: bytes) -> Route:
 
 def read(raw: bytes, checked: bool) -> Webhook | Route:
     """The worker's one read of a record's body (``checked``: the ingest or the fetcher took it)."""
-    if not checked and (problem := body_error(raw)) is not None:
-        return refused(raw, Refusal("invalid", problem))
-    parsed: tuple[Snapshot | Thin | Synced, Document] | Refusal = schema.parse(raw, EVENT)
-    if isinstance(parsed, Refusal):
-        return refused(raw, parsed)
-    event = parsed[0]
+    if not checked and (refusal := schema.whole(raw)) is not None:
+        return refused(raw, refusal)
+    event: Snapshot | Thin | Synced | Refusal = schema.typed(READ, raw)
+    if isinstance(event, Refusal):
+        return refused(raw, event)
     if not checked and (found := accept(event)).resource_key is None:
         return found
     return Webhook(event, orjson.Fragment(raw), raw)

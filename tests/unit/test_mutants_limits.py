@@ -136,7 +136,8 @@ class Inner(schema.Body):
 
 
 def test_a_refusal_names_the_field_path() -> None:
-    assert schema.parse(b'{"fooX": "a"}', Inner) == Refusal("invalid", "fooX: expected int, got str")
+    assert schema.typed(msgspec.json.Decoder(Inner), b'{"fooX": "a"}') == Refusal(
+        "invalid", "fooX: expected int, got str")
     assert schema.convert([{"fooX": 1}, {"fooX": "a"}], list[Inner], "items") == Refusal(
         "invalid", "items[1].fooX: expected int, got str")
     assert schema.convert({"fooX": "a"}, Inner, "data.object") == Refusal(
@@ -147,7 +148,7 @@ def test_a_refusal_names_the_field_path() -> None:
 @pytest.mark.parametrize("raw", [b"not json", b"{", b"", b"[1]", b'"text"', b"5", b"null", b"[]"])
 def test_the_ingest_s_and_the_worker_s_read_refuse_a_body_alike(raw: bytes) -> None:
     decoded = schema.decode(msgspec.json.Decoder(Inner), raw)
-    parsed = schema.parse(raw, Inner)
+    parsed = schema.typed(msgspec.json.Decoder(Inner), raw)
     assert isinstance(decoded, Refusal) and decoded == parsed
     assert decoded.code == "not_json"
     assert decoded.reason in ("body is not JSON", "body is not a JSON object")
