@@ -175,10 +175,18 @@ def _common(w: Webhook) -> Common:
     return {"event_id": w.event_id, "event_type": w.event_type, "payload": w.payload}
 
 
-def _parked(p: Parked) -> Webhook:
-    found = read(bytes(memoryview(p.body)), checked=True)  # it was checked before it was parked
-    if not isinstance(found, Webhook):
-        raise ValueError(f"a parked body no longer reads: {found.quarantine_reason}")
+def _readable(state: State, out: list[Decision]) -> list[tuple[Webhook, Parked]]:
+    """The parked bodies, read (each was checked before it was parked); one that no longer reads (a
+    state written by another release) leaves the state with a quarantined decision saying why,
+    rather than holding its resource's reorgs back for good."""
+    found = []
+    for p in list(state.parked):
+        w = read(bytes(memoryview(p.body)), checked=True)
+        if isinstance(w, Webhook):
+            found.append((w, p))
+        else:
+            state.parked.remove(p)
+            out.append(decide(p.delivery, QUARANTINED, error=f"a parked body no longer reads: {w.quarantine_reason}"))
     return found
 
 
@@ -188,7 +196,7 @@ def _retry_parked(state: State) -> list[Decision]:
     progressed = True
     while progressed and state.parked:
         progressed = False
-        waiting = sorted(((_parked(p), p) for p in state.parked), key=lambda wp: _key(wp[0].resource))
+        waiting = sorted(_readable(state, out), key=lambda wp: _key(wp[0].resource))
         current = _current(state)
         for w, p in waiting:
             if current is not None and _key(w.resource) <= _key(current):

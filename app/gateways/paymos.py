@@ -190,16 +190,25 @@ def read(raw: bytes, checked: bool) -> Webhook | Route:
         view = CHECKED.decode(raw)
         return Webhook(view.event_id, view.event_type, RESOURCE.decode(view.data), orjson.Fragment(raw), view.data, raw)
     except (msgspec.DecodeError, RecursionError):
-        return refused(raw, _refusal(raw))
+        return _read_as_the_ingest(raw)
 
 
-def _refusal(raw: bytes) -> Refusal:
-    """Why :func:`read` refused a body it took as checked, in schema.typed's words."""
+def _read_as_the_ingest(raw: bytes) -> Webhook | Route:
+    """``data`` read as the ingest's :class:`Event` reads it, where the typed read refused it: an
+    object first, in which the last of a key given twice wins whatever the others hold
+    (``"status": 5, "status": "paid"``), then the Resource; kept as orjson writes that object, as
+    the state's snapshot must read as that Resource again. Else the refusal, in schema.typed's words."""
     view = schema.typed(CHECKED, raw)
     if isinstance(view, Refusal):
-        return view
-    found = schema.typed(RESOURCE, view.data, "data")
-    return found if isinstance(found, Refusal) else Refusal("invalid", "body: refused")
+        return refused(raw, view)
+    try:
+        data = msgspec.json.decode(view.data)
+    except (msgspec.DecodeError, RecursionError):
+        return refused(raw, Refusal("not_json", "data: not JSON"))
+    resource = schema.convert(data, Resource, "data")
+    if isinstance(resource, Refusal):
+        return refused(raw, resource)
+    return Webhook(view.event_id, view.event_type, resource, orjson.Fragment(raw), msgspec.Raw(orjson.dumps(data)), raw)
 
 
 def accept(event: Event) -> Resource | Route:

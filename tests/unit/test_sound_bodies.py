@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.dispatch import Incoming, plan_batch
+from app.gateways import paymos
 from app.gateways.limits import unreadable
 from app.gateways.registry import GATEWAYS
 from tests import paymos_events
@@ -151,3 +152,45 @@ def test_a_checked_record_s_parts_are_kept_as_sent() -> None:
     plan = plan_batch(N, GATEWAYS, [Incoming(b"paymos:inv_1", spaced, [*raw_headers("paymos", "d2", 5), CHECKED],
                                              0, 0, N.raw)], lambda _p, _k: None)
     assert plan.set_aside == [] and b'"snapshot":' + data in plan.states[b"paymos:inv_1"]
+
+
+@pytest.mark.parametrize("twice", [b'"status":5,"status":"confirming"', b'"status":"paid","status":"confirming"'])
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_key_given_twice_in_paymos_data_reads_as_the_ingest_read_it(twice: bytes, marked: bool) -> None:
+    """The ingest reads paymos's ``data`` as an object first (the last of a key given twice wins,
+    whatever the others hold): the worker applies what the ingest took, and its snapshot reads back."""
+    body = paymos_events.event("invoice.confirming", "inv_1", "confirming", 1_796_000_000_000).replace(
+        b'"status":"confirming"', twice)
+    assert GATEWAYS["paymos"].adapter.route(body).resource_key == "paymos:inv_1"
+    headers = [*raw_headers("paymos", "d1", 5), *([CHECKED] if marked else [])]
+    plan = plan_batch(N, GATEWAYS, [Incoming(b"paymos:inv_1", body, headers, 0, 0, N.raw)], lambda _p, _k: None)
+    assert plan.set_aside == [] and dict(plan.outcomes) == {("paymos", "applied"): 1}
+    later = paymos_events.event("invoice.paid", "inv_1", "paid", 1_796_000_000_001)
+    state = plan.states[b"paymos:inv_1"]
+    plan = plan_batch(N, GATEWAYS, [Incoming(b"paymos:inv_1", later, [*raw_headers("paymos", "d2", 6), CHECKED], 1, 0,
+                                             N.raw)], lambda _p, _k: state)
+    assert plan.set_aside == [] and dict(plan.outcomes) == {("paymos", "applied"): 1}
+
+
+def test_a_parked_paymos_body_that_no_longer_reads_leaves_the_state_saying_why() -> None:
+    """A parked body another release stored that this one cannot read does not hold its resource's
+    reorg back: it leaves the state with a quarantined decision, and the rest goes on."""
+    from app.core import paymos as core
+    from app.core.model import Delivery
+
+    paid = paymos.read(paymos_events.event("invoice.paid", "inv_1", "paid", 1_796_000_000_001), True)
+    assert isinstance(paid, paymos.Webhook)
+    state = orjson.loads(core.dump(core.apply_event(None, paid, Delivery("d1", "paymos", "paymos:inv_1", 5, 0))[0]))
+    unreadable_body = paymos_events.event("invoice.confirming", "inv_1", "confirming", 1_796_000_000_003).replace(
+        b'"updated_at":1796000000003', b'"updated_at":"soon"')
+    state["parked"] = [{"body": orjson.Fragment(unreadable_body),
+                        "delivery": {"delivery_id": "d2", "gateway": "paymos", "resource_key": "paymos:inv_1",
+                                     "received_at_ms": 6, "seq": 1, "source": "webhook"}}]
+    stored = orjson.dumps(state)
+    reorg = paymos_events.event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 1_796_000_000_002)
+    plan = plan_batch(N, GATEWAYS, [Incoming(b"paymos:inv_1", reorg, [*raw_headers("paymos", "d3", 7), CHECKED], 2, 0,
+                                             N.raw)], lambda _p, _k: stored)
+    assert plan.set_aside == []
+    decided = [orjson.loads(r[2]) for r in plan.records[0] if r[0] == N.decisions]
+    assert [(d["delivery_id"], d["outcome"]) for d in decided] == [("d3", "applied"), ("d2", "quarantined")]
+    assert "no longer reads" in decided[1]["error"] and orjson.loads(plan.states[b"paymos:inv_1"])["parked"] == []
