@@ -26,7 +26,7 @@ import msgspec
 import orjson
 from msgspec import Meta
 
-from app.gateways import schema
+from app.gateways import limits, schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
 from app.gateways.limits import ID_MAX, NOT_DOTS, IdText, IsoText, Minor, Text
 from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
@@ -90,7 +90,7 @@ class _SignedBody(msgspec.Struct):
     notificationItems: list[_SignedWrapper]
 
 
-_SIGNED = msgspec.json.Decoder(_SignedBody)
+_SIGNED = msgspec.json.Decoder(_SignedBody, float_hook=limits.FLOAT_HOOK)
 
 
 def _text(field: str, value: Any) -> str:
@@ -299,7 +299,7 @@ class _Head(msgspec.Struct):
 
 ITEM = msgspec.json.Decoder(Item)
 ENVELOPE = msgspec.json.Decoder(_Envelope)
-HEAD = msgspec.json.Decoder(_Head)
+HEAD = msgspec.json.Decoder(_Head, float_hook=limits.FLOAT_HOOK)
 
 
 def split(raw: bytes) -> list[tuple[bytes, Route]]:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.gateways import schema
+from app.gateways import limits, schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Seq, TakenId, Text, int64_error
 from app.gateways.schema import Body, Refusal, require_ids, require_times, valid_id
@@ -180,7 +180,7 @@ class Head(msgspec.Struct):
 
 
 DECODER = msgspec.json.Decoder(Event)
-HEAD = msgspec.json.Decoder(Head)
+HEAD = msgspec.json.Decoder(Head, float_hook=limits.FLOAT_HOOK)
 FETCHED = msgspec.json.Decoder(Fetched)
 STORED = msgspec.json.Decoder(Stored)
 UNCHECKED = msgspec.json.Decoder(Unchecked)

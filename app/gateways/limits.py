@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
+import orjson
 from msgspec import Meta
 
 ID_MAX = 200
@@ -60,6 +61,19 @@ _NINETEEN_DIGITS = b"0" * 19
 _NUMBERISH = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("e") if i in b"eE" else ord("+") if i == ord("+")
                    else ord(".") for i in range(256))
 _BIG_EXPONENTS = (b"0e000", b"0e+000")
+# msgspec, the decoder of the ingest's schemas and of the log's readers, reads a number of 1e289 or
+# more about 300 times slower than another (7 µs: a 1 MiB body of them held a process over a second);
+# orjson does not. No gateway sends one: refused at the edge, so no process meets it.
+FLOAT_MAX = 1e288
+# The float_hook of every decoder that reads untrusted JSON into Any fields before the checks above
+# (an adapter's lenient Head, Adyen's signed fields, read before the signature is checked): Python's
+# float() reads 1e300 at its usual speed, where msgspec takes 7 µs (an unsigned 1 MiB request of
+# them held the ingest 1.2 s). Out of a double's range it gives inf instead of refusing: those
+# readers only look for ids and signed texts, which a number never is.
+FLOAT_HOOK = float
+# body_error's read of a whole body: the shape, integers and strings; its floats are not read (the
+# hook keeps msgspec off its slow path for them; unreadable checks their range with orjson).
+_SHAPE = msgspec.json.Decoder(float_hook=lambda _text: None)
 _NUL = b"\\u0000"  # the only way a NUL reaches a JSON string; PostgreSQL text and jsonb refuse it
 
 
@@ -117,7 +131,7 @@ def body_error(raw: bytes) -> str | None:
     if not (may_nest_deeper(raw) or may_hold_nul(raw) or may_hold_big_int(raw)):
         return None
     try:
-        value = msgspec.json.decode(raw)
+        value = _SHAPE.decode(raw)
     except RecursionError:
         return f"body: JSON nests deeper than {DEPTH_MAX}"
     except msgspec.DecodeError:
@@ -136,9 +150,9 @@ def may_hold_big_int(raw: bytes) -> bool:
 def unreadable(raw: bytes) -> str | None:
     """Why ``raw`` is not JSON that every reader of the log reads, in a part a typed schema skips
     unread (an unknown field, ``msgspec.Raw``), or None: bytes that are not UTF-8, or a number beyond
-    a double's range. The ingest checks it (schema.decode), so a record it marks checked can be read
-    by a typed decode alone and its bytes carried on as they are (DESIGN.md §2.4). A body that is not
-    JSON at all: None (the typed decoder reports it)."""
+    a double's range; or a number of FLOAT_MAX or more anywhere. The ingest checks it (schema.decode),
+    so a record it marks checked can be read by a typed decode alone and its bytes carried on as they
+    are (DESIGN.md §2.4). A body that is not JSON at all: None (the typed decoder reports it)."""
     if not raw.isascii():
         try:
             raw.decode()
@@ -147,12 +161,24 @@ def unreadable(raw: bytes) -> str | None:
     numberish = raw.translate(_NUMBERISH)
     if not (_NINETEEN_DIGITS in numberish or any(big in numberish for big in _BIG_EXPONENTS)):
         return None
-    try:
-        msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:  # "Number out of range - at `$[...]`": its path names no key
-        return "body: a number beyond a double's range (JSON readers refuse it)" if "out of range" in str(exc) else None
-    except RecursionError:
-        return None  # body_error's to report: nesting
+    try:  # orjson: it reads such numbers at the usual speed, and refuses one past a double
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:  # "number is infinity when parsed as double: line 1 …"
+        return "body: a number beyond a double's range (JSON readers refuse it)" if "infinity" in str(exc) else None
+    return float_error(value)
+
+
+def float_error(value: Any) -> str | None:
+    """Why a decoded JSON value holds a number of FLOAT_MAX or more (iteratively), or None."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is float and not -FLOAT_MAX < node < FLOAT_MAX:
+            return f"body: a number of 1e288 or more ({node:g}): no gateway sends one"
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.gateways import schema
+from app.gateways import limits, schema
 from app.gateways.base import Route, SignatureError, any_match, header, hmac_sha256
 from app.gateways.limits import DECIMAL_MAX, IdText, TakenId, Text, UnixMs, UnixS
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, valid_id
@@ -137,7 +137,7 @@ class Head(msgspec.Struct):
 
 
 DECODER = msgspec.json.Decoder(Event)
-HEAD = msgspec.json.Decoder(Head)
+HEAD = msgspec.json.Decoder(Head, float_hook=limits.FLOAT_HOOK)
 CHECKED = msgspec.json.Decoder(Checked)
 RESOURCE = msgspec.json.Decoder(Resource)
 

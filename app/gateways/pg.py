@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from app.gateways import schema
+from app.gateways import limits, schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, Int64, IsoText, Minor, Seq, SmallCount, TakenId, Text
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
@@ -275,7 +275,7 @@ class Head(msgspec.Struct):
 
 
 DECODER = msgspec.json.Decoder(Event)
-HEAD = msgspec.json.Decoder(Head)
+HEAD = msgspec.json.Decoder(Head, float_hook=limits.FLOAT_HOOK)
 
 
 class DataParts(Body):

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import msgspec
 import orjson
 
-from app.gateways import schema
+from app.gateways import limits, schema
 from app.gateways.base import Route, SignatureError, any_match, check_timestamp, header, hmac_sha256
 from app.gateways.limits import IdText, IsoText, Minor, Text, UnixS
 from app.gateways.schema import Body, Document, Refusal, field, require_ids, require_times, valid_id
@@ -206,7 +206,7 @@ class Head(msgspec.Struct):
     related_object: Any = None
 
 
-HEAD = msgspec.json.Decoder(Head)
+HEAD = msgspec.json.Decoder(Head, float_hook=limits.FLOAT_HOOK)
 
 
 def resource_id(obj: Obj) -> str:
