@@ -104,7 +104,7 @@ def decide_record(topic: str, gateways: Gateways, state: Any, key: bytes, value:
 def decide_delivery(gateways: Gateways, state: Any, value: bytes, delivery: Delivery, correlation: bool,
                     checked: int) -> tuple[Any, list[Decision]]:
     """:func:`decide_record` once its headers are read: ``correlation``, whether the record is the
-    merchant's correlation; ``checked``, whether the ingest's adapter took it."""
+    merchant's correlation; ``checked``, how the ingest checked it (``incoming.checked_as``)."""
     # the recent deliveries' ids compared in C first: a delivery decided before is rare
     if state is not None and delivery.delivery_id in map(_FIRST, state.recent):
         again = redecided(state, delivery)

@@ -57,7 +57,8 @@ _NINETEEN_DIGITS = b"0" * 19
 # A number beyond a double's range (orjson, PostgreSQL's jsonb and msgspec refuse it; a typed schema
 # skips an unknown field unread) has an exponent of three digits at least, or a run of 19 digits and
 # more: found in the same translation, with e and E as "e" and + as "+" (a negative exponent only
-# rounds towards zero). A string such as an id can hold such a run too: it costs a full read, no more.
+# rounds towards zero); so has one of FLOAT_MAX or more. A string such as an id can hold such a run
+# too: it costs a full read, no more.
 _NUMBERISH = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("e") if i in b"eE" else ord("+") if i == ord("+")
                    else ord(".") for i in range(256))
 _BIG_EXPONENTS = (b"0e000", b"0e+000")
@@ -71,9 +72,9 @@ FLOAT_MAX = 1e288
 # them held the ingest 1.2 s). Out of a double's range it gives inf instead of refusing: those
 # readers only look for ids and signed texts, which a number never is.
 FLOAT_HOOK = float
-# body_error's read of a whole body: the shape, integers and strings; its floats are not read (the
-# hook keeps msgspec off its slow path for them; unreadable checks their range with orjson).
-_SHAPE = msgspec.json.Decoder(float_hook=lambda _text: None)
+# body_error's read of a whole body (the shape, integers and strings), its floats through the hook
+# too: unreadable checks their range, with orjson.
+_SHAPE = msgspec.json.Decoder(float_hook=FLOAT_HOOK)
 _NUL = b"\\u0000"  # the only way a NUL reaches a JSON string; PostgreSQL text and jsonb refuse it
 
 
