@@ -4,6 +4,7 @@ for D seconds; prints JSON with the rate and latency percentiles."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -97,10 +98,13 @@ async def run(url: str, requests: list[dict[str, Any]], concurrency: int, durati
 
 def spawn(url: str, requests_file: Path, concurrency: int, duration: float, warmup: float = 0.0,
           max_requests: int = 0) -> dict[str, float]:
-    """Run the generator in its own process (its CPU is not the caller's) and return its figures."""
+    """Run the generator in its own process (its CPU is not the caller's) and return its figures.
+    It is this tree's generator even where the caller's PYTHONPATH names another build (bench ab):
+    the builds compared are the servers, not the load."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     result = subprocess.run(
         [sys.executable, "-m", "bench.load", url, str(requests_file), str(concurrency), str(duration), str(warmup),
-         str(max_requests)], capture_output=True, text=True, check=False)
+         str(max_requests)], capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"the load generator failed:\n{result.stderr[-3000:]}")
     return dict(orjson.loads(result.stdout))
