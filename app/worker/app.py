@@ -29,7 +29,7 @@ from app.liveness import Liveness
 from app.metrics import WorkerMetrics
 from app.producer import KeyedProducer
 from app.seams import aiokafka as kafka_seam
-from app.seams.faust import Transport, WorkerApp, WorkerTableManager, raw_schema
+from app.seams.faust import Handover, Transport, WorkerApp, WorkerTableManager, raw_schema
 from app.seams.mode import QuietWorker
 from app.settings import Settings
 from app.worker.batch import BatchProcessor
@@ -51,6 +51,7 @@ def build_app(settings: Settings, max_record_bytes: int | None = None) -> Worker
     state = WorkerState(WorkerMetrics(), busy_commit_interval=settings.worker_busy_commit_interval_s,
                         quiet_s=quiet_after(settings.worker_busy_interval_s))
     source = app.topic(n.raw, schema=raw_schema())
+    app.handover = Handover(app, n.raw)
     table = resource_table(app, settings)
     # send_all hands over whole batches
     producer = KeyedProducer(settings.kafka_bootstrap, linger_ms=0, **client_options(settings))

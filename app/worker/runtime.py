@@ -29,8 +29,6 @@ from app.seams.faust import (
     Consumer,
     WorkerApp,
     consumer_of,
-    noack_take,
-    queued,
     transactional_id,
 )
 from app.settings import Settings
@@ -76,6 +74,9 @@ class WorkerRuntime:
         self.liveness = liveness
         self.max_record_bytes = max_record_bytes  # None: read from the topics' configuration at the start
         self.raw = names(settings.namespace).raw
+        if app.handover is None:
+            raise ValueError("the worker's app has no handover for its source topic")
+        self.handover = app.handover
         self.commit = Commit(state, one_transaction=app.transactional_id is not None)
         self.joined_as: str | None = None  # the member id of the first join (static membership)
         # exactly-once with a static id: a lost worker's open transaction aborted at once (takeover.py)
@@ -108,6 +109,8 @@ class WorkerRuntime:
         return None if self.faust_consumer is None else self.faust_consumer.client()
 
     async def process(self, stream: faust.StreamT[bytes]) -> None:
+        # The stream is not read: its topic's records come a fetch at a time (app/seams/faust/handover.py)
+        self.handover.subscribe(stream.channel)
         # read while the group is joined and the table recovered (the agent starts before either),
         # not before the app starts: it would add a Kafka round trip to every restart
         limit = asyncio.ensure_future(record_limit(self.settings)) if self.max_record_bytes is None else None
@@ -121,19 +124,16 @@ class WorkerRuntime:
         # take_events() would ack a batch whose processing raised or was cancelled half-way.
         batch_max = self.settings.worker_batch_max
 
-        async def decide(events: list[Any]) -> None:
-            await self.decide(stream, events)
-
-        await decide_takes(noack_take(stream, batch_max, within=BATCH_WITHIN_S), decide, lambda: queued(stream),
+        handover = self.handover
+        await decide_takes(handover.takes(batch_max, within=BATCH_WITHIN_S), self.decide, handover.queued,
                            self.may_hold, batch_max)
 
-    async def decide(self, stream: faust.StreamT[bytes], events: list[Any]) -> None:
+    async def decide(self, events: list[Any]) -> None:
         state = self.state
         taken = state.last_batch_at = time.monotonic()
         await self.batches.handle(events)
-        for event in events:
-            await stream.ack(event)
-        waiting = queued(stream)
+        self.handover.ack(events)
+        waiting = self.handover.queued()
         self.consumer().set_fetch_min_bytes(fetch_min_bytes(len(events)))
         state.last_batch_at = time.monotonic()  # a long batch is not a quiet time
         pause = busy_pause(len(events), waiting, taken, state.last_batch_at, self.settings.worker_busy_interval_s,

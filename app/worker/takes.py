@@ -1,5 +1,6 @@
-"""The worker's loop over Faust's takes: a take cut short while a backlog waits is held and decided
-with the next one, for a bounded time (I/O shell; the rule is app/core/pacing.py's hold_take)."""
+"""The worker's loop over its takes (app/seams/faust/handover.py): a take cut short while a backlog
+waits is held and decided with the next one, for a bounded time (I/O shell; the rule is
+app/core/pacing.py's hold_take)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ async def decide_takes(takes: AsyncIterator[Sequence[Any]], decide: Callable[[li
     fewer than BUSY_BATCH records while ``waiting()`` says a backlog waits behind it is held for the
     next take, but never longer than HOLD_MAX_S: when the next take is not there by then, the held
     records are decided alone (the next take goes on meanwhile, taking up to a batch of records from
-    Faust's queue, and is awaited afterwards: nothing is dropped or reordered). Nothing is
+    the handover's queue, and is awaited afterwards: nothing is dropped or reordered). Nothing is
     held unless ``may_hold()`` (the worker: not during a rebalance or a stop, when no next take
     may come and Faust waits for every record it handed over to be acknowledged)."""
     held: list[Any] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from contextvars import ContextVar
+from pathlib import Path
 
 import faust
 import pytest
@@ -78,7 +79,6 @@ def test_each_method_the_seam_overrides_is_the_source_it_was_written_against() -
     (manager.TableManager, "_update_channels", ["self"]),
     (rocksdb.Store, "_db_for_partition", ["self", "partition"]),
     (rocksdb.Store, "set_persisted_offset", ["self", "tp", "offset"]),
-    (streams.Stream, "noack_take", ["self", "max_", "within"]),
 ])
 def test_each_private_method_relied_on_has_its_signature(owner: type, method: str, wanted: list[str]) -> None:
     assert parameters(getattr(owner, method)) == wanted, f"{owner.__name__}.{method} changed"
@@ -100,6 +100,9 @@ def test_each_private_method_relied_on_has_its_signature(owner: type, method: st
     (recovery.Recovery, "__init__", "active_offsets"),
     (recovery.Recovery, "__init__", "standby_offsets"),
     (recovery.Recovery, "__init__", "active_highwaters"),
+    # app/seams/faust/handover.py: the bookkeeping of a record taken and acked
+    (Consumer, "__init__", "_unacked_messages"),
+    (Consumer, "__init__", "_waiting_for_ack"),
 ])
 def test_each_private_attribute_relied_on_is_still_set_where_it_was(owner: type, method: str, attribute: str) -> None:
     assert assigns(owner, method, attribute), f"{owner.__name__}.{method} no longer sets {attribute}"
@@ -110,6 +113,12 @@ def test_the_class_level_state_and_names_relied_on_are_there() -> None:
     assert rocksdb.Store.offset_key == b"__faust\0offset__"
     assert Consumer._n_acked == 0 and manager.TableManager._recovery is None  # class-level defaults
     assert isinstance(streams._current_event, ContextVar)
+    # the handover drops and tracks records as Faust's stream iterator does (faust/_cython/streams.pyx)
+    stream_iterator = (Path(streams.__file__).parent / "_cython" / "streams.pyx").read_text()
+    assert "message.generation_id != self.app.consumer_generation_id" in stream_iterator
+    assert "message.tracked = True\n                self.add_unacked(message)" in stream_iterator
+    assert "acked_for_tp = self._acked[tp]" in inspect.getsource(Consumer.ack)
+    assert "self._unacked_messages" in inspect.getsource(Consumer.wait_empty)
     assert faust_consumer.CONSUMER_FETCHING == "FETCHING"
     assert "flow_control" in vars(faust.App)  # a cached property the seam's app replaces
     # the drain loop the seam replays reads these the same way

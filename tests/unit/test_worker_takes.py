@@ -1,4 +1,4 @@
-"""The worker's loop over Faust's takes (app.worker.takes.decide_takes): every record decided once,
+"""The worker's loop over its takes (app.worker.takes.decide_takes): every record decided once,
 in order, in batches no larger than the maximum; a take cut short while a backlog waits held for
 the next one, but for HOLD_MAX_S at most (the held records are decided alone when the next take is
 late), and never while holding is not allowed (a rebalance or a stop)."""
@@ -6,7 +6,6 @@ late), and never while holding is not allowed (a rebalance or a stop)."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -16,9 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.pacing import BUSY_BATCH, HOLD_MAX_S
-from app.seams.faust import queued
 from app.worker.takes import decide_takes
-from tests.unit.test_worker_flow import _message, _setup
 
 BATCH_MAX = 1000
 
@@ -166,61 +163,5 @@ def test_stopping_the_loop_ends_the_take_under_way_and_leaves_no_task(where: str
         await asyncio.gather(loop, return_exceptions=True)
         await asyncio.wait_for(source.ended.wait(), 1)
         assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
-
-    asyncio.run(main())
-
-
-def test_against_faust_s_own_take_on_a_crowded_loop_every_record_once_in_order() -> None:
-    """Faust's noack_take on the worker's real channel (test_worker_flow's setup), ten tasks
-    crowding the event loop, decisions of random lengths and records arriving in bursts: every
-    record decided once, in offset order, no batch above the maximum, every record acked."""
-    async def once(seed: int, count: int = 3000) -> None:
-        rnd = random.Random(seed)
-        app, conductor, channel = _setup()
-        app.consumer_generation_id = 1
-        app.flow_control.resume()
-        stream = app.stream(channel)
-        decided: list[int] = []
-        sizes: list[int] = []
-
-        async def decide(events: list[Any]) -> None:
-            sizes.append(len(events))
-            await asyncio.sleep(rnd.choice([0, 0.001, 0.03, 0.08]))
-            for event in events:
-                decided.append(event.message.offset)
-                await stream.ack(event)
-
-        async def feed() -> None:
-            for offset in range(count):
-                await conductor.on_message(_message(offset))
-                if rnd.random() < 0.01:
-                    await asyncio.sleep(rnd.choice([0, 0.01, 0.06]))
-
-        async def crowd() -> None:
-            while True:
-                await asyncio.sleep(0)
-
-        crowds = [asyncio.ensure_future(crowd()) for _ in range(10)]
-        feeding = asyncio.ensure_future(feed())
-        takes = stream.noack_take(BATCH_MAX, within=0.02)  # type: ignore[attr-defined]  # missing from StreamT
-        loop = asyncio.ensure_future(decide_takes(takes, decide, lambda: queued(stream), lambda: True, BATCH_MAX))
-        try:
-            deadline = time.monotonic() + 60
-            while len(decided) < count and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-        finally:
-            loop.cancel()
-            for task in (*crowds, feeding):
-                task.cancel()
-            await asyncio.gather(loop, feeding, *crowds, return_exceptions=True)
-            await stream.stop()
-        assert decided == list(range(count))
-        assert max(sizes) <= BATCH_MAX
-        consumer: Any = app.consumer
-        assert not consumer._unacked_messages
-
-    async def main() -> None:
-        for seed in range(2):
-            await once(seed)
 
     asyncio.run(main())

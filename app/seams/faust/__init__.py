@@ -17,12 +17,11 @@ from app.seams.faust.app import (
     WorkerApp,
     WorkerHooks,
     hooks_of,
-    noack_take,
-    queued,
     raw_schema,
     worker_transactional_id,
 )
 from app.seams.faust.consumer import Consumer, ConsumerThread, ask_start_offset, consumer_of
+from app.seams.faust.handover import Handover, Taken
 from app.seams.faust.producer import Producer, Target, TransactionManager, producer_of, transactional_id
 from app.seams.faust.tables import PartitionEvent, WorkerTableManager, inside, is_rocksdict, partition_db
 
@@ -38,9 +37,30 @@ class Transport(faust_aiokafka.Transport):
 
 
 __all__ = [
-    "CommittingConsumer", "Consumer", "ConsumerThread", "PartitionEvent", "Producer", "RawSchema", "Target",
+    "CommittingConsumer",
+    "Consumer",
+    "ConsumerThread",
+    "Handover",
+    "PartitionEvent",
+    "Producer",
+    "RawSchema",
+    "Taken",
+    "Target",
     "TransactionManager",
-    "Transport", "WorkerApp", "WorkerHooks", "WorkerTableManager", "ask_start_offset", "consumer_of", "hooks_of",
-    "inside", "is_rocksdict", "noack_take", "partition_db", "producer_of", "queued", "raw_schema",
-    "transactional_id", "worker_transactional_id",
+    "Transport",
+    "WorkerApp",
+    "WorkerHooks",
+    "WorkerTableManager",
+    "ask_start_offset",
+    "consumer_of",
+    "hooks_of",
+    "inside",
+    "is_rocksdict",
+
+    "partition_db",
+    "producer_of",
+
+    "raw_schema",
+    "transactional_id",
+    "worker_transactional_id",
 ]

@@ -6,8 +6,8 @@ Paths and line numbers are of faust-streaming 0.15.3 (app/seams/__init__.py pins
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import faust
 from faust.types import TP, AppT
@@ -16,6 +16,9 @@ from mode.utils.queues import FlowControlEvent
 
 from app.seams.aiokafka import Membership
 from app.seams.mode import FlowControl
+
+if TYPE_CHECKING:  # handover.py reads the app's flow control: imported there, not here
+    from app.seams.faust.handover import Handover
 
 
 class CommittingConsumer(Protocol):
@@ -75,6 +78,8 @@ class WorkerApp(faust.App):
     # exactly-once with a static member id: one transactional producer for every partition, under
     # this id (app/seams/aiokafka.py); None: one per partition, each under the partition's id
     transactional_id: str | None = None
+    # the worker's source records, a fetch at a time (handover.py); None: through Faust's stream
+    handover: Handover | None = None
 
     @cached_property
     def flow_control(self) -> FlowControlEvent:
@@ -143,15 +148,3 @@ class RawSchema(faust.Schema):  # type: ignore[type-arg]  # Faust's Schema is ge
 
 def raw_schema() -> RawSchema:
     return RawSchema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-
-
-def queued(stream: faust.StreamT[Any]) -> int:
-    """Records Faust has fetched for the stream and not yet passed to its take."""
-    return int(stream.channel.queue.qsize())  # type: ignore[attr-defined]  # StreamT types it a bare AsyncIterator
-
-
-def noack_take(stream: faust.StreamT[Any], max_: int, within: float) -> AsyncIterator[Sequence[Any]]:
-    """Faust's Stream.noack_take (faust/streams.py line 683), missing from its StreamT interface:
-    takes that leave each event's ack to the caller."""
-    takes: AsyncIterator[Sequence[Any]] = stream.noack_take(max_, within=within)  # type: ignore[attr-defined]
-    return takes

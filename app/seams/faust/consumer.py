@@ -21,6 +21,7 @@ from mode import Service, ServiceT
 
 from app.seams import aiokafka as kafka_seam
 from app.seams.faust.app import hooks_of
+from app.seams.faust.handover import HANDOVER_CHUNK, Handover
 from app.waits import within
 
 # Faust fixes the consumer's fetch wait at 1,500 ms. aiokafka keeps one fetch in flight per broker
@@ -139,12 +140,25 @@ class Consumer(faust_aiokafka.Consumer):
                 records = self.getmany(timeout=1.0)
                 await self.sleep(0)  # getmany may return at once, again and again
                 if not self.should_stop:
+                    handover: Handover | None = getattr(self.app, "handover", None)
+                    taken: list[Message] = []
+                    reads: dict[TP, int] = {}
                     async for tp, message in records:
+                        if handover is not None and tp.topic == handover.topic:
+                            if self._admit(tp, message, reads):
+                                taken.append(message)
+                                if len(taken) >= HANDOVER_CHUNK:  # a long fetch: memory and the loop's turns
+                                    await self._hand_over_fetch(handover, taken, reads)
+                                    taken, reads = [], {}
+                                    await asyncio.sleep(0)
+                            continue
                         since_yield += 1
                         if since_yield > DRAIN_YIELD_EVERY:
                             await asyncio.sleep(0)
                             since_yield = 0
                         await self._hand_over(tp, message, read_offset.get(tp), callback, acks_enabled_for)
+                    if taken:
+                        await self._hand_over_fetch(handover, taken, reads)  # type: ignore[arg-type]
                 self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if not self.transport.app.should_stop:
@@ -187,6 +201,38 @@ class Consumer(faust_aiokafka.Consumer):
             await self.wait_first(callback(message), self.suspend_flow.wait())
         if tp not in self._rewound:  # else the worker rewound it meanwhile: its offset stands
             self._read_offset[tp] = offset
+
+    def _admit(self, tp: TP, message: Message, reads: dict[TP, int]) -> bool:
+        """Whether a source record goes to the worker (handover.py): ``_hand_over``'s tests, with the
+        read offsets of the records admitted before it in ``reads``; no gaps kept (_new_offset's
+        offsets are the worker's, which do not read them)."""
+        offset = message.offset
+        read = reads[tp] if tp in reads else self._read_offset.get(tp)
+        rewound = self._rewound.get(tp)
+        if rewound is not None:
+            to, last_before = rewound
+            if read == (to or None) and offset != to and (last_before is None or self._fetches <= last_before):
+                return False
+            del self._rewound[tp]
+        if read is not None and offset < read:
+            return False
+        reads[tp] = offset
+        return True
+
+    async def _hand_over_fetch(self, handover: Handover, taken: list[Message], reads: dict[TP, int]) -> None:
+        """Hand source records to the worker as one list, as ``_hand_over`` does one record: at once
+        when that cannot wait, else raced against the flow's suspension (a rebalance: dropped)."""
+        if self._commit_every is not None and self._n_acked >= self._commit_every:
+            self._n_acked = 0
+            await self.commit()
+        buffer = self.app.producer.buffer
+        if handover.ready() and not self.suspend_flow.is_set() and buffer.size <= buffer.max_messages:
+            handover.put_nowait(taken)
+        else:
+            await self.wait_first(handover.put(taken), self.suspend_flow.wait())
+        for tp, offset in reads.items():
+            if tp not in self._rewound:  # else the worker rewound it meanwhile: its offset stands
+                self._read_offset[tp] = offset
 
     def committed_offset(self, tp: TP) -> int | None:
         """Where ``tp`` was last committed or sought to by Faust (None: not known yet);
