@@ -30,7 +30,7 @@ from projections import quarantine, sql
 from projections.bulk import Bulk, Conn, write
 from projections.facts import FACTS, FactWrite
 from topics.catalog import names
-from topics.records import DECISIONS, Decision
+from topics.records import PROJECTED, ProjectedDecision
 
 log = logging.getLogger("orderly.projector")
 CONSUMER = "projector"
@@ -46,21 +46,17 @@ SELECT gateway, count(DISTINCT resource_id) AS resources, count(*) AS events,
 QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE redriven_at IS NULL GROUP BY stage"
 
 
-def _payload_json(payload: Any) -> str:
-    """The body as jsonb takes it. Written by msgspec, which keeps an integer past 64 bits exact (a
-    decision carries the body's bytes, and a number orjson cannot write may be in one); orjson
-    refused it, and the decision was set aside."""
-    return _encode(payload).decode()
-
-
-_encode = msgspec.json.Encoder().encode
+def _payload_json(payload: msgspec.Raw) -> str:
+    """The body as jsonb takes it: the JSON text the decision holds (the body's bytes as received,
+    which the ingest found UTF-8 and readable), not read and written again."""
+    return str(payload, "utf-8")
 
 
 def _ms_to_ts(ms: int) -> Any:
     return datetime.fromtimestamp(ms / 1000, UTC)  # once per decision: the import is the module's
 
 
-async def project(conn: Conn, decisions: Sequence[Decision], metrics: ProjectorMetrics) -> None:
+async def project(conn: Conn, decisions: Sequence[ProjectedDecision], metrics: ProjectorMetrics) -> None:
     """Write one batch of decisions (already in log order) inside the caller's transaction.
 
     One statement per table, in an order that satisfies the foreign keys (rows before the fills
@@ -127,7 +123,7 @@ def sequenced() -> list[str]:
     return [g.name for g in registry.GATEWAYS.values() if g.fetch is not None and g.fetch.backfill is not None]
 
 
-async def observe_sequences(conn: Conn, decisions: Sequence[Decision],
+async def observe_sequences(conn: Conn, decisions: Sequence[ProjectedDecision],
                             metrics: ProjectorMetrics) -> None:
     for gateway in sequenced():
         seen = [(d.sequence, d.received_at_ms) for d in decisions
@@ -183,7 +179,7 @@ class Projector:
 
     async def _apply(self, conn: Conn, messages: list[Any]) -> None:
         started = time.perf_counter()
-        decisions = [DECISIONS.decode(m.value) for m in messages]
+        decisions = [PROJECTED.decode(m.value) for m in messages]
         await project(conn, decisions, self.metrics)
         await observe_sequences(conn, decisions, self.metrics)
         self.metrics.projected.inc(len(decisions))

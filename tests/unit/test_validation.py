@@ -24,7 +24,7 @@ from app.simulator import paymos as paymos_simulator
 from app.simulator import pg as pg_simulator
 from tests import hostile, paymos_events, pg_events
 from tests.hostile import Item
-from topics.records import DECISIONS, Correlation
+from topics.records import PROJECTED, Correlation
 
 CODES = {"not_json", "invalid", "unknown_type", "unknown_object"}
 MANY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -144,7 +144,7 @@ def project(decisions: list[Decision]) -> None:
     from app.metrics import ProjectorMetrics
     from app.projector import project as write
 
-    rows = [DECISIONS.decode(d.to_bytes()) for d in decisions]  # as the projector reads them
+    rows = [PROJECTED.decode(d.to_bytes()) for d in decisions]  # as the projector reads them
     asyncio.run(write(RecordingConn(), rows, ProjectorMetrics()))  # type: ignore[arg-type]
 
 
