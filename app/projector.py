@@ -20,6 +20,7 @@ import orjson
 
 from app.core.gaps import Gap, due_for_backfill, observe
 from app.gateways import registry
+from app.gateways.limits import long_numbers
 from app.kafka_client import client_options
 from app.metrics import ProjectorMetrics, beside, every, start_service
 from app.producer import KeyedProducer
@@ -46,17 +47,28 @@ SELECT gateway, count(DISTINCT resource_id) AS resources, count(*) AS events,
 QUARANTINED_BY_STAGE = "SELECT stage, count(*) AS records FROM quarantine WHERE redriven_at IS NULL GROUP BY stage"
 
 
-def _payload_json(payload: msgspec.Raw) -> str:
-    """The body as jsonb takes it: the JSON text the decision holds (the body's bytes as received,
-    which the ingest found UTF-8 and readable), not read and written again."""
-    return str(payload, "utf-8")
+def _payload_json(payload: msgspec.Raw, exact: bool = True) -> str:
+    """The body as jsonb takes it: the JSON text the decision holds (the body's bytes as received), not
+    read and written again; but read and written again (its numbers as the log's readers read them,
+    doubles), as the projector did before it kept the text, where jsonb could refuse a number as
+    written (limits.long_numbers: a refusal would set the whole decision aside) or the database's
+    encoding is not UTF-8 (``exact`` False: jsonb refuses an escape of a character it cannot hold)."""
+    text = bytes(payload)
+    if exact and not long_numbers(text):
+        return text.decode()
+    return _encode(_decode(text)).decode()
+
+
+_decode = msgspec.json.Decoder(float_hook=float).decode
+_encode = msgspec.json.Encoder().encode
 
 
 def _ms_to_ts(ms: int) -> Any:
     return datetime.fromtimestamp(ms / 1000, UTC)  # once per decision: the import is the module's
 
 
-async def project(conn: Conn, decisions: Sequence[ProjectedDecision], metrics: ProjectorMetrics) -> None:
+async def project(conn: Conn, decisions: Sequence[ProjectedDecision], metrics: ProjectorMetrics,
+                  exact: bool = True) -> None:
     """Write one batch of decisions (already in log order) inside the caller's transaction.
 
     One statement per table, in an order that satisfies the foreign keys (rows before the fills
@@ -66,7 +78,7 @@ async def project(conn: Conn, decisions: Sequence[ProjectedDecision], metrics: P
     """
     await write(conn, sql.WEBHOOK_EVENTS, [
         (d.delivery_id, d.gateway, d.event_id, d.resource_id, d.event_type,
-         _ms_to_ts(d.received_at_ms), d.outcome, _payload_json(d.payload), d.seq, d.error)
+         _ms_to_ts(d.received_at_ms), d.outcome, _payload_json(d.payload, exact), d.seq, d.error)
         for d in decisions])
     facts: dict[str, list[dict[str, Any]]] = {}
     for d in decisions:
@@ -171,6 +183,7 @@ class Projector:
         # only, never in orderly.quarantine again (that would loop)
         self.quarantine = PgSink(settings, "quarantine", self.n.quarantine, quarantine.record)
         self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
+        self.exact: bool | None = None  # payloads stored as sent: the database is UTF-8 (_payload_json)
 
     async def _set_aside(self, message: Any, reason: str) -> None:
         record = quarantine.set_aside_record(self.n, CONSUMER, message, reason)
@@ -180,7 +193,13 @@ class Projector:
     async def _apply(self, conn: Conn, messages: list[Any]) -> None:
         started = time.perf_counter()
         decisions = [PROJECTED.decode(m.value) for m in messages]
-        await project(conn, decisions, self.metrics)
+        if self.exact is None:  # once, on the first batch's connection: no round trip added to a start
+            encoding = await conn.fetchval("SHOW server_encoding")
+            self.exact = encoding == "UTF8"
+            if not self.exact:
+                log.warning("the database's encoding is %s, not UTF8: payloads are stored as read, not as sent "
+                            "(docs/production.md, \"The database's encoding\")", encoding)
+        await project(conn, decisions, self.metrics, self.exact)
         await observe_sequences(conn, decisions, self.metrics)
         self.metrics.projected.inc(len(decisions))
         now_ms = time.time() * 1000

@@ -62,6 +62,7 @@ _NINETEEN_DIGITS = b"0" * 19
 _NUMBERISH = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("e") if i in b"eE" else ord("+") if i == ord("+")
                    else ord(".") for i in range(256))
 _BIG_EXPONENTS = (b"0e000", b"0e+000")
+_LONG_EXPONENTS = (*_BIG_EXPONENTS, b"0e.000")  # and a negative one ("-" reads as ".")
 # msgspec, the decoder of the ingest's schemas and of the log's readers, reads a number of 1e289 or
 # more about 300 times slower than another (7 µs: a 1 MiB body of them held a process over a second);
 # orjson does not. No gateway sends one: refused at the edge, so no process meets it.
@@ -146,6 +147,15 @@ def may_hold_nul(raw: bytes) -> bool:
 
 def may_hold_big_int(raw: bytes) -> bool:
     return _NINETEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO)
+
+
+def long_numbers(raw: bytes) -> bool:
+    """Whether ``raw`` may hold a number of 19 digits or more, or with an exponent of three digits or
+    more of either sign: such as a number PostgreSQL's jsonb refuses as written (more than 16,383
+    digits after the decimal point: ``1e-16384``, a long fraction) though every reader of the log
+    reads it (the fraction rounds in a double). A string holding such a run of digits: True too."""
+    numberish = raw.translate(_NUMBERISH)
+    return _NINETEEN_DIGITS in numberish or any(long in numberish for long in _LONG_EXPONENTS)
 
 
 def unreadable(raw: bytes) -> str | None:

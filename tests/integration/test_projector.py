@@ -100,27 +100,31 @@ async def test_a_refused_record_is_set_aside(kafka: KafkaBroker, postgres: Postg
 
 async def test_the_payload_is_stored_as_the_decision_holds_it(kafka: KafkaBroker, postgres: PostgresServer,
                                                               namespace: str) -> None:
-    """The payload's JSON text goes to jsonb as written: an integer past 64 bits and a number's
-    digits as sent; one jsonb refuses (a NUL escape) sets aside its record alone."""
+    """The payload's JSON text goes to jsonb as written (a number's digits as sent); one with a
+    number jsonb refuses as written (more than 16,383 digits after the point) is stored as read,
+    its decision projected; one jsonb refuses however written (a NUL escape) sets aside its record alone."""
     s = make_settings(kafka.bootstrap, postgres.dsn, namespace)
     await prepare(s)
-    correlation, first, second = decisions_for([deposit("dep_p", 5, "pending"), deposit("dep_p", 9, "settled")])
+    correlation, first, second, third = decisions_for(
+        [deposit("dep_p", 5, "pending"), deposit("dep_p", 7, "under_review"), deposit("dep_p", 9, "settled")])
 
     def with_payload(decision: bytes, payload: bytes) -> bytes:
         held = orjson.loads(decision)
         held["payload"] = "__payload__"
         return orjson.dumps(held).replace(b'"__payload__"', payload)
 
-    sent = rb'{"big": 1180591620717411303424, "amount": 1.10, "text": "caf\u00e9 \ud83d\ude00"}'
-    await publish(s, [correlation, with_payload(first, sent), with_payload(second, rb'{"nul": "a\u0000b"}')])
+    await publish(s, [correlation, with_payload(first, rb'{"amount": 1.10, "text": "caf\u00e9 \ud83d\ude00"}'),
+                      with_payload(second, b'{"tiny": 1e-16384, "big": 1180591620717411303424}'),
+                      with_payload(third, rb'{"nul": "a\u0000b"}')])
     await drain(s)
     conn = await asyncpg.connect(postgres.dsn, server_settings={"search_path": namespace})
     try:
-        rows = await conn.fetch("SELECT delivery_id, payload->>'big' AS big, payload->>'amount' AS amount, "
-                                "payload->>'text' AS text FROM webhook_events WHERE payload ? 'big'")
-        assert [tuple(r) for r in rows] == [("dlv_0", "1180591620717411303424", "1.10", "café 😀")]
+        rows = await conn.fetch("SELECT delivery_id, payload::text AS payload FROM webhook_events "
+                                "WHERE delivery_id IN ('dlv_0', 'dlv_1', 'dlv_2') ORDER BY delivery_id")
+        assert [tuple(r) for r in rows] == [("dlv_0", '{"text": "café 😀", "amount": 1.10}'),
+                                            ("dlv_1", '{"big": 1180591620717411303424, "tiny": 0.0}')]
+        assert await conn.fetchval("SELECT pg_version FROM pg_deposits") == 7  # the second one projected
         [error] = await conn.fetch("SELECT kind, detail FROM projection_errors")
         assert error["kind"] == "projector_refused"
-        assert await conn.fetchval("SELECT count(*) FROM webhook_events WHERE delivery_id = 'dlv_1'") == 0
     finally:
         await conn.close()

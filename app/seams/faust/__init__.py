@@ -56,10 +56,8 @@ __all__ = [
     "hooks_of",
     "inside",
     "is_rocksdict",
-
     "partition_db",
     "producer_of",
-
     "raw_schema",
     "transactional_id",
     "worker_transactional_id",
