@@ -10,7 +10,7 @@ it through a stream processor, and the worker acks it alone (Stream.ack). Profil
 deciding the records.
 
 Here the fetch loop (app/seams/faust/consumer.py) puts the source topic's records of each fetch on
-one queue as one list, and the worker takes lists off it. What Faust's path does that matters is
+one queue, in lists of at most HANDOVER_CHUNK, and the worker takes lists off it. What Faust's path does that matters is
 kept, each where Faust does it:
 - the queue is a FlowControlQueue managed by the app's flow control, so a rebalance clears it as it
   clears the channels' queues (app/seams/mode.py FlowControl);
@@ -22,7 +22,8 @@ kept, each where Faust does it:
   (Consumer._acked, line 479, whose keys _filter_tps_with_pending_acks reads, line 1085);
 - the topic is subscribed the way a stream subscribes it: by iterating its channel once
   (faust/topics.py Topic.__aiter__ adds the clone to the conductor, line 526).
-Faust's sensors and its Monitor are not told of these records (the worker exports its own metrics).
+Faust's sensors are not told of these records (the worker exports its own metrics), but for the
+Monitor's stream_inbound_time, which Faust's check for a stalled stream reads.
 """
 
 from __future__ import annotations
