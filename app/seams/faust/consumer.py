@@ -176,25 +176,13 @@ class Consumer(faust_aiokafka.Consumer):
 
     async def _hand_over(self, tp: TP, message: Message, read: int | None, callback: Any,
                          acks_enabled_for: Any) -> None:
-        # the body of Faust's loop for one record: _add_gap (line 1157), _commit_every and _n_acked
-        # (line 471; _n_acked a class attribute, line 440), _read_offset
+        # Faust's loop body for one record: _add_gap (line 1157), commit_if_due, _read_offset
         offset = message.offset
-        rewound = self._rewound.get(tp)
-        if rewound is not None:
-            to, last_before = rewound
-            # stale: fetched before the worker's rewind (it comes again from the seek, in order),
-            # unless Faust sought elsewhere since (or revoked it) or it is the record rewound to
-            if read == (to or None) and offset != to and (last_before is None or self._fetches <= last_before):
-                return
-            del self._rewound[tp]  # from here on the fetch loop goes on as ever (a reset by
-            # the broker, e.g. retention, lands past ``to``: the worker's guard tells which)
-        if read is not None and offset < read:
-            return  # handed over before (Faust drops it the same way)
+        if dropped(self, tp, offset, read):
+            return
         if read and offset - read > 1 and acks_enabled_for(message.topic):
             await self._add_gap(tp, read + 1, offset)
-        if self._commit_every is not None and self._n_acked >= self._commit_every:
-            self._n_acked = 0
-            await self.commit()
+        await commit_if_due(self)
         if self.delivers_at_once(tp):
             await callback(message)
         else:
@@ -207,14 +195,7 @@ class Consumer(faust_aiokafka.Consumer):
         read offsets of the records admitted before it in ``reads``; no gaps kept (_new_offset's
         offsets are the worker's, which do not read them)."""
         offset = message.offset
-        read = reads[tp] if tp in reads else self._read_offset.get(tp)
-        rewound = self._rewound.get(tp)
-        if rewound is not None:
-            to, last_before = rewound
-            if read == (to or None) and offset != to and (last_before is None or self._fetches <= last_before):
-                return False
-            del self._rewound[tp]
-        if read is not None and offset < read:
+        if dropped(self, tp, offset, reads[tp] if tp in reads else self._read_offset.get(tp)):
             return False
         reads[tp] = offset
         return True
@@ -222,9 +203,7 @@ class Consumer(faust_aiokafka.Consumer):
     async def _hand_over_fetch(self, handover: Handover, taken: list[Message], reads: dict[TP, int]) -> None:
         """Hand source records to the worker as one list, as ``_hand_over`` does one record: at once
         when that cannot wait, else raced against the flow's suspension (a rebalance: dropped)."""
-        if self._commit_every is not None and self._n_acked >= self._commit_every:
-            self._n_acked = 0
-            await self.commit()
+        await commit_if_due(self)
         buffer = self.app.producer.buffer
         if handover.ready() and not self.suspend_flow.is_set() and buffer.size <= buffer.max_messages:
             handover.put_nowait(taken)
@@ -362,6 +341,27 @@ class Consumer(faust_aiokafka.Consumer):
                     f"last handed over {read}; positions {positions}")
         except Exception as exc:  # a diagnosis must not hide the stall it reports
             return f"not read ({type(exc).__name__}: {exc})"
+
+
+def dropped(consumer: Any, tp: TP, offset: int, read: int | None) -> bool:
+    """Whether the fetch loop (_hand_over, _admit) drops a record, ``read`` the offset last handed over:
+    handed over before (as Faust drops it), or fetched before the worker's rewind (it comes again from
+    the seek, in order) unless Faust sought elsewhere since or it is the record rewound to. Past the
+    rewind the loop goes on as ever (a broker's reset lands past it: the worker's guard tells)."""
+    rewound = consumer._rewound.get(tp)
+    if rewound is not None:
+        to, last_before = rewound
+        if read == (to or None) and offset != to and (last_before is None or consumer._fetches <= last_before):
+            return True
+        del consumer._rewound[tp]
+    return read is not None and offset < read
+
+
+async def commit_if_due(consumer: Any) -> None:
+    """Faust's commit every broker_commit_every acks (Consumer._commit_every, line 471; _n_acked, line 440)."""
+    if consumer._commit_every is not None and consumer._n_acked >= consumer._commit_every:
+        consumer._n_acked = 0
+        await consumer.commit()
 
 
 async def ask_start_offset(consumer: Any, tp: TP, timeout_s: float = START_OFFSET_TIMEOUT_S) -> int | None:
