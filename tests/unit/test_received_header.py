@@ -7,12 +7,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka.structs import ConsumerRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.quarantine import row
+from projections.quarantine import row, set_aside_record
+from topics.catalog import names
 from topics.records import H_RECEIVED_AT, RECEIVED_MAX, received_ms, received_ms_or_none
 
 
@@ -45,3 +47,19 @@ def message(received_at: bytes) -> Any:
 def test_a_quarantined_records_received_at_that_is_no_time_is_stored_as_none(value: bytes,
                                                                              expected: datetime | None) -> None:
     assert row(message(value))[5] == expected
+
+
+@pytest.mark.parametrize(("received_at_ms", "expected"), [
+    (1_733_000_000_123, datetime(2024, 11, 30, 20, 53, 20, 123000, tzinfo=UTC)),
+    (0, None), (True, None), ("1733000000123", None), (None, None),
+])
+def test_a_set_aside_decision_without_a_time_is_quarantined_without_one(received_at_ms: object,
+                                                                        expected: datetime | None) -> None:
+    # a decision of a record appended without received_at holds 0 (no time): its quarantine row is
+    # undated, not dated 1970
+    value = orjson.dumps({"delivery_id": "d1", "gateway": "pg", "resource_id": "dep_1",
+                          "received_at_ms": received_at_ms})
+    decision = ConsumerRecord("t.decisions", 0, 5, 0, 0, b"pg:dep_1", value, None, 2, len(value), [])
+    topic, key, body, headers = set_aside_record(names("t"), "projector", decision, "IntegrityError")
+    stored = ConsumerRecord(topic, 0, 0, 0, 0, key, body, None, len(key), len(body), headers)
+    assert row(stored)[5] == expected
