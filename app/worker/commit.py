@@ -19,7 +19,8 @@ once more, the offsets without the writes that just failed. So does a commit sti
 COMMIT_DEADLINE_S after it began: the broker aborts a transaction TRANSACTION_TIMEOUT_S after it
 began, so it can no longer succeed, and every later commit, a revocation's and a stop's included,
 waits for it (a CI run once saw one wait with no end: the worker took no part in its group any
-more and ignored SIGTERM).
+more and ignored SIGTERM). At-least-once, an offset commit unfinished OFFSET_COMMIT_DEADLINE_S after
+it began ends the worker too.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import WorkerState
 
 COMMIT_DEADLINE_S = 3 * TRANSACTION_TIMEOUT_S
+# At-least-once, an offset commit retries for as long as Kafka answers that it may (aiokafka's
+# coordinator, on a retriable error): a broker failover takes seconds, a coordinator never reachable
+# again takes for ever, and every later commit (a revocation's, a stop's) waits for it. A minute is
+# past any failover (Kafka's default broker session is 9 s); then the worker exits to be restarted,
+# and decides again from the last committed offsets (the outputs' dedupe absorbs the repeats).
+OFFSET_COMMIT_DEADLINE_S = 60.0
 
 
 class Commit:
@@ -54,7 +61,7 @@ class Commit:
         started = time.perf_counter()
         before = consumer.committed_offsets()
         if self.state.stage is None or not consumer.in_transaction:
-            did_commit = await consumer.faust_commit_offsets(offsets, start_new_transaction)
+            did_commit = await self.offsets_only(consumer, offsets, start_new_transaction)
         else:
             offsets, did_commit = await self.exactly_once(consumer, start_new_transaction)
         if did_commit:  # how busy the worker is: the wait before the next commit depends on it
@@ -62,6 +69,18 @@ class Commit:
                                if (previous := before.get(tp)) is not None)
         self.state.metrics.commit_seconds.observe(time.perf_counter() - started)
         return did_commit
+
+    async def offsets_only(self, consumer: CommittingConsumer, offsets: Mapping[TP, int],
+                           start_new_transaction: bool) -> bool:
+        """Faust's commit of the offsets alone (at-least-once), within OFFSET_COMMIT_DEADLINE_S."""
+        try:
+            async with asyncio.timeout(OFFSET_COMMIT_DEADLINE_S):
+                return await consumer.faust_commit_offsets(offsets, start_new_transaction)
+        except TimeoutError:
+            exit_for_restart(FAILED_EXIT_CODE, "an offset commit did not finish within %g s: exiting, so that the "
+                             "supervisor restarts this worker (it decides again from the last committed offsets)",
+                             OFFSET_COMMIT_DEADLINE_S)
+            raise  # exit_for_restart does not return; a test's stand-in may
 
     async def exactly_once(self, consumer: CommittingConsumer,
                            start_new_transaction: bool) -> tuple[dict[TP, int], bool]:

@@ -417,6 +417,35 @@ async def test_an_exactly_once_commit_that_never_finishes_ends_the_worker_at_its
     assert codes == [FAILED_EXIT_CODE]
 
 
+async def test_an_offset_commit_that_never_finishes_ends_an_at_least_once_worker_at_its_deadline(
+        monkeypatch: Any) -> None:
+    """At-least-once, aiokafka retries an offset commit while Kafka answers that it may: a
+    coordinator never reachable again would hold this commit, and every later one, for ever."""
+    from aiokafka import TopicPartition
+
+    from app.seams.faust.consumer import Consumer
+    from app.worker import commit as commit_module
+    from app.worker.exits import FAILED_EXIT_CODE
+
+    monkeypatch.setattr(commit_module, "OFFSET_COMMIT_DEADLINE_S", 0.2)
+    answered: list[float] = []
+
+    async def faust_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        await asyncio.sleep(answered.pop(0) if answered else 3600)  # a coordinator that never answers
+        return True
+
+    monkeypatch.setattr(Consumer, "faust_commit_offsets", faust_commit)
+    consumer, state, codes = exiting_consumer(monkeypatch, None, 3)
+    consumer.in_transaction = False
+    state.metrics.commit_seconds = type("Histogram", (), {"observe": lambda self, value: None})()
+    consumer.committed_offsets = lambda: {TopicPartition("raw", 0): 1}
+    answered.append(0.01)  # one that answers in time commits, and the worker goes on
+    assert await consumer._commit_offsets({TopicPartition("raw", 0): 5}) is True and codes == []
+    with pytest.raises(Exited, match=r"offset commit did not finish within 0\.2 s"):
+        await asyncio.wait_for(consumer._commit_offsets({TopicPartition("raw", 0): 5}), 10)
+    assert codes == [FAILED_EXIT_CODE]
+
+
 async def test_a_partition_written_but_left_out_of_a_commit_is_dirty_when_revoked() -> None:
     """Outputs only (a set-aside record changes no state), flushed, but the commit left the
     partition out (Faust drops a partition no longer in the assignment): its open transaction
