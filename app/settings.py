@@ -49,6 +49,9 @@ from app.settings_admin import IDENTITY  # the admin's identity settings (DESIGN
 # transaction lasts one commit interval (0.3 s busy); 4 s also outlasts a broker's loss, whose partitions
 # wait for new leaders for the cluster's 1.5 s broker session (app/stack/kafka.py) while it is open.
 TRANSACTION_TIMEOUT_S = 4.0
+# How long the worker's Kafka clients wait for one request's answer (Faust's broker_request_timeout,
+# its default, set explicitly: an at-least-once commit's deadline is derived from it, app/worker/commit.py).
+WORKER_REQUEST_TIMEOUT_S = 90.0
 __all__ = ["BUSY_COMMIT_INTERVAL_S", "COMMIT_INTERVAL_S", "DEV_DEFAULTS", "FAUST_LOGLEVELS", "GATEWAYS",
            "TABLE", "EventLoop", "FaustLoglevel", "Guarantee", "LogFormat", "Secret", "Settings", "SettingsError",
            "Store", "dev_settings"]

@@ -54,8 +54,9 @@ def row(message: ConsumerRecord) -> tuple[Any, ...]:
     headers = dict(message.headers or [])
     resource = _text(headers.get(H_RESOURCE)) or ""
     gateway, _, resource_id = resource.partition(":")
-    received = received_ms_or_none(headers.get(H_RECEIVED_AT))  # None: no time (appended some other way)
-    received_at = datetime.fromtimestamp(received / 1000, UTC) if received is not None else None
+    # None or 0: no time (appended some other way, or a decision of such a record)
+    received = received_ms_or_none(headers.get(H_RECEIVED_AT))
+    received_at = datetime.fromtimestamp(received / 1000, UTC) if received else None
     listed = [[k, printable((v or b"").decode(errors="replace"))] for k, v in message.headers or []]  # null: ""
     return (_text(message.key) or f"{message.topic}:{message.partition}:{message.offset}",
             _text(headers.get(H_GATEWAY)) or gateway or None, resource_id or None,

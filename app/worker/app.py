@@ -31,7 +31,7 @@ from app.producer import KeyedProducer
 from app.seams import aiokafka as kafka_seam
 from app.seams.faust import Handover, Transport, WorkerApp, WorkerTableManager, raw_schema
 from app.seams.mode import QuietWorker
-from app.settings import Settings
+from app.settings import WORKER_REQUEST_TIMEOUT_S, Settings
 from app.worker.batch import BatchProcessor
 from app.worker.consumer import quiet_after
 from app.worker.runtime import LAG_EVERY_S, WATCHDOG_EVERY_S, WorkerRuntime
@@ -107,6 +107,7 @@ def faust_app(settings: Settings) -> WorkerApp:
         # a worker lost for good (kill -9, its machine gone) holds its partitions this long
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=settings.heartbeat_interval_s,
+        broker_request_timeout=WORKER_REQUEST_TIMEOUT_S,
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",  # values are JSON bytes made by orjson, not Faust's codecs

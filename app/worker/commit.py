@@ -33,18 +33,19 @@ from faust.types import TP
 
 from app.seams.aiokafka import FencedMemberError
 from app.seams.faust import CommittingConsumer
-from app.settings import TRANSACTION_TIMEOUT_S
+from app.settings import TRANSACTION_TIMEOUT_S, WORKER_REQUEST_TIMEOUT_S
 from app.worker.consumer import next_commit_wait
 from app.worker.exits import FAILED_EXIT_CODE, exit_for_restart
 from app.worker.shared import WorkerState
 
 COMMIT_DEADLINE_S = 3 * TRANSACTION_TIMEOUT_S
-# At-least-once, an offset commit retries for as long as Kafka answers that it may (aiokafka's
-# coordinator, on a retriable error): a broker failover takes seconds, a coordinator never reachable
-# again takes for ever, and every later commit (a revocation's, a stop's) waits for it. A minute is
-# past any failover (Kafka's default broker session is 9 s); then the worker exits to be restarted,
-# and decides again from the last committed offsets (the outputs' dedupe absorbs the repeats).
-OFFSET_COMMIT_DEADLINE_S = 60.0
+# At-least-once, an offset commit (and Faust's flush of the changelog before it) retries for as long
+# as Kafka answers that it may (aiokafka's coordinator, on a retriable error), and the stop's last
+# commit waits for it. A coordinator whose machine vanished without a reset is noticed after one
+# request timeout and the retry at the new one answers within the next: past two and a margin, the
+# commit will not end, and the worker exits to be restarted; it decides again from the last committed
+# offsets (the outputs' dedupe absorbs the repeats).
+OFFSET_COMMIT_DEADLINE_S = 2 * WORKER_REQUEST_TIMEOUT_S + 20.0
 
 
 class Commit:

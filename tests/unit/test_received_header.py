@@ -42,7 +42,7 @@ def message(received_at: bytes) -> Any:
 
 @pytest.mark.parametrize(("value", "expected"), [
     (b"1733000000123", datetime(2024, 11, 30, 20, 53, 20, 123000, tzinfo=UTC)),
-    (b"253402300800000", None), (b"abc", None), (b"1" + b"0" * 30, None),
+    (b"253402300800000", None), (b"abc", None), (b"1" + b"0" * 30, None), (b"0", None),
 ])
 def test_a_quarantined_records_received_at_that_is_no_time_is_stored_as_none(value: bytes,
                                                                              expected: datetime | None) -> None:
