@@ -27,6 +27,7 @@ from app.core.pacing import busy_pause
 from app.group_session import session_refusal
 from app.kafka_client import client_options
 from app.readiness import UNREACHABLE
+from app.seams import aiokafka as kafka_seam
 from app.settings import Settings, SettingsError
 from app.waits import within
 from projections import sql
@@ -39,6 +40,18 @@ SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 # What stops a sink's batch: PostgreSQL out of reach (app/readiness.py: its process waits for it and
 # resumes). Anything else a record causes is the record's, and the record is set aside (DESIGN.md §2.4).
 REASON_MAX = 500
+# How the sink's fetches wait (app/seams/aiokafka.py set_fetch_pace). While records come, the broker
+# holds a fetch up to 40 ms for 64 KiB rather than answer every few records: fewer, larger fetches
+# cost it far less CPU, and every batch is a PostgreSQL transaction. Once a poll found nothing, a
+# fetch asks for any byte, so the broker answers the first record at once, and otherwise holds it
+# 250 ms: an idle sink asks 4 times a second, not 25 (measured idle: the projector's and the
+# effects' CPU about a third of what it was, the broker's a little over half; docs/benchmarks.md).
+# What that costs: the client has one fetch in flight per broker, and Kafka answers a connection's
+# requests in order, so what comes after an idle fetch waits for it, up to 250 ms where it waited
+# 40: the first fetch after a seek or a rebalance, lag()'s end offsets, and a partition left out of
+# the fetch in flight because its records were not read yet (a slow turn of the process's loop).
+BUSY_FETCH = (64 * 1024, 40)  # (min bytes, max wait ms)
+QUIET_FETCH = (1, 250)
 DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 
 
@@ -64,6 +77,7 @@ class PgSink:
         self.max_records = max_records
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
+        self.quiet = False  # the fetches' pace: QUIET_FETCH once a poll found nothing, else BUSY_FETCH
 
     async def start(self) -> None:
         # the brokers' session bounds are read while the pool connects: no wait added to a restart
@@ -78,13 +92,12 @@ class PgSink:
             max_poll_records=self.max_records, session_timeout_ms=round(self.settings.session_timeout_s * 1000),
             heartbeat_interval_ms=round(self.settings.heartbeat_interval_s * 1000),
             group_instance_id=self.settings.instance_member,  # static membership (ORDERLY_INSTANCE_ID)
-            # wait up to 40 ms for 64 KiB rather than fetch every few records: the broker shares
-            # the machine, and fewer, larger fetches cost it far less CPU
-            fetch_min_bytes=64 * 1024, fetch_max_wait_ms=40,
+            fetch_min_bytes=BUSY_FETCH[0], fetch_max_wait_ms=BUSY_FETCH[1],  # then paced by run_once
             max_partition_fetch_bytes=REQUEST_BYTES,  # never a record too large to read
             **client_options(self.settings))
         self.consumer.subscribe([self.topic], listener=_Resume(self))
         await self.consumer.start()
+        self.quiet = False  # a new consumer starts on BUSY_FETCH
 
     async def stop(self) -> None:
         try:
@@ -111,6 +124,9 @@ class PgSink:
         a busy batch it waits (busy_pause) before returning, so that the next one grows."""
         assert self.pool is not None and self.consumer is not None
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+        if self.quiet != (not batch):
+            self.quiet = not batch
+            kafka_seam.set_fetch_pace(self.consumer, *(QUIET_FETCH if self.quiet else BUSY_FETCH))
         if not batch:
             return 0
         taken = time.monotonic()

@@ -359,6 +359,17 @@ def set_fetch_max_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> None:
     consumer._fetch_max_wait_ms = wait_ms
 
 
+def set_fetch_pace(consumer: AIOKafkaConsumer | None, min_bytes: int, max_wait_ms: int) -> None:
+    """From ``consumer``'s next fetch request on (a started consumer; else nothing): how much the
+    broker waits for, and how long at most. Fetcher reads _fetch_min_bytes and _fetch_max_wait_ms
+    (consumer/fetcher.py lines 405, 407) for each request it builds (Fetcher._get_actions_per_node,
+    lines 663-664). AIOKafkaConsumer._fetcher: consumer.py line 384."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_min_bytes = min_bytes
+        fetcher._fetch_max_wait_ms = max_wait_ms
+
+
 def set_fetch_min_bytes(consumer: AIOKafkaConsumer | None, value: int) -> None:
     """From ``consumer``'s next fetch request on (a started consumer; else nothing): Fetcher reads its
     _fetch_min_bytes (consumer/fetcher.py line 405) for each request it builds

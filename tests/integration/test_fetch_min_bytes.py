@@ -11,7 +11,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.core.pacing import BUSY_BATCH
-from app.seams.aiokafka import set_fetch_min_bytes
+from app.seams.aiokafka import set_fetch_min_bytes, set_fetch_pace
+from app.sink import BUSY_FETCH, QUIET_FETCH
 from app.stack.kafka import KafkaBroker
 from app.worker.consumer import BUSY_FETCH_MIN_BYTES, fetch_min_bytes
 
@@ -57,3 +58,36 @@ async def test_a_busy_fetch_waits_for_more_and_a_quiet_one_does_not(kafka: Kafka
     # answered with the record.
     assert busy >= WAIT_MS / 1000 * 0.8, busy
     assert quiet < busy / 2, (quiet, busy)
+
+
+async def test_a_sinks_pace_set_on_a_started_consumer_reaches_the_broker(kafka: KafkaBroker, namespace: str) -> None:
+    """app/sink.py's pace (set_fetch_pace): the wait and the minimum both change from the next fetch
+    request on. A fetch that asks for more than a record holds it for the wait given, long or short;
+    one that asks for any byte answers the record at once."""
+    topic = f"{namespace}.pace"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, fetch_min_bytes=BUSY_FETCH[0], fetch_max_wait_ms=WAIT_MS)
+    await producer.start()
+    await consumer.start()
+    try:
+        await _first_record_after(consumer, producer, topic)  # the first fetch, as started
+        held = await _first_record_after(consumer, producer, topic)
+        set_fetch_pace(consumer, BUSY_FETCH[0], 100)  # the same minimum, a short wait
+        await _first_record_after(consumer, producer, topic)
+        short = await _first_record_after(consumer, producer, topic)
+        set_fetch_pace(consumer, QUIET_FETCH[0], WAIT_MS)  # any byte, the long wait
+        await _first_record_after(consumer, producer, topic)
+        quiet = await _first_record_after(consumer, producer, topic)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    assert held >= WAIT_MS / 1000 * 0.8, held
+    assert short < held / 2, (short, held)  # the new wait reached the broker
+    assert quiet < held / 2, (quiet, held)  # and so did the new minimum

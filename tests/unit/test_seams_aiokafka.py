@@ -62,6 +62,7 @@ def test_each_private_method_relied_on_has_its_signature(owner: type, method: st
     (aiokafka_consumer.AIOKafkaConsumer, "start", "_fetcher"),
     (aiokafka_consumer.AIOKafkaConsumer, "start", "_coordinator"),
     (fetcher.Fetcher, "__init__", "_fetch_min_bytes"),
+    (fetcher.Fetcher, "__init__", "_fetch_max_wait_ms"),
     (group_coordinator.GroupCoordinator, "__init__", "_group_instance_id"),
     (group_coordinator.GroupCoordinator, "__init__", "_coordination_task"),
     (group_coordinator.GroupCoordinator, "__init__", "generation"),
@@ -82,6 +83,7 @@ def test_the_fetch_reads_its_minimum_from_the_attribute_the_seam_sets() -> None:
     import inspect
 
     assert "self._fetch_min_bytes" in inspect.getsource(fetcher.Fetcher._get_actions_per_node)
+    assert "self._fetch_max_wait_ms" in inspect.getsource(fetcher.Fetcher._get_actions_per_node)
     assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(aiokafka_consumer.AIOKafkaConsumer.start)
 
 
@@ -118,6 +120,7 @@ async def test_the_accessors_read_an_unstarted_consumer_and_producer() -> None:
         seam.set_fetch_max_wait(consumer, 100)
         assert consumer._fetch_max_wait_ms == 100
         seam.set_fetch_min_bytes(consumer, 4096)  # not started: no fetcher yet, nothing to set
+        seam.set_fetch_pace(consumer, 1, 250)
         assert consumer._fetcher is None
         assert seam.positions(consumer, "t") == {}
     finally:
