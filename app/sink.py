@@ -42,16 +42,19 @@ SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 REASON_MAX = 500
 # How the sink's fetches wait (app/seams/aiokafka.py set_fetch_pace). While records come, the broker
 # holds a fetch up to 40 ms for 64 KiB rather than answer every few records: fewer, larger fetches
-# cost it far less CPU, and every batch is a PostgreSQL transaction. Once a poll found nothing, a
-# fetch asks for any byte, so the broker answers the first record at once, and otherwise holds it
-# 250 ms: an idle sink asks 4 times a second, not 25 (measured idle: the projector's and the
+# cost it far less CPU, and every batch is a PostgreSQL transaction. Once polls found nothing for
+# QUIET_AFTER_S, a fetch asks for any byte, so the broker answers the first record at once, and
+# otherwise holds it 250 ms: an idle sink asks 4 times a second, not 25 (measured idle: the projector's and the
 # effects' CPU about a third of what it was, the broker's a little over half; docs/benchmarks.md).
 # What that costs: the client has one fetch in flight per broker, and Kafka answers a connection's
 # requests in order, so what comes after an idle fetch waits for it, up to 250 ms where it waited
 # 40: the first fetch after a seek or a rebalance, lag()'s end offsets, and a partition left out of
 # the fetch in flight because its records were not read yet (a slow turn of the process's loop).
+# Not at the first empty poll: the end of a burst (the last decisions of a load, a commit's records)
+# would meet them (measured: the last row 60-80 ms later at the end of bench e2e).
 BUSY_FETCH = (64 * 1024, 40)  # (min bytes, max wait ms)
 QUIET_FETCH = (1, 250)
+QUIET_AFTER_S = 1.0
 DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 
 
@@ -77,7 +80,8 @@ class PgSink:
         self.max_records = max_records
         self.pool: asyncpg.Pool | None = None
         self.consumer: AIOKafkaConsumer | None = None
-        self.quiet = False  # the fetches' pace: QUIET_FETCH once a poll found nothing, else BUSY_FETCH
+        self.quiet = False  # the fetches' pace: QUIET_FETCH once polls found nothing for QUIET_AFTER_S
+        self.empty_since: float | None = None  # the first of the empty polls in a row
 
     async def start(self) -> None:
         # the brokers' session bounds are read while the pool connects: no wait added to a restart
@@ -97,7 +101,7 @@ class PgSink:
             **client_options(self.settings))
         self.consumer.subscribe([self.topic], listener=_Resume(self))
         await self.consumer.start()
-        self.quiet = False  # a new consumer starts on BUSY_FETCH
+        self.quiet, self.empty_since = False, None  # a new consumer starts on BUSY_FETCH
 
     async def stop(self) -> None:
         try:
@@ -124,9 +128,7 @@ class PgSink:
         a busy batch it waits (busy_pause) before returning, so that the next one grows."""
         assert self.pool is not None and self.consumer is not None
         batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
-        if self.quiet != (not batch):
-            self.quiet = not batch
-            kafka_seam.set_fetch_pace(self.consumer, *(QUIET_FETCH if self.quiet else BUSY_FETCH))
+        self._pace(bool(batch))
         if not batch:
             return 0
         taken = time.monotonic()
@@ -151,6 +153,17 @@ class PgSink:
         if pause:
             await asyncio.sleep(pause)
         return written
+
+    def _pace(self, found: bool) -> None:
+        """BUSY_FETCH from a poll that found records on, QUIET_FETCH once polls found none for QUIET_AFTER_S."""
+        if found:
+            self.empty_since = None
+        elif self.empty_since is None:
+            self.empty_since = time.monotonic()
+        quiet = self.empty_since is not None and time.monotonic() - self.empty_since >= QUIET_AFTER_S
+        if quiet != self.quiet:
+            self.quiet = quiet
+            kafka_seam.set_fetch_pace(self.consumer, *(QUIET_FETCH if quiet else BUSY_FETCH))
 
     async def _write(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> int:
         assert self.pool is not None
