@@ -40,22 +40,22 @@ SetAside = Callable[[ConsumerRecord, str], Awaitable[None]]
 # What stops a sink's batch: PostgreSQL out of reach (app/readiness.py: its process waits for it and
 # resumes). Anything else a record causes is the record's, and the record is set aside (DESIGN.md §2.4).
 REASON_MAX = 500
+DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 # How the sink's fetches wait (app/seams/aiokafka.py set_fetch_pace). While records come, the broker
 # holds a fetch up to 40 ms for 64 KiB rather than answer every few records: fewer, larger fetches
-# cost it far less CPU, and every batch is a PostgreSQL transaction. Once polls found nothing for
-# QUIET_AFTER_S, a fetch asks for any byte, so the broker answers the first record at once, and
-# otherwise holds it 250 ms: an idle sink asks 4 times a second, not 25 (measured idle: the projector's and the
-# effects' CPU about a third of what it was, the broker's a little over half; docs/benchmarks.md).
-# What that costs: the client has one fetch in flight per broker, and Kafka answers a connection's
-# requests in order, so what comes after an idle fetch waits for it, up to 250 ms where it waited
-# 40: the first fetch after a seek or a rebalance, lag()'s end offsets, and a partition left out of
-# the fetch in flight because its records were not read yet (a slow turn of the process's loop).
-# Not at the first empty poll: the end of a burst (the last decisions of a load, a commit's records)
-# would meet them (measured: the last row 60-80 ms later at the end of bench e2e).
+# cost it far less CPU, and every batch is a PostgreSQL transaction. Once polls have found nothing
+# for QUIET_AFTER_S, a fetch asks for any byte, so the broker answers the first record at once, and
+# otherwise holds it 250 ms: an idle sink asks 4 times a second, not 25 (measured idle: the
+# projector's and the effects' CPU about a third of what it was, the broker's a little over half;
+# docs/benchmarks.md). What that costs: the client has one fetch in flight per broker, and Kafka
+# answers a connection's requests in order, so what comes after an idle fetch waits for it, up to
+# 250 ms where it waited 40: the first fetch after a seek or a rebalance, lag()'s end offsets, and a
+# partition left out of the fetch in flight because its records were not read yet (a slow turn of
+# the process's loop). Not at the first empty poll, so that the end of a burst (a load's last
+# decisions, the records of a commit) does not meet such a fetch.
 BUSY_FETCH = (64 * 1024, 40)  # (min bytes, max wait ms)
 QUIET_FETCH = (1, 250)
 QUIET_AFTER_S = 1.0
-DETAIL_BYTES = 1000  # of a refused value, in projection_errors (whose unique index takes ~8 KB a row)
 
 
 class _Resume(ConsumerRebalanceListener):  # type: ignore[misc]
