@@ -29,6 +29,14 @@ def gone(pid: int) -> bool:
         return True
 
 
+def tail(log: Path, size: int = 6000) -> str:
+    """The end of a process's log (``orderly dev`` writes each to ``.orderly/<name>.log``), for a failure's message."""
+    try:
+        return log.read_bytes()[-size:].decode(errors="replace")
+    except OSError as exc:
+        return f"({log}: {exc})"
+
+
 def watch(pids: dict[str, int], within_s: float) -> dict[str, float]:
     """When (monotonic) each process was first seen gone, polling every 20 ms for ``within_s``."""
     left, seen = dict(pids), {}
@@ -75,7 +83,9 @@ def test_a_signal_to_the_group_stops_the_three_broker_stack_in_order(tmp_path: P
         took = seen["supervisor"] - sent
         print(f"stopped in {took:.1f} s: " + ", ".join(f"{n} {t - sent:.1f}" for n, t in sorted(
             seen.items(), key=lambda kv: kv[1])))
-        assert took <= STOP_WITHIN_S, f"the stack took {took:.1f} s to stop"
+        slowest = max((n for n in seen if n.startswith("process:")), key=seen.__getitem__)
+        assert took <= STOP_WITHIN_S, (f"the stack took {took:.1f} s to stop; the last of Orderly's processes "
+                                       f"to stop was {slowest}:\n{tail(data_dir / (slowest.split(':')[1] + '.log'))}")
 
         def last(kind: str) -> float:
             return max(t for n, t in seen.items() if n.startswith(kind))
