@@ -86,9 +86,8 @@ def set_aside_record(n: TopicNames, stage: str, message: ConsumerRecord, reason:
     headers = [(H_TOPIC, message.topic.encode()), (H_SOURCE_KEY, message.key or b"")]
     if isinstance(decoded.get("gateway"), str):
         headers.append((H_GATEWAY, decoded["gateway"].encode()))
-    received = decoded.get("received_at_ms")
-    if isinstance(received, int) and not isinstance(received, bool) and received > 0:  # 0: no time known
-        headers.append((H_RECEIVED_AT, str(received).encode()))
+    if isinstance(decoded.get("received_at_ms"), int):  # 0, no time, is read as none (row)
+        headers.append((H_RECEIVED_AT, str(decoded["received_at_ms"]).encode()))
     # A decision keeps its delivery's id, so the sweeper knows the delivery is handled; anything else
     # is named by where it was read.
     delivery = decoded.get("delivery_id")
