@@ -60,6 +60,11 @@ def _serve(argv: list[str], env: dict[str, str], port: int, log: Path) -> subpro
     return proc
 
 
+def _answered(run: dict[str, float]) -> float:
+    """Requests answered while the CPU was counted: the warm-up's too, at the run's own rate."""
+    return max(run["requests"] * (DURATION + WARMUP) / DURATION, 1.0)
+
+
 def main() -> None:
     results: dict[str, list[dict[str, float]]] = {"bare": [], "ingest": []}
     with embedded("orderly-bench-", heap_mb=384) as (work, kafka, postgres):
@@ -77,7 +82,10 @@ def main() -> None:
                       work / "bare.log")
         try:
             for _ in range(ROUNDS):  # alternate, so both see the same machine noise
-                results["bare"].append(_load(f"http://127.0.0.1:{bare_port}", requests_file))
+                before_bare = process_cpu(bare.pid)
+                run = _load(f"http://127.0.0.1:{bare_port}", requests_file)
+                run["server_cpu_s"] = process_cpu(bare.pid) - before_bare
+                results["bare"].append(run)
                 before = process_cpu(kafka.pid or 0), process_cpu(ingest.pid)
                 run = _load(f"http://127.0.0.1:{ingest_port}", requests_file)
                 run["kafka_cpu_s"] = process_cpu(kafka.pid or 0) - before[0]
@@ -98,6 +106,10 @@ def main() -> None:
     r = best["ingest"]
     print(f"CPU during the ingest run ({DURATION + WARMUP:.0f}s): ingest process {r['ingest_cpu_s']:.1f}s, "
           f"Kafka broker {r['kafka_cpu_s']:.1f}s")
+    for name, cpu, label in (("bare", "server_cpu_s", "bare aiohttp"), ("ingest", "ingest_cpu_s", "orderly ingest"),
+                             ("ingest", "kafka_cpu_s", "Kafka broker, the ingest's appends")):
+        print(f"CPU-s per 1,000 requests, {label}, every run: "
+              + ", ".join(f"{1000 * run[cpu] / _answered(run):.3f}" for run in results[name]))
     save_results("ingest", {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "concurrency": CONCURRENCY,
                             "duration_s": DURATION, "runs": results, "ratio": ratio})
 
