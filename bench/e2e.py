@@ -156,8 +156,8 @@ def run_pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, w
         # Timed like the baseline: from the load generator's first request (not from launching it)
         # to the moment the last webhook was in the read model.
         elapsed = asyncio.run(wait_projected(settings, acked)) - result["started_at"]
-        cpu = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in cpu_by_process(procs, kafka, postgres).items()}
-    cpu["load"] = round(result["cpu_s"], 1)
+        cpu = {k: round(v - cpu_before.get(k, 0.0), 2) for k, v in cpu_by_process(procs, kafka, postgres).items()}
+    cpu["load"] = round(result["cpu_s"], 2)
     # elapsed = answered_s + tail_s: how long the ingest took to answer every webhook, and how much
     # later the last one was in the read model (the worker's backlog, a commit, the projector)
     return {"events": acked, "rate": acked / elapsed, "elapsed_s": elapsed, "ingest_rate": result["rate"],
@@ -173,11 +173,13 @@ def correlation_line(result: dict[str, Any]) -> str:
     return f"correlations {found['rate']:.0f} PUT/s, CPU-s per 1,000 PUTs {per}"
 
 
-def cpu_per_thousand(result: dict[str, Any]) -> float:
-    """CPU seconds of every process of a run (the load generator's too) per 1,000 webhooks: how
-    much work a design does per webhook, and, compared between rounds of the same design, how fast
-    the machine was (this shared machine's speed drifts; the same work can cost half as much again)."""
-    return 1000 * float(sum(result["cpu_s"].values())) / max(int(result["events"]), 1)
+def cpu_per_thousand(result: dict[str, Any], load: bool = False) -> float:
+    """CPU seconds of a design's processes in a run (with ``load``, the load generator's too) per
+    1,000 webhooks: how much work a design does per webhook, and, compared between rounds of the same
+    design, how fast the machine was (this shared machine's speed drifts; the same work can cost
+    half as much again)."""
+    cpu = sum(seconds for name, seconds in result["cpu_s"].items() if load or name != "load")
+    return 1000 * float(cpu) / max(int(result["events"]), 1)
 
 
 def cpu_by_process(procs: list[subprocess.Popen[bytes]], kafka: KafkaBroker,
@@ -213,8 +215,8 @@ def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[st
         settle(postgres, schema)
         cpu_before = process_cpu(proc.pid), postgres_cpu(postgres)
         result = load(f"http://127.0.0.1:{port}", requests_file, count)
-        cpu = {"server": round(process_cpu(proc.pid) - cpu_before[0], 1),
-               "postgres": round(postgres_cpu(postgres) - cpu_before[1], 1), "load": round(result["cpu_s"], 1)}
+        cpu = {"server": round(process_cpu(proc.pid) - cpu_before[0], 2),
+               "postgres": round(postgres_cpu(postgres) - cpu_before[1], 2), "load": round(result["cpu_s"], 2)}
     finally:
         stop_process(proc, 30)
 
@@ -276,7 +278,8 @@ def main() -> None:
                 rates[design].append(result["rate"])
                 if design in tails:
                     tails[design].append(result["tail_s"])
-                work_done = f"{cpu_per_thousand(result):.2f} CPU-s per 1,000 webhooks {result['cpu_s']}"
+                work_done = (f"{cpu_per_thousand(result):.3f} CPU-s per 1,000 webhooks "
+                             f"({cpu_per_thousand(result, load=True):.3f} with the load generator) {result['cpu_s']}")
                 if design == "baseline":
                     again = " again" if index else ""
                     print(f"round {round_no + 1}: {design}{again} {result['rate']:.0f} events/s, {work_done}",

@@ -143,3 +143,10 @@ def test_a_variants_pythonpath_names_the_build_its_processes_run(tmp_path: Path,
         current = probe()
     assert (variant, current) == ("other", "here")
     assert "PYTHONSAFEPATH" not in os.environ
+
+
+def test_cpu_per_webhook_leaves_out_the_load_generator_unless_asked() -> None:
+    """#47 counts Orderly's processes, Kafka and PostgreSQL per 1,000 webhooks: the load generator
+    is the gateway's side, printed apart."""
+    run = {"events": 2000, "cpu_s": {"ingest": 1.0, "kafka": 0.5, "load": 0.25}}
+    assert (e2e.cpu_per_thousand(run), e2e.cpu_per_thousand(run, load=True)) == (0.75, 0.875)
