@@ -182,6 +182,12 @@ def cpu_per_thousand(result: dict[str, Any], load: bool = False) -> float:
     return 1000 * float(cpu) / max(int(result["events"]), 1)
 
 
+def per_thousand_by_process(result: dict[str, Any]) -> dict[str, float]:
+    """Each process's CPU seconds (the load generator's too) per 1,000 webhooks."""
+    events = max(int(result["events"]), 1)
+    return {name: round(1000 * seconds / events, 3) for name, seconds in result["cpu_s"].items()}
+
+
 def cpu_by_process(procs: list[subprocess.Popen[bytes]], kafka: KafkaBroker,
                    postgres: PostgresServer) -> dict[str, float]:
     return cpu_seconds(dict(zip(["ingest", *PROCESSES], procs, strict=True)), kafka, postgres)
@@ -279,7 +285,8 @@ def main() -> None:
                 if design in tails:
                     tails[design].append(result["tail_s"])
                 work_done = (f"{cpu_per_thousand(result):.3f} CPU-s per 1,000 webhooks "
-                             f"({cpu_per_thousand(result, load=True):.3f} with the load generator) {result['cpu_s']}")
+                             f"({cpu_per_thousand(result, load=True):.3f} with the load generator): "
+                             f"{per_thousand_by_process(result)}")
                 if design == "baseline":
                     again = " again" if index else ""
                     print(f"round {round_no + 1}: {design}{again} {result['rate']:.0f} events/s, {work_done}",

@@ -150,3 +150,4 @@ def test_cpu_per_webhook_leaves_out_the_load_generator_unless_asked() -> None:
     is the gateway's side, printed apart."""
     run = {"events": 2000, "cpu_s": {"ingest": 1.0, "kafka": 0.5, "load": 0.25}}
     assert (e2e.cpu_per_thousand(run), e2e.cpu_per_thousand(run, load=True)) == (0.75, 0.875)
+    assert e2e.per_thousand_by_process(run) == {"ingest": 0.5, "kafka": 0.25, "load": 0.125}
