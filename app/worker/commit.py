@@ -74,10 +74,13 @@ class Commit:
     async def offsets_only(self, consumer: CommittingConsumer, offsets: Mapping[TP, int],
                            start_new_transaction: bool) -> bool:
         """Faust's commit of the offsets alone (at-least-once), within OFFSET_COMMIT_DEADLINE_S."""
+        deadline = asyncio.timeout(OFFSET_COMMIT_DEADLINE_S)
         try:
-            async with asyncio.timeout(OFFSET_COMMIT_DEADLINE_S):
+            async with deadline:
                 return await consumer.faust_commit_offsets(offsets, start_new_transaction)
         except TimeoutError:
+            if not deadline.expired():
+                raise  # the commit's own (a request's), not the deadline: Faust's handling, as before
             exit_for_restart(FAILED_EXIT_CODE, "an offset commit did not finish within %g s: exiting, so that the "
                              "supervisor restarts this worker (it decides again from the last committed offsets)",
                              OFFSET_COMMIT_DEADLINE_S)

@@ -446,6 +446,26 @@ async def test_an_offset_commit_that_never_finishes_ends_an_at_least_once_worker
     assert codes == [FAILED_EXIT_CODE]
 
 
+async def test_a_timeout_of_the_offset_commit_itself_is_not_taken_for_the_deadline(monkeypatch: Any) -> None:
+    """A TimeoutError raised inside the commit (a request's) goes to Faust as before: the worker
+    does not exit saying the commit outlived a deadline it did not reach."""
+    from aiokafka import TopicPartition
+
+    from app.seams.faust.consumer import Consumer
+
+    async def faust_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
+        raise TimeoutError("a request timed out")
+
+    monkeypatch.setattr(Consumer, "faust_commit_offsets", faust_commit)
+    consumer, state, codes = exiting_consumer(monkeypatch, None, 3)
+    consumer.in_transaction = False
+    state.metrics.commit_seconds = type("Histogram", (), {"observe": lambda self, value: None})()
+    consumer.committed_offsets = lambda: {TopicPartition("raw", 0): 1}
+    with pytest.raises(TimeoutError, match="a request timed out"):
+        await consumer._commit_offsets({TopicPartition("raw", 0): 5})
+    assert codes == []
+
+
 async def test_a_partition_written_but_left_out_of_a_commit_is_dirty_when_revoked() -> None:
     """Outputs only (a set-aside record changes no state), flushed, but the commit left the
     partition out (Faust drops a partition no longer in the assignment): its open transaction
