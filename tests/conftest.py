@@ -22,7 +22,10 @@ import pytest
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
+from tests import parsing
 from tests.keycloak import Keycloak
+
+parsing.install()  # CPython 3.11.7's race between parses (tests/parsing.py), for every parse of the process
 
 TEMP_ROOT = Path("/tmp")
 KEEP_TEMPS = 3

@@ -10,21 +10,43 @@ destroyed pending) formats a traceback, which in 3.11 parses each source line to
 Seen in CI in a unit test that ran after the end-to-end tests (``before=120, after=139``), and
 reproduced here with two threads parsing beside finalizers. The parse is tried again, a few times:
 the other is over by then.
+
+Our own tests' parses are not the only ones: Hypothesis parses a test module's source to describe a
+lambda in a strategy (its repr, written when a filter retries a draw), and pytest parses each test
+module it rewrites. A unit test failed in CI so (``SystemError`` in Hypothesis's lambda
+description, then ``FlakyFailure``), so ``install()``, called by tests/conftest.py, makes every
+``ast.parse`` of the test process this one.
 """
 
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 TRIES = 5
 RACE = "AST constructor recursion depth mismatch"
 
+_parse = ast.parse  # the interpreter's own, kept before install() replaces ast.parse
+
 
 def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """A module's tree, the parse tried again when it lost the race."""
+    tree = any_parse(source, filename)
+    assert isinstance(tree, ast.Module)
+    return tree
+
+
+def any_parse(source: str | bytes, filename: str = "<unknown>", *args: Any, **kwargs: Any) -> Any:
+    """``ast.parse``, with its signature, tried again when it lost the race."""
     for _ in range(TRIES - 1):
         try:
-            return ast.parse(source, filename)
+            return _parse(source, filename, *args, **kwargs)
         except SystemError as exc:
             if RACE not in str(exc):
                 raise
-    return ast.parse(source, filename)
+    return _parse(source, filename, *args, **kwargs)
+
+
+def install() -> None:
+    """Every ``ast.parse`` of this process (Hypothesis's, pytest's, the traceback module's) is ``any_parse``."""
+    setattr(ast, "parse", any_parse)  # noqa: B010  (mypy refuses a plain function for the overloaded name)
