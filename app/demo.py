@@ -38,7 +38,7 @@ from app.simulator.deliver import Chaos, Stats, deliver
 from app.simulator.expected import Fetched
 from app.simulator.plugins import DemoInput
 from app.stack import credentials
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from app.supervisor import Stack, supervise_until_stopped
 from projections.migrate import quote_ident
 
@@ -253,7 +253,7 @@ def run_demo(settings: Settings, size: Size | None = None, seed: int = 7, keep: 
     with the same seeded lifecycles and deliveries; exit 0 only if every pass matched. ``made``: the
     credentials app/stack/credentials.py drew for this stack (printed once it is up)."""
     size = size or Size()
-    api_port = free_port()
+    api_port = spare_port()
     base = settings.with_overrides(api_urls={g.name: f"http://127.0.0.1:{api_port}" for g in registry.GATEWAYS.values()
                                              if g.fetch is not None},
                                    effects_url=f"http://127.0.0.1:{api_port}{MERCHANT_PATH}",

@@ -22,7 +22,7 @@ from app.bootstrap import prepare
 from app.settings import Settings, dev_settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from app.stack.process import port_accepts, spare_port, stop_process, wait_until
 from bench import baseline
 from bench.load import spawn
 from bench.stack import cpu_seconds, embedded, postgres_cpu, process_cpu, save_results, settle
@@ -110,7 +110,7 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
     deposit's correlation stored and the worker joined: yields (settings, ingest URL, processes).
     ``correlations`` receives the PUTs' rate and the CPU seconds they cost each process (the
     merchant registers each deposit's correlation before its webhooks come: not timed with them)."""
-    port = free_port()
+    port = spare_port()
     env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
            "ORDERLY_NAMESPACE": f"{tag}_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
            "ORDERLY_INGEST_PORT": str(port), "ORDERLY_DATA_DIR": str(work),
@@ -194,7 +194,7 @@ def cpu_by_process(procs: list[subprocess.Popen[bytes]], kafka: KafkaBroker,
 
 
 def run_baseline(postgres: PostgresServer, work: Path, round_no: int) -> dict[str, Any]:
-    schema, port = f"baseline_{round_no}", free_port()
+    schema, port = f"baseline_{round_no}", spare_port()
     settings = dev_settings({"ORDERLY_NAMESPACE": schema})
 
     async def setup() -> None:

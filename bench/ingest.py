@@ -14,7 +14,7 @@ import orjson
 
 from app.bootstrap import prepare
 from app.settings import dev_settings
-from app.stack.process import free_port, port_accepts, stop_process, wait_until
+from app.stack.process import port_accepts, spare_port, stop_process, wait_until
 from bench.load import spawn
 from bench.stack import embedded, process_cpu, save_results
 from tests.support import signed_headers
@@ -69,7 +69,7 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {"bare": [], "ingest": []}
     with embedded("orderly-bench-", heap_mb=384) as (work, kafka, postgres):
         bootstrap = kafka.bootstrap
-        ingest_port, bare_port = free_port(), free_port()
+        ingest_port, bare_port = spare_port(), spare_port()
         env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
                "ORDERLY_INGEST_PORT": str(ingest_port), "ORDERLY_NAMESPACE": "bench"}
         settings = dev_settings(env)

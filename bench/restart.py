@@ -58,7 +58,7 @@ from app.simulator import lifecycles
 from app.simulator import paymos as paymos_simulator
 from app.simulator import pg as pg_simulator
 from app.simulator.deliver import signed_headers
-from app.stack.process import free_port, stop_process
+from app.stack.process import spare_port, stop_process
 from app.supervisor import Child, Stack
 from bench.stack import save_results
 from tests.pg_events import deposit, withdrawal
@@ -518,9 +518,9 @@ def stack_for(guarantee: str, work: Path, dynamic: bool = False) -> Iterator[tup
     """The embedded stack of one guarantee: (stack with one worker, a second worker of the group,
     not started). The workers are static members of their group, as ``orderly dev`` starts them
     (ORDERLY_WORKER_INSTANCE_ID); ``dynamic``: without it, for comparison."""
-    env = {"ORDERLY_KAFKA": f"127.0.0.1:{free_port()}",
-           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
-           "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_DATA_DIR": str(work / guarantee),
+    env = {"ORDERLY_KAFKA": f"127.0.0.1:{spare_port()}",
+           "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
+           "ORDERLY_INGEST_PORT": str(spare_port()), "ORDERLY_DATA_DIR": str(work / guarantee),
            "ORDERLY_NAMESPACE": "restart", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
            "ORDERLY_FAUST_LOGLEVEL": "info"}
     settings = dev_settings({**os.environ, **env})

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from app.stack.kafka import KafkaBroker
-from app.stack.process import free_port
+from app.stack.process import spare_port
 
 SCRAM_USER, SCRAM_PASSWORD = "orderly-scram", "scram-Pa55-word"
 PLAIN_USER, PLAIN_PASSWORD = "orderly-plain", "plain-Pa55-word"
@@ -83,8 +83,8 @@ class SecuredBroker(KafkaBroker):
     def __init__(self, data_dir: Path, pki: Pki) -> None:
         super().__init__(data_dir)
         self.pki = pki
-        self.internal_port = free_port()
-        self.mtls_port = free_port()
+        self.internal_port = spare_port()
+        self.mtls_port = spare_port()
 
     @property
     def mtls_bootstrap(self) -> str:

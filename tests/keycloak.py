@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.stack.java import MIN_JAVA, bundled_java, find_java
-from app.stack.process import free_port
+from app.stack.process import spare_port
 
 VERSION = "26.5.6"
 SHA256 = "fa3dd5df90b9ac006712c2f0991be4e8a6cb30ac538e0439ce2f45fc40f4c692"
@@ -99,8 +99,8 @@ class Keycloak:
     """One Keycloak server on 127.0.0.1 with the test realm imported."""
 
     work: Path
-    port: int = field(default_factory=free_port)
-    management_port: int = field(default_factory=free_port)
+    port: int = field(default_factory=spare_port)
+    management_port: int = field(default_factory=spare_port)
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     started_in_s: float = 0.0
     proc: subprocess.Popen[bytes] | None = None

@@ -27,7 +27,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from app.admin.app import create_app as create_admin
 from app.bootstrap import prepare
 from app.settings import Settings
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from projections.migrate import quote_ident
 from tests.openapi_check import checked, delivery_errors
 from tests.support import ServedIngest, admin_token, read_topic, serve_in_thread, serve_ingest, signed_headers
@@ -362,7 +362,7 @@ class PastIngest:
 async def start_past_ingest(pipe: Running, seconds_behind: int) -> PastIngest:
     found = glob.glob(LIBFAKETIME)
     assert found, f"libfaketime is not installed ({LIBFAKETIME}): `make faketime` (make test does it)"
-    name, port = f"ingest-{seconds_behind}s", free_port()
+    name, port = f"ingest-{seconds_behind}s", spare_port()
     pipe.pipeline.start(name, command="ingest", ORDERLY_INGEST_PORT=str(port), LD_PRELOAD=found[0],
                         FAKETIME=f"-{seconds_behind}", FAKETIME_DONT_FAKE_MONOTONIC="1")
     ingest = PastIngest(name, f"http://127.0.0.1:{port}", seconds_behind)

@@ -19,7 +19,7 @@ from app.ingest.app import METRICS, PROTOCOL_OPTIONS, create_app, server_options
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from topics.catalog import REQUEST_BYTES
 
 CARD_SECRET = "whsec_dGVzdC1jYXJkLWtleS1mb3Itb3JkZXJseS10ZXN0cw=="
@@ -64,7 +64,7 @@ def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, in
                     **server_options: Any) -> Iterator[str]:
     """Serve an aiohttp app on a loopback port from a thread with its own event loop (through ``site``,
     aiohttp's TCP site unless told); yields its URL."""
-    port = free_port()
+    port = spare_port()
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None, **server_options)
     ready = threading.Event()
@@ -92,7 +92,7 @@ def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, in
 def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIngest]:
     """Run the real ingest app on a loopback port in a thread with its own event loop; its /metrics
     on ``metrics_port`` (0: a free port), apart from the webhook port as in `orderly ingest`."""
-    port = metrics_port or free_port()
+    port = metrics_port or spare_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, partial(webhook_site, app=app), **PROTOCOL_OPTIONS) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
@@ -101,7 +101,7 @@ def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIn
 @contextmanager
 def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
     """The ingest with the connection limits that `orderly ingest` serves it with (app/ingest/app.py's run)."""
-    port = free_port()
+    port = spare_port()
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, partial(webhook_site, app=app), **server_options(settings)) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")

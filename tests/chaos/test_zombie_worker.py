@@ -31,7 +31,7 @@ import pytest
 from app.core.model import Decision
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from app.worker.exits import FAILED_EXIT_CODE
 from tests.chaos.flow import Poster, converged, logged, scenario
 from tests.chaos.flow import assert_matches_truth as matches_truth
@@ -73,7 +73,7 @@ class Toxiproxy:
     def __init__(self, logs: Path, listen: int, upstream: int) -> None:
         found = subprocess.run(["bash", str(TOXIPROXY), "--check"], capture_output=True, text=True, check=False)
         assert found.returncode == 0, found.stderr  # make toxiproxy (make test does it)
-        self.api, self.listen, self.upstream = f"http://127.0.0.1:{free_port()}", listen, upstream
+        self.api, self.listen, self.upstream = f"http://127.0.0.1:{spare_port()}", listen, upstream
         with (logs / "toxiproxy.log").open("ab") as out:
             self.proc = subprocess.Popen([found.stdout.strip(), "-host", "127.0.0.1",
                                           "-port", self.api.rsplit(":", 1)[1]], stdout=out, stderr=subprocess.STDOUT)
@@ -114,7 +114,7 @@ class Toxiproxy:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[ProxiedBroker]:
-    kafka = ProxiedBroker(tmp_path / "kafka", inner_port=free_port(), proxy_port=free_port())
+    kafka = ProxiedBroker(tmp_path / "kafka", inner_port=spare_port(), proxy_port=spare_port())
     kafka.start()
     yield kafka
     kafka.stop()

@@ -627,10 +627,10 @@ async def test_ids_with_braces_are_reachable_and_redrives_at_once_get_distinct_i
 
 async def test_the_admin_starts_and_serves_postgresql_while_kafka_is_away(scenario: Scenario, tmp_path: Path) -> None:
     pipe = scenario.pipe
-    from app.stack.process import free_port
+    from app.stack.process import spare_port
 
-    port = free_port()
-    env = {**os.environ, **pipe.settings.with_overrides(kafka_bootstrap=f"127.0.0.1:{free_port()}",
+    port = spare_port()
+    env = {**os.environ, **pipe.settings.with_overrides(kafka_bootstrap=f"127.0.0.1:{spare_port()}",
                                                          admin_port=port).to_env()}
     log = (tmp_path / "admin.log").open("wb")
     proc = await asyncio.to_thread(subprocess.Popen, [sys.executable, "-m", "app.cli", "admin"], env=env, stdout=log,

@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pyarrow.parquet as pq
 
-from app.stack.process import free_port, port_is_free
+from app.stack.process import port_is_free, spare_port
 
 SQL = Path(__file__).resolve().parents[2] / "docs" / "analytics" / "delivery_order.sql"
 GATEWAYS = ("pg", "card", "paymos", "stripe", "adyen")
@@ -148,7 +148,7 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
 
 def test_demo_matches_the_gateways_truth_and_keeps_the_console_up(tmp_path: Path) -> None:
     data_dir = tmp_path / ".orderly"
-    ports = {name: free_port() for name in ("kafka", "postgres", "ingest", "admin")}
+    ports = {name: spare_port() for name in ("kafka", "postgres", "ingest", "admin")}
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{ports['kafka']}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{ports['postgres']}/postgres",
            "ORDERLY_INGEST_PORT": str(ports["ingest"]), "ORDERLY_ADMIN_PORT": str(ports["admin"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.stack.process import free_port, spare_port
+from app.stack.process import spare_port
 from tests.e2e.test_dev_stack import wait_for_stack
 
 STOP_WITHIN_S = 15.0  # DESIGN.md §7
@@ -56,7 +56,7 @@ def test_a_signal_to_the_group_stops_the_three_broker_stack_in_order(tmp_path: P
     data_dir = tmp_path / ".orderly"
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{spare_port(span=3)}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
-           "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_ADMIN_PORT": str(free_port()),
+           "ORDERLY_INGEST_PORT": str(spare_port()), "ORDERLY_ADMIN_PORT": str(spare_port()),
            "ORDERLY_PARTITIONS": "3"}
     log = tmp_path / "dev.log"
     with log.open("ab") as out:  # a session of its own: its group is the terminal's foreground job
@@ -109,7 +109,7 @@ def test_a_supervisor_killed_outright_takes_its_children_along(tmp_path: Path) -
     data_dir = tmp_path / ".orderly"
     env = {**os.environ, "ORDERLY_DATA_DIR": str(data_dir), "ORDERLY_KAFKA": f"127.0.0.1:{spare_port()}",
            "ORDERLY_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres",
-           "ORDERLY_INGEST_PORT": str(free_port()), "ORDERLY_ADMIN_PORT": str(free_port()),
+           "ORDERLY_INGEST_PORT": str(spare_port()), "ORDERLY_ADMIN_PORT": str(spare_port()),
            "ORDERLY_PARTITIONS": "2"}
     log = tmp_path / "dev.log"
     with log.open("ab") as out:

@@ -16,7 +16,7 @@ import pytest
 
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.pg_events import deposit
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings
@@ -101,7 +101,7 @@ async def test_an_effect_refused_to_the_last_attempt_is_dead(pipe: Running) -> N
 
 
 async def test_no_more_than_the_concurrency_is_in_flight(pipe: Running) -> None:
-    port = free_port()
+    port = spare_port()
     restart_effects(pipe, ORDERLY_EFFECTS_CONCURRENCY="4", ORDERLY_METRICS_PORT=str(port))
     pipe.stub.behave(hold_s=0.5)
     keys = await settle_deposits(pipe, "many", 6)

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app import logs
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.card_api import CardApi, serve_card_api
 from tests.pipeline import PROCESSES, Running, running_pipeline
 from tests.support import make_settings, signed_headers
@@ -44,7 +44,7 @@ class Observed:
 def obs(kafka: KafkaBroker, postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"obs{uuid.uuid4().hex[:8]}", processing_guarantee="exactly_once",
                       log_format="json", fetch_rate_per_s=5.0)
-    ports = {name: free_port() for name in (*PROCESSES, "ingest")}
+    ports = {name: spare_port() for name in (*PROCESSES, "ingest")}
     started_at = time.time()
     with serve_card_api() as api, running_pipeline(s.with_overrides(api_urls={"card": api.url}),
                                                     tmp_path_factory.mktemp("observability"),
@@ -215,7 +215,7 @@ async def test_the_fetchers_lag_counts_requests_waiting_then_returns_to_0(obs: O
 async def test_401_and_quarantine_reasons_are_logged_once_each_as_json_and_sampled_under_a_flood(
         obs: Observed) -> None:
     pipe = obs.pipe
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = spare_port(), spare_port()
     pipe.pipeline.start("ingest-json", command="ingest", ORDERLY_INGEST_PORT=str(port),
                         ORDERLY_METRICS_PORT=str(metrics_port))
     url, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"

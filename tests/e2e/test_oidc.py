@@ -32,7 +32,7 @@ from app.admin import auth
 from app.admin.app import create_app
 from app.settings import Secret
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.keycloak import CLIENT_ID, CLIENT_SECRET, PASSWORDS, ROLE_MAP, Keycloak
 from tests.support import make_settings
 
@@ -49,7 +49,7 @@ class Admin:
 @asynccontextmanager
 async def serve_admin(keycloak: Keycloak, postgres: PostgresServer, namespace: str,
                       **overrides: object) -> AsyncIterator[Admin]:
-    port = free_port()
+    port = spare_port()
     url = f"http://127.0.0.1:{port}"
     chosen: dict[str, object] = {
         "admin_oidc_issuer": keycloak.issuer, "admin_oidc_client_id": CLIENT_ID,

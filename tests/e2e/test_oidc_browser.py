@@ -30,7 +30,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 from app.admin.app import create_app
 from app.settings import Secret, Settings
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.keycloak import CLIENT_ID, CLIENT_SECRET, PASSWORDS, ROLE_MAP, Keycloak
 from tests.support import make_settings
 
@@ -98,7 +98,7 @@ def sign_in_through_keycloak(driver: WebDriver, admin: str, user: str) -> None:
 async def test_each_person_signs_in_through_keycloaks_page_in_chromium(
         keycloak: Keycloak, postgres: PostgresServer, namespace: str, db: asyncpg.Connection,
         browser: WebDriver) -> None:
-    port = free_port()
+    port = spare_port()
     admin = f"http://127.0.0.1:{port}"
     settings = make_settings("127.0.0.1:1", postgres.dsn, namespace).with_overrides(
         admin_oidc_issuer=keycloak.issuer, admin_oidc_client_id=CLIENT_ID,

@@ -18,7 +18,7 @@ import pytest
 from app.gateways import adyen
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.e2e.test_observability import scrape, until, value
 from tests.pipeline import Running, running_pipeline
 from tests.support import make_settings
@@ -31,7 +31,7 @@ def pipe_and_metrics(kafka: KafkaBroker, postgres: PostgresServer,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running, str]]:
     s = make_settings(kafka.bootstrap, postgres.dsn, f"overdue{uuid.uuid4().hex[:8]}",
                       parked_alert_after_s=ALERT_AFTER_S)
-    port = free_port()
+    port = spare_port()
     with running_pipeline(s, tmp_path_factory.mktemp("parked-overdue"), metrics_ports={"projector": port}) as running:
         yield running, f"http://127.0.0.1:{port}/metrics"
 

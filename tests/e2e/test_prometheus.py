@@ -36,7 +36,7 @@ from app.simulator.deliver import Chaos, deliver
 from app.simulator.deliver import signed_headers as gateway_headers
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port, spare_port
+from app.stack.process import spare_port
 from tests.card_api import serve_card_api
 from tests.pg_events import deposit
 from tests.pipeline import PROCESSES, Running, running_pipeline
@@ -98,7 +98,7 @@ def shortened_rules(target: Path) -> None:
 
 @contextmanager
 def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[str]:
-    port = free_port()
+    port = spare_port()
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     checked = subprocess.run([tool("promtool"), "check", "config", str(workdir / "prometheus.yml")],
                              capture_output=True, text=True, timeout=30, check=False)
@@ -119,7 +119,7 @@ def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[str]:
 
 
 def distinct_ports(names: tuple[str, ...]) -> dict[str, int]:
-    """A port for each name, below the ephemeral range (``free_port``, which the pipeline's threads
+    """A port for each name, below the ephemeral range (``spare_port``, which the pipeline's threads
     use, draws from that range: a port drawn there but bound only seconds later may be drawn twice)."""
     ports: dict[str, int] = {}
     while len(ports) < len(names):
@@ -207,7 +207,7 @@ def test_prometheus_runs_the_rules_and_every_dashboard_query_against_the_stack(
         # the ingest and the admin as processes of their own, as deployed (the pipeline's in-thread
         # ones share the test's process, whose CPU and memory are not theirs)
         pipe.pipeline.start("ingest", ORDERLY_INGEST_PORT=str(webhook_port), ORDERLY_METRICS_PORT=str(ports["ingest"]))
-        pipe.pipeline.start("admin", ORDERLY_ADMIN_PORT=str(free_port()), ORDERLY_METRICS_PORT=str(ports["admin"]))
+        pipe.pipeline.start("admin", ORDERLY_ADMIN_PORT=str(spare_port()), ORDERLY_METRICS_PORT=str(ports["admin"]))
         ingest = f"http://127.0.0.1:{webhook_port}"
         shortened_rules(tmp_path / "alerts.yml")
         with running_prometheus(scrape_config(ports, tmp_path / "alerts.yml"), tmp_path) as prometheus:

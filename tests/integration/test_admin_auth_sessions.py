@@ -20,7 +20,7 @@ from app.admin import auth, sessions
 from app.admin.app import create_app
 from app.settings import Settings
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.support import make_settings
 
 # What the admin port serves to anyone (app/admin/guard.PUBLIC): sign-in, health, readiness and the
@@ -30,7 +30,7 @@ OPEN = {"/login", "/auth/start", "/auth/callback", "/healthz", "/readyz"}
 
 @asynccontextmanager
 async def served(settings: Settings) -> AsyncIterator[tuple[str, web.Application]]:
-    port = free_port()
+    port = spare_port()
     app = create_app(settings)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -43,7 +43,7 @@ async def served(settings: Settings) -> AsyncIterator[tuple[str, web.Application
 
 async def test_only_sign_in_and_health_answer_without_a_credential_and_metrics_has_a_bind_of_its_own(
         postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
-    metrics_port = free_port()
+    metrics_port = spare_port()
     settings = make_settings("127.0.0.1:1", postgres.dsn, namespace, metrics_port=metrics_port)
     async with served(settings) as (url, app), aiohttp.ClientSession() as http:
         paths = {r.resource.canonical for r in app.router.routes() if r.resource is not None and r.method == "GET"}

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.stack.kafka import KafkaBroker
-from app.stack.process import free_port
+from app.stack.process import spare_port
 
 APP = Path(__file__).parent / "apps" / "counter_app.py"
 KEYS = [b"k0", b"k1", b"k2", b"k3"]
@@ -27,7 +27,7 @@ def _start_worker(app_id: str, kafka: KafkaBroker, source: str, output: str, dat
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, str(APP), app_id, kafka.bootstrap, source, output, str(datadir),
-             str(free_port())],
+             str(spare_port())],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
 

@@ -21,7 +21,7 @@ from app.bootstrap import prepare
 from app.settings import Secret, Settings
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.support import ServedIngest, make_settings, read_topic, serve_ingest, serve_ingest_as_run
 from topics.catalog import names
 from topics.records import Correlation
@@ -231,7 +231,7 @@ async def test_readiness_is_kafka_answering_now_and_names_postgres_away(postgres
 
         # PostgreSQL that does not answer (nothing listens at the DSN's port): named, but the ingest is
         # ready once Kafka answers (DESIGN.md §3: storing a webhook needs Kafka only).
-        unreachable = s.with_overrides(postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"))
+        unreachable = s.with_overrides(postgres_dsn=Secret(f"postgresql://postgres@127.0.0.1:{spare_port()}/postgres"))
         with serve_ingest(unreachable) as ingest:
             async with aiohttp.ClientSession() as http:
                 async with asyncio.timeout(30):

@@ -14,7 +14,7 @@ from aiokafka.errors import GroupCoordinatorNotAvailableError, KafkaError
 
 from app.liveness import Liveness
 from app.stack.kafka import KafkaBroker
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.support import make_settings
 from topics.admin import ensure_topics
 from topics.catalog import catalog, names
@@ -41,7 +41,7 @@ async def test_a_cancelled_or_failed_start_is_tried_again(kafka: KafkaBroker) ->
     finally:
         await liveness.close()
 
-    nobody = Liveness(f"127.0.0.1:{free_port()}", f"{namespace}-worker", 60.0)  # a broker that is away
+    nobody = Liveness(f"127.0.0.1:{spare_port()}", f"{namespace}-worker", 60.0)  # a broker that is away
     with pytest.raises(KafkaError):
         await nobody.group_lag(raw)
     assert (nobody._consumer, nobody._admin) == (None, None)  # nothing half-started kept

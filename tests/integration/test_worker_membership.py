@@ -23,7 +23,7 @@ from app.bootstrap import prepare
 from app.group_session import broker_group_configs, refusal, session_refusal
 from app.stack.kafka import KafkaBroker
 from app.stack.postgres import PostgresServer
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from app.worker.exits import FAILED_EXIT_CODE
 from tests.pg_events import deposit
 from tests.pipeline import Pipeline, Running, running_pipeline
@@ -43,7 +43,7 @@ async def test_two_workers_with_one_static_id_end_with_a_reason(kafka: KafkaBrok
     await prepare(settings)
     pipeline = Pipeline(settings, tmp_path)
     # Faust names a worker by its web URL: with a metrics port each, the two have different ones
-    ports = ({"ORDERLY_METRICS_PORT": str(free_port())}, {"ORDERLY_METRICS_PORT": str(free_port())}) \
+    ports = ({"ORDERLY_METRICS_PORT": str(spare_port())}, {"ORDERLY_METRICS_PORT": str(spare_port())}) \
         if web != "no web port" else ({}, {})
     pipeline.start("worker", ORDERLY_WORKER_INSTANCE_ID="same", **ports[0])
     try:

@@ -10,7 +10,7 @@ import pytest
 
 from app.cli import main
 from app.export import run
-from app.stack.process import free_port
+from app.stack.process import spare_port
 from tests.support import make_settings
 
 
@@ -28,7 +28,7 @@ def test_a_topic_that_is_not_a_projection_is_refused_in_one_line(tmp_path: Path,
 
 
 def test_kafka_unreachable_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    settings = make_settings(f"127.0.0.1:{free_port()}", "postgresql://u@127.0.0.1:9/db", "ns")
+    settings = make_settings(f"127.0.0.1:{spare_port()}", "postgresql://u@127.0.0.1:9/db", "ns")
     assert run(settings, args("ns.decisions", tmp_path / "x.parquet")) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("orderly export: Kafka at 127.0.0.1:"), err

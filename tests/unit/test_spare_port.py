@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from app.stack import process
@@ -46,3 +49,15 @@ def test_ports_above_the_ephemeral_range_count_too_and_a_span_never_passes_65535
     for _ in range(50):
         port = spare_port(span=3)
         assert 65001 <= port and port + 2 <= 65535, port
+
+
+def test_tests_and_benchmarks_give_their_servers_spare_ports() -> None:
+    """A port from ``free_port`` lies in the ephemeral range: between the pick and the server's bind
+    (a process started seconds later) any outgoing connection may take it. CI once failed so: a
+    fetcher's metrics port taken, ``address already in use``, and four tests with it."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [p for folder in ("tests", "bench") for p in (root / folder).rglob("*.py")
+               if p.name != Path(__file__).name]
+    calling = sorted(p.relative_to(root).as_posix() for p in sources
+                     if re.search(r"\bfree_port\(", p.read_text(encoding="utf-8")))
+    assert len(sources) > 100 and not calling, calling

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app import supervisor
-from app.stack.process import free_port, port_is_free, stop_process
+from app.stack.process import port_is_free, spare_port, stop_process
 from app.supervisor import Child, _wait_serving
 
 # binds the metrics port first (exits 1 if taken, as the ingest does), then serves its own port
@@ -37,7 +37,7 @@ def squatted() -> Iterator[socket.socket]:
 
 
 def child_of(tmp_path: Path, metrics_port: int, mode: str) -> tuple[Child, int]:
-    port = free_port()
+    port = spare_port()
     child = Child("ingest", [sys.executable, "-c", SERVED, str(port), mode], {}, tmp_path / "ingest.log",
                   metrics_port=metrics_port)
     return child, port
@@ -90,7 +90,7 @@ def test_a_port_freed_again_by_the_time_the_child_died_is_told_by_its_log(
 
 
 def test_a_served_child_dying_for_its_own_reason_fails_the_start(tmp_path: Path) -> None:
-    child, port = child_of(tmp_path, free_port(), "die")
+    child, port = child_of(tmp_path, spare_port(), "die")
     child.start("127.0.0.1")
     first = child.proc
     with pytest.raises(RuntimeError, match="exited while starting"):
