@@ -43,15 +43,13 @@ def use_logging(settings: Settings) -> None:
 
 
 def _process(process: str, run: Callable[[Settings], Any], first: Callable[[Settings], Any] | None = None,
-             topics: bool = True, behind: Callable[[Settings], None] | None = None) -> int:
-    """A production process: settings from the environment, ``behind`` (app/behind.py) at once,
-    topics (unless ``topics`` is False) and migrations ensured (and ``first`` run), then run."""
+             topics: bool = True) -> int:
+    """A production process: settings from the environment, topics (unless ``topics`` is False)
+    and migrations ensured (and ``first`` run), then run."""
     from app.bootstrap import prepare
 
     settings = _production_settings(process)
     use_logging(settings)
-    if behind is not None:
-        behind(settings)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the loop logs its tasks on it: never an end
     use_event_loop(settings.event_loop)
     if settings.debug_sinks:
@@ -118,18 +116,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from app.behind import yield_cpu
     from app.bootstrap import migrate_correlations
     from app.worker import run
 
-    return _process("worker", run, migrate_correlations, behind=yield_cpu)  # the worker reads only orderly.raw
+    return _process("worker", run, migrate_correlations)  # the worker reads only orderly.raw
 
 
 def cmd_projector(args: argparse.Namespace) -> int:
-    from app.behind import yield_cpu
     from app.projector import run
 
-    return _process("projector", run, behind=yield_cpu)
+    return _process("projector", run)
 
 
 def cmd_effects(args: argparse.Namespace) -> int:
@@ -137,10 +133,9 @@ def cmd_effects(args: argparse.Namespace) -> int:
         from app.admin import commands
 
         return commands.main(commands.effects, _operator_settings("effects list"), args)
-    from app.behind import yield_cpu
     from app.effects import run
 
-    return _process("effects", run, behind=yield_cpu)
+    return _process("effects", run)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -172,10 +167,9 @@ def cmd_gaps(args: argparse.Namespace) -> int:
 
 
 def cmd_fetcher(args: argparse.Namespace) -> int:
-    from app.behind import yield_cpu
     from app.fetcher import run
 
-    return _process("fetcher", run, behind=yield_cpu)
+    return _process("fetcher", run)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import threading
 from collections.abc import Coroutine
@@ -25,20 +24,6 @@ def use_event_loop(name: str) -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     elif name != "asyncio":
         raise SystemExit(f"ORDERLY_LOOP must be uvloop or asyncio, not {name!r}")
-
-
-def lower_priority(nice: int) -> int:
-    """Run this process at niceness ``nice`` at least: every thread of it (Linux keeps a niceness per
-    thread; those started later inherit it). A process started nicer keeps its own: it never asks
-    for more priority than it has (that needs a privilege). Returns the niceness it runs at."""
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc (not Linux): there the niceness is the whole process's
-        threads = [0]
-    for tid in threads:
-        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
-    return os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def tune_gc(threshold: int) -> None:

@@ -53,19 +53,18 @@ class Text:
 @dataclass(frozen=True)
 class Integer:
     minimum: int
-    maximum: int | None = None
 
     @property
     def accepts(self) -> str:
-        return f"an integer ≥ {self.minimum}" if self.maximum is None else f"an integer {self.minimum}-{self.maximum}"
+        return f"an integer ≥ {self.minimum}"
 
     def parse(self, raw: str) -> int:
         try:
             value = int(raw)
         except ValueError:
             raise ValueError("not an integer") from None
-        if value < self.minimum or (self.maximum is not None and value > self.maximum):
-            raise ValueError(f"below {self.minimum}" if value < self.minimum else f"above {self.maximum}")
+        if value < self.minimum:
+            raise ValueError(f"below {self.minimum}")
         return value
 
     def render(self, value: int) -> str:

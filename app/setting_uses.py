@@ -20,7 +20,7 @@ TOPICS = frozenset({"namespace", "replication_factor", "min_insync_replicas", "p
 # What app/cli.py's `_process` reads before any production process runs
 PROCESS = frozenset({"postgres_dsn", "gc_threshold", "event_loop", "debug_sinks", "log_format"})
 METRICS = frozenset({"metrics_port", "metrics_host"})
-SINK = frozenset({"instance_id", "sink_busy_interval_s", "session_timeout_s", "pipeline_nice"})
+SINK = frozenset({"instance_id", "sink_busy_interval_s", "session_timeout_s"})
 EFFECTS = frozenset({"effects_url", "effects_secret", "effects_allow_http", "effects_concurrency",
                      "effects_max_attempts", "effects_lease_s", "effects_timeout_s"})
 WORKER = frozenset({"store", "worker_stall_s", "worker_instance_id", "worker_batch_max", "worker_busy_interval_s",
@@ -34,7 +34,7 @@ ADMIN = frozenset({"admin_token", "admin_oidc_issuer", "admin_oidc_client_id", "
 PROCESSES: dict[str, frozenset[str]] = {
     "ingest": KAFKA | TOPICS | PROCESS | METRICS | {"gateways", "secrets", "api_token", "ingest_host", "ingest_port",
                                                    "append_timeout_s", "read_timeout_s"},
-    "worker": KAFKA | TOPICS | PROCESS | METRICS | WORKER | {"pipeline_nice"},
+    "worker": KAFKA | TOPICS | PROCESS | METRICS | WORKER,
     "projector": KAFKA | TOPICS | PROCESS | METRICS | SINK | {"gap_backfill_after_s", "parked_alert_after_s"},
     "effects": KAFKA | TOPICS | PROCESS | METRICS | SINK | EFFECTS,
     # with the sweeper (app/sweeper.py), which runs inside the fetcher

@@ -207,9 +207,6 @@ class Settings:
             "the same for the projector and the effects recorder")
     gc_threshold = Setting("ORDERLY_GC_THRESHOLD", Integer(minimum=0), 50_000,
             "allocations between Python's young-generation collections (`0`: Python's 700)")
-    pipeline_nice = Setting("ORDERLY_PIPELINE_NICE", Integer(minimum=0, maximum=19), 10,
-            "niceness (Unix CPU priority, higher yields) of the worker, projector, effects worker and fetcher: on a "
-            "machine shared with the ingest, its answers come first, they take the CPU left (`0`: the ingest's)")
     event_loop = Setting("ORDERLY_LOOP", Choice[EventLoop](get_args(EventLoop)), "uvloop",
             "event loop of every process")
     faust_loglevel = Setting("ORDERLY_FAUST_LOGLEVEL", Choice[FaustLoglevel](FAUST_LOGLEVELS), "warn",

@@ -7,7 +7,6 @@ the ingest's log, sampled; every log line JSON, Faust's included, and no secret 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -119,23 +118,12 @@ async def test_every_process_serves_its_own_resources_and_name(obs: Observed) ->
         else:  # the process's own start, not its parent's
             assert obs.started_at - 1 <= start <= time.time(), name
             assert start == pytest.approx(proc_start(pids[name]), abs=0.02)
-    # behind the answer, every thread at ORDERLY_PIPELINE_NICE (app/behind.py); not the ingest (here,
-    # in the test's own process)
-    nice = obs.pipe.settings.pipeline_nice
-    assert nice == 10 and {name: thread_nices(pids[name]) for name in PROCESSES} == {name: {nice} for name in PROCESSES}
-    assert thread_nices(os.getpid()) == {os.getpriority(os.PRIO_PROCESS, 0)} != {nice}
 
 
 def version() -> str:
     from app.metrics import _installed
 
     return _installed()
-
-
-def thread_nices(pid: int) -> set[int]:
-    """The niceness of every thread of a process, from /proc (the 19th field of each thread's stat)."""
-    return {int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-            for task in Path(f"/proc/{pid}/task").iterdir()}
 
 
 def proc_start(pid: int) -> float:
@@ -247,8 +235,6 @@ async def test_401_and_quarantine_reasons_are_logged_once_each_as_json_and_sampl
             await asyncio.sleep(0.2)
         async with http.get(f"{url}/metrics") as resp:  # the webhook port serves no metrics (DESIGN.md §3)
             assert resp.status == 404
-        # the ingest answers the gateways: it never yields the CPU (app/behind.py)
-        assert thread_nices(pipe.pipeline.procs["ingest-json"].pid) == {os.getpriority(os.PRIO_PROCESS, 0)}
 
         async def post(data: bytes, headers: dict[str, str]) -> tuple[int, Any]:
             async with http.post(f"{url}/webhooks/card", data=data, headers=headers) as resp:

@@ -53,8 +53,8 @@ def texts(kind: Kind[Any]) -> st.SearchStrategy[str]:
     match kind:
         case Text(pattern=pattern):
             return st.from_regex(re.compile(pattern, re.DOTALL), fullmatch=True)
-        case Integer(minimum=minimum, maximum=maximum):
-            return st.integers(min_value=minimum, max_value=10**12 if maximum is None else maximum).map(str)
+        case Integer(minimum=minimum):
+            return st.integers(min_value=minimum, max_value=10**12).map(str)
         case Number():
             return st.floats(min_value=0, exclude_min=True, allow_infinity=False).map(repr)
         case Millis(minimum=minimum, off=off):
