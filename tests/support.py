@@ -19,7 +19,7 @@ from app.ingest.app import METRICS, PROTOCOL_OPTIONS, create_app, server_options
 from app.metrics import IngestMetrics
 from app.settings import DEV_DEFAULTS, Settings
 from app.simulator.deliver import signed_headers as simulator_headers
-from app.stack.process import spare_port
+from app.stack.process import free_port
 from topics.catalog import REQUEST_BYTES
 
 CARD_SECRET = "whsec_dGVzdC1jYXJkLWtleS1mb3Itb3JkZXJseS10ZXN0cw=="
@@ -63,16 +63,18 @@ class ServedIngest:
 def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, int], web.BaseSite] = web.TCPSite,
                     **server_options: Any) -> Iterator[str]:
     """Serve an aiohttp app on a loopback port from a thread with its own event loop (through ``site``,
-    aiohttp's TCP site unless told); yields its URL."""
-    port = spare_port()
+    aiohttp's TCP site unless told); yields its URL. The port is the kernel's pick at the bind (port
+    0): no other server can have drawn it meanwhile."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app, access_log=None, **server_options)
     ready = threading.Event()
+    bound: list[int] = []
 
     def serve() -> None:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(site(runner, "127.0.0.1", port).start())
+        loop.run_until_complete(site(runner, "127.0.0.1", 0).start())
+        bound.extend(address[1] for address in runner.addresses)
         ready.set()
         loop.run_forever()
         loop.run_until_complete(runner.cleanup())
@@ -80,9 +82,9 @@ def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, in
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    assert ready.wait(20), "server did not start"
+    assert ready.wait(20) and len(bound) == 1, f"server did not start (bound to {bound})"
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{bound[0]}"
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(20)
@@ -92,7 +94,7 @@ def serve_in_thread(app: web.Application, site: Callable[[web.AppRunner, str, in
 def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIngest]:
     """Run the real ingest app on a loopback port in a thread with its own event loop; its /metrics
     on ``metrics_port`` (0: a free port), apart from the webhook port as in `orderly ingest`."""
-    port = metrics_port or spare_port()
+    port = metrics_port or free_port()  # bound at once, as the app starts below
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, partial(webhook_site, app=app), **PROTOCOL_OPTIONS) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")
@@ -101,7 +103,7 @@ def serve_ingest(settings: Settings, metrics_port: int = 0) -> Iterator[ServedIn
 @contextmanager
 def serve_ingest_as_run(settings: Settings) -> Iterator[ServedIngest]:
     """The ingest with the connection limits that `orderly ingest` serves it with (app/ingest/app.py's run)."""
-    port = spare_port()
+    port = free_port()  # bound at once, as the app starts below
     app = create_app(settings.with_overrides(metrics_port=port, metrics_host="127.0.0.1"))
     with serve_in_thread(app, partial(webhook_site, app=app), **server_options(settings)) as url:
         yield ServedIngest(url, app[METRICS], f"http://127.0.0.1:{port}/metrics")

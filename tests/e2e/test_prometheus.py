@@ -119,8 +119,8 @@ def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[str]:
 
 
 def distinct_ports(names: tuple[str, ...]) -> dict[str, int]:
-    """A port for each name, below the ephemeral range (``spare_port``, which the pipeline's threads
-    use, draws from that range: a port drawn there but bound only seconds later may be drawn twice)."""
+    """A port for each name, below the ephemeral range (``spare_port``): the servers in this process's
+    threads bind ports the kernel picks inside that range, so the two never draw the same port."""
     ports: dict[str, int] = {}
     while len(ports) < len(names):
         port = spare_port()
