@@ -47,20 +47,34 @@ def spare_port(host: str = "127.0.0.1", span: int = 1) -> int:
     ports: checking only the first once let `orderly dev --brokers 3` meet its third port taken).
 
     A port from ``free_port`` lies in that range, so any outgoing connection may take it while the
-    server is down (`orderly dev` once could not restart its broker for that reason).
+    server is down (`orderly dev` once could not restart its broker for that reason). No port is
+    given twice by one process: two picks before either server binds would otherwise both find it free.
     """
     low, high = ephemeral_ports()
     # below the range (from SPARE_PORTS_FROM) or above it, the whole span outside it
     outside: list[int] = [*range(SPARE_PORTS_FROM, low - span + 1),
                           *range(max(high + 1, SPARE_PORTS_FROM), 65536 - span + 1)]
     for port in random.sample(outside, min(64, len(outside))):
-        if all(port_is_free(port + i, host) for i in range(span)):
-            return port
+        if _unhanded(port, span) and all(port_is_free(port + i, host) for i in range(span)):
+            return _hand(port, span)
     for _ in range(64):  # none free outside it: one inside
         port = free_port(host)
-        if port + span - 1 <= 65535 and all(port_is_free(port + i, host) for i in range(1, span)):
-            return port
+        if port + span - 1 <= 65535 and _unhanded(port, span) and all(port_is_free(port + i, host)
+                                                                       for i in range(1, span)):
+            return _hand(port, span)
     raise RuntimeError(f"no {span} consecutive free ports on {host}")
+
+
+_HANDED: set[int] = set()  # the ports spare_port gave in this process
+
+
+def _unhanded(port: int, span: int) -> bool:
+    return _HANDED.isdisjoint(range(port, port + span))
+
+
+def _hand(port: int, span: int) -> int:
+    _HANDED.update(range(port, port + span))
+    return port
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
