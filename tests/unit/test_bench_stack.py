@@ -1,0 +1,24 @@
+"""bench/stack.py's CPU readings count a child that started and ended between two readings (a
+PostgreSQL backend or autovacuum worker that came and went during a timed run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from bench.stack import process_cpu
+
+BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\n"
+
+
+def test_a_child_that_came_and_went_between_two_readings_is_counted() -> None:
+    before = process_cpu(os.getpid(), children=True)
+    subprocess.run([sys.executable, "-c", BUSY], check=True)  # started, busy 0.3 CPU-s, ended and reaped
+    assert process_cpu(os.getpid(), children=True) - before >= 0.25
+
+
+def test_without_children_only_the_process_itself_is_counted() -> None:
+    before = process_cpu(os.getpid())
+    subprocess.run([sys.executable, "-c", BUSY], check=True)
+    assert process_cpu(os.getpid()) - before < 0.25  # the wait for the child is nearly free
