@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from bench import ab, decide, e2e, idle, ingest, latency, replay, restart, state, txn, worker
+from bench import ab, decide, e2e, floor, idle, ingest, latency, replay, restart, state, txn, worker
 
 BENCHES = {"decide": decide.main, "ingest": ingest.main, "worker": worker.main, "e2e": e2e.main,
            "latency": latency.main, "replay": replay.main, "state": state.main,
-           "restart": restart.main, "txn": txn.main, "idle": idle.main}
+           "restart": restart.main, "txn": txn.main, "idle": idle.main, "floor": floor.main}
 
 
 def main(argv: list[str]) -> int:
@@ -16,6 +16,9 @@ def main(argv: list[str]) -> int:
         return ab.command(argv[1:])
     if argv[:1] == ["idle"] and len(argv) > 1:  # builds side by side: python -m bench idle '{"name": {...}}'
         idle.main(argv[1:])
+        return 0
+    if argv[:1] == ["floor"] and len(argv) > 1:  # Orderly's builds against the floor: python -m bench floor '{...}'
+        floor.main(argv[1:])
         return 0
     if argv[:1] == ["restart"] and len(argv) > 1:  # with options: python -m bench restart --rounds 3
         return restart.command(argv[1:])

@@ -46,12 +46,13 @@ def correlation(i: int) -> dict[str, str]:
             "our_user_id": f"u_{dep}"}
 
 
-def write_requests(settings: Settings, path: Path, deposits: int = DEPOSITS) -> int:
+def write_requests(settings: Settings, path: Path, deposits: int = DEPOSITS, prefix: str = "dep_e") -> int:
+    """Every deposit's three webhooks, signed; ``prefix`` names the deposits (another for a warm-up)."""
     out = []
     for version, status in enumerate(["pending", "slip_received", "settled"], start=1):
         for i in range(deposits):
             # the gateway's sequence follows creation order across all deposits
-            raw = deposit(f"dep_e{i}", version, status, sequence=(version - 1) * deposits + i + 1)
+            raw = deposit(f"{prefix}{i}", version, status, sequence=(version - 1) * deposits + i + 1)
             out.append({"path": "/webhooks/pg", "body": raw.decode(), "headers": signed_headers("pg", raw, settings)})
     path.write_bytes(orjson.dumps(out))
     return len(out)
