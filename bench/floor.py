@@ -40,8 +40,10 @@ from typing import Any
 import msgspec
 import orjson
 
+from app.ingest.deliveries import next_delivery_id
 from app.kafka_client import client_options
 from topics.partitioning import partition_for
+from topics.records import raw_headers
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))  # even: each design goes first in half of them
 FLOOR_PROCESSES = ("worker", "projector")
@@ -113,9 +115,6 @@ class Ingest(asyncio.Protocol):
             self.take(body, signature)
 
     def take(self, body: bytes, signature: bytes) -> None:
-        from app.ingest.deliveries import next_delivery_id
-        from topics.records import raw_headers
-
         stamp, _, offered = signature.partition(b",v1=")
         expected = hmac.new(self.secret, stamp[2:] + b"." + body, sha256).hexdigest().encode()
         now = time.time()
