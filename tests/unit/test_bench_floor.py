@@ -43,8 +43,14 @@ def request(body: bytes, headers: dict[str, str]) -> bytes:
     return f"POST /webhooks/pg HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode() + body
 
 
-async def feed(data: bytes, cuts: list[int]) -> tuple[Producer, Transport]:
-    producer, transport = Producer(), Transport()
+class Broken(Producer):
+    async def send(self, topic: str, value: bytes, key: bytes, headers: list[tuple[str, bytes]],
+                   partition: int) -> asyncio.Future[None]:
+        raise ConnectionError("no broker")
+
+
+async def feed(data: bytes, cuts: list[int], producer: Producer | None = None) -> tuple[Producer, Transport]:
+    producer, transport = producer or Producer(), Transport()
     protocol = Ingest(SECRET.encode(), Appends(producer, "ns.raw", 12))
     protocol.connection_made(transport)
     start = 0
@@ -90,3 +96,19 @@ def test_a_deposit_row_has_pg_deposits_columns_in_order() -> None:
     args = dict(zip(UPSERT_ROW["pg_deposits"].columns, deposit_args(row), strict=True))
     assert (args["pg_deposit_id"], args["pg_version"], args["credited_amount_minor"]) == ("dep_1", 3, 490)
     assert (args["our_order_id"], args["our_user_id"]) == ("o_dep_1", "u_dep_1")
+
+
+def test_every_request_gets_an_answer_when_kafka_fails_or_the_body_does_not_read() -> None:
+    body = deposit("dep_1", 1, "pending")
+    _, failed = asyncio.run(feed(request(body, signed_headers("pg", body, SECRET)), [], Broken()))
+    assert failed.written == [b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"]
+    odd = b'{"data": {"object": {}}}'
+    producer, refused = asyncio.run(feed(request(odd, signed_headers("pg", odd, SECRET)), []))
+    assert producer.sent == [] and refused.written[0].startswith(b"HTTP/1.1 400")
+
+
+def test_a_signature_whose_time_is_not_a_number_is_refused() -> None:
+    body = deposit("dep_1", 1, "pending")
+    headers = {"PG-Signature": "t=soon,v1=" + "0" * 64}
+    producer, transport = asyncio.run(feed(request(body, headers), []))
+    assert producer.sent == [] and transport.written[0].startswith(b"HTTP/1.1 401")
