@@ -63,6 +63,9 @@ _NUMBERISH = bytes(ord("0") if ord("0") <= i <= ord("9") else ord("e") if i in b
                    else ord(".") for i in range(256))
 _BIG_EXPONENTS = (b"0e000", b"0e+000")
 _LONG_EXPONENTS = (*_BIG_EXPONENTS, b"0e.000")  # and a negative one ("-" reads as ".")
+# Every exponent above starts with a digit and an "e": a body with no such pair (most, though their
+# keys are full of e's) is cleared by one search instead of one per exponent (about 1 µs a body).
+_EXPONENT = b"0e"
 # msgspec, the decoder of the ingest's schemas and of the log's readers, reads a number of 1e289 or
 # more about 300 times slower than another (7 µs: a 1 MiB body of them held a process over a second);
 # orjson does not. No gateway sends one: refused at the edge, so no process meets it.
@@ -155,7 +158,8 @@ def long_numbers(raw: bytes) -> bool:
     digits after the decimal point: ``1e-16384``, a long fraction) though every reader of the log
     reads it (the fraction rounds in a double). A string holding such a run of digits: True too."""
     numberish = raw.translate(_NUMBERISH)
-    return _NINETEEN_DIGITS in numberish or any(long in numberish for long in _LONG_EXPONENTS)
+    return _NINETEEN_DIGITS in numberish or (_EXPONENT in numberish
+                                             and any(long in numberish for long in _LONG_EXPONENTS))
 
 
 def unreadable(raw: bytes) -> str | None:
@@ -170,7 +174,8 @@ def unreadable(raw: bytes) -> str | None:
         except UnicodeDecodeError as exc:
             return f"body: not UTF-8 (byte {exc.start})"
     numberish = raw.translate(_NUMBERISH)
-    if not (_NINETEEN_DIGITS in numberish or any(big in numberish for big in _BIG_EXPONENTS)):
+    if not (_NINETEEN_DIGITS in numberish
+            or (_EXPONENT in numberish and any(big in numberish for big in _BIG_EXPONENTS))):
         return None
     try:  # orjson: it reads such numbers at the usual speed, and refuses one past a double
         value = orjson.loads(raw)
