@@ -53,6 +53,19 @@ class Receiver:
         self.appender = appender
         self.refusals = refusals
         self.topics = topics
+        # per gateway: its adapter, the setting of its optional HTTP Basic auth, whether it is Batched;
+        # looked up once (a missing module attribute costs about 0.4 µs a look, twice a request)
+        self._adapters: dict[str, tuple[Any, str | None, bool]] = {}
+
+    def _adapter(self, gateway: str) -> tuple[Any, str | None, bool]:
+        found = self._adapters.get(gateway)
+        if found is None:
+            entry = registry.find(gateway)
+            assert entry is not None
+            adapter: Any = entry.adapter  # its optional capabilities are looked up by name (Batched)
+            found = self._adapters[gateway] = (adapter, getattr(adapter, "BASIC_AUTH_SETTING", None),
+                                               hasattr(adapter, "split"))
+        return found
 
     def serves(self, gateway: str) -> bool:
         """A gateway with an adapter and a secret: no secret, no way to prove a body is the gateway's."""
@@ -65,11 +78,8 @@ class Receiver:
         if encoded(headers):  # the fast path's: aiohttp's path refused it before reading (receive)
             metrics.requests.labels(gateway, OUTCOMES[415]).inc()
             return 415, problem_bytes(415, ENCODED_REASON)
-        found = registry.find(gateway)
-        assert found is not None
-        adapter: Any = found.adapter  # its optional capabilities are looked up by name (Batched)
+        adapter, setting, batched = self._adapter(gateway)
         try:
-            setting = getattr(adapter, "BASIC_AUTH_SETTING", None)  # optional HTTP Basic auth on the route
             if setting is not None and (credential := getattr(self.settings, setting)) is not None:
                 adapter.check_basic_auth(headers, credential.reveal())
             adapter.verify(raw, headers, self.settings.secrets[gateway].reveal(), time.time())
@@ -82,7 +92,7 @@ class Receiver:
                                                  "reason": exc.reason})
             return 401, problem_bytes(401, exc.reason)
 
-        if hasattr(adapter, "split"):  # Batched
+        if batched:
             return await self._parts(gateway, adapter, raw)
         route: Route = adapter.route(raw)
         delivery_id = next_delivery_id()
