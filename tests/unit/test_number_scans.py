@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.gateways.limits import _NUMBERISH, long_numbers, unreadable
+from app.gateways.limits import _NUMBERISH, FLOAT_MAX, long_numbers, unreadable
 
 LONG = re.compile(rb"[0-9]{19}|[0-9][eE][+\-]?[0-9]{3}")  # the rule, over the bytes as sent
 numberish = st.lists(st.sampled_from(list(b'0123456789eE+-."a ,:{}')), max_size=80).map(bytes)
@@ -28,13 +28,19 @@ def test_long_numbers_agrees_with_the_searches_and_misses_no_long_number(raw: by
         assert long_numbers(raw)
 
 
-@given(numberish)
-def test_unreadable_clears_what_the_searches_clear(raw: bytes) -> None:
-    if not searched(raw, (b"0e000", b"0e+000")):
-        assert unreadable(raw) is None
+numbers = st.builds(lambda m, f, e, sign, x: f"{m}{'.' + f if f else ''}{e}{sign}{x}".encode(),
+                    st.integers(0, 99999), st.sampled_from(["", "5", "123"]), st.sampled_from(["e", "E"]),
+                    st.sampled_from(["", "+", "-"]), st.integers(0, 1200))
 
 
-def test_unreadable_still_finds_a_number_past_a_double_behind_the_quick_test() -> None:
+@given(numbers, st.booleans())
+def test_unreadable_refuses_exactly_the_numbers_past_float_max(number: bytes, negative: bool) -> None:
+    raw = b'{"a": [1, {"b": ' + (b"-" if negative else b"") + number + b"}]}"
+    assert (unreadable(raw) is not None) == (abs(float(number)) >= FLOAT_MAX)
+
+
+def test_unreadable_and_long_numbers_still_find_the_numbers_behind_the_quick_test() -> None:
     assert unreadable(b'{"amount": 1e999}') is not None
     assert unreadable(b'{"amount": 1E+999}') is not None
     assert unreadable(b'{"amount": 1e99}') is None
+    assert long_numbers(b'{"amount": -1e-999}')
