@@ -103,6 +103,17 @@ async def put_correlations(url: str, token: str, deposits: int = DEPOSITS) -> No
         await asyncio.gather(*(one(i) for i in range(deposits)))
 
 
+def namespace(kafka: KafkaBroker, postgres: PostgresServer, name: str, **extra: str) -> tuple[Settings, dict[str, str]]:
+    """A fresh namespace ``name`` on the round's broker and PostgreSQL, its topics and tables made:
+    its settings, and the environment its processes get (with ``extra`` settings)."""
+    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
+           "ORDERLY_NAMESPACE": name, "ORDERLY_PARTITIONS": os.environ.get("BENCH_PARTITIONS", "12"), **extra}
+    settings = dev_settings(env)
+    env.update(settings.to_env())
+    asyncio.run(prepare(settings))
+    return settings, env
+
+
 @contextmanager
 def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work: Path, tag: str,
              deposits: int = DEPOSITS, correlations: dict[str, Any] | None = None,
@@ -112,13 +123,8 @@ def pipeline(kafka: KafkaBroker, postgres: PostgresServer, guarantee: str, work:
     ``correlations`` receives the PUTs' rate and the CPU seconds they cost each process (the
     merchant registers each deposit's correlation before its webhooks come: not timed with them)."""
     port = spare_port()
-    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
-           "ORDERLY_NAMESPACE": f"{tag}_{guarantee}", "ORDERLY_PROCESSING_GUARANTEE": guarantee,
-           "ORDERLY_INGEST_PORT": str(port), "ORDERLY_DATA_DIR": str(work),
-           "ORDERLY_PARTITIONS": os.environ.get("BENCH_PARTITIONS", "12")}
-    settings = dev_settings(env)
-    env.update(settings.to_env())
-    asyncio.run(prepare(settings))
+    settings, env = namespace(kafka, postgres, f"{tag}_{guarantee}", ORDERLY_PROCESSING_GUARANTEE=guarantee,
+                              ORDERLY_INGEST_PORT=str(port), ORDERLY_DATA_DIR=str(work))
     procs = [serve([sys.executable, "-m", "app.cli", "ingest"], env, port, work / f"ingest-{tag}-{guarantee}.log")]
     for name in PROCESSES:
         command = name.rstrip("0123456789")  # worker1, worker2: workers sharing the partitions

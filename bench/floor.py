@@ -334,18 +334,12 @@ WARM_DEPOSITS = 2000  # the floor's own warm-up, as Orderly's correlations and i
 
 
 def run_floor(kafka: Any, postgres: Any, work: Path, round_no: int) -> dict[str, Any]:
-    from app.bootstrap import prepare
-    from app.settings import dev_settings
     from app.stack.process import spare_port, stop_process
     from bench import e2e
     from bench.stack import cpu_seconds, settle
 
     port = spare_port()
-    env = {**os.environ, "ORDERLY_KAFKA": kafka.bootstrap, "ORDERLY_POSTGRES_DSN": postgres.dsn,
-           "ORDERLY_NAMESPACE": f"floor{round_no}", "ORDERLY_PARTITIONS": os.environ.get("BENCH_PARTITIONS", "12")}
-    settings = dev_settings(env)
-    env.update(settings.to_env())
-    asyncio.run(prepare(settings))
+    settings, env = e2e.namespace(kafka, postgres, f"floor{round_no}")
     url = f"http://127.0.0.1:{port}"
     procs = {"ingest": e2e.serve([sys.executable, "-m", "bench.floor", "ingest", str(port)], env, port,
                                  work / f"floor-ingest-{round_no}.log")}
