@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 import orjson
 
-from app.core.gaps import Gap, due_for_backfill, observe
+from app.core.gaps import Gap, due_for_backfill, observe_all
 from app.gateways import registry
 from app.gateways.limits import long_numbers
 from app.kafka_client import client_options
@@ -35,7 +35,10 @@ from topics.records import PROJECTED, ProjectedDecision
 
 log = logging.getLogger("orderly.projector")
 CONSUMER = "projector"
-GAUGES_EVERY_S = 5.0  # how often the parked, quarantine and lag gauges are read
+GAUGES_EVERY_S = 5.0  # how often the parked, quarantine, gap and lag gauges are read
+# Backfill requests sent per pass (the rest the next pass): a sequence with many gaps open does not
+# hold the projector's loop while it sends them all.
+BACKFILLS_PER_PASS = 1000
 STAGES = ("ingest", "worker", "projector", "effects", "fetcher")  # what sets records aside (DESIGN.md §2.4)
 # Per gateway: resources holding parked deliveries, the deliveries, the age of the oldest (the
 # partial index webhook_events_parked holds exactly these rows).
@@ -145,30 +148,23 @@ async def observe_sequences(conn: Conn, decisions: Sequence[ProjectedDecision],
 
 
 async def _observe(conn: Conn, gateway: str, seen: list[tuple[int, int]], metrics: ProjectorMetrics) -> None:
+    """Fold a batch's sequence numbers into the gateway's gaps: only the gaps its late numbers fall
+    in are read, and only those that changed are written (a broken sequence can leave a gap per
+    event open). The open-gap gauges are read with the others (Projector.read_gauges)."""
     await conn.execute(sql.LOCK_SEQUENCES)
     max_seen = await conn.fetchval(sql.SELECT_SEQUENCE_MAX, gateway)
-    rows = await conn.fetch(sql.SELECT_GAPS, gateway)
-    gaps = before = _gaps(rows)
-    start_max = max_seen
-    for seq, at_ms in seen:
-        max_seen, gaps = observe(max_seen, gaps, seq, at_ms)
-    if max_seen != start_max:
-        await conn.execute(sql.UPSERT_SEQUENCE_MAX, gateway, max_seen)
-    if gaps != before:
-        # write only what changed: a burst can leave thousands of gaps open
-        old, new = set(before), set(gaps)
+    late = sorted({seq for seq, _ in seen if seq <= max_seen}) if max_seen is not None else []
+    rows = await conn.fetch(sql.SELECT_GAPS_HOLDING, gateway, late) if late else []
+    folded = observe_all(max_seen, _gaps(rows), seen)
+    if folded.max_seen != max_seen:
+        await conn.execute(sql.UPSERT_SEQUENCE_MAX, gateway, folded.max_seen)
+    if folded.removed:
+        await conn.execute(sql.DELETE_GAPS, gateway, [g.start for g in folded.removed])
+    if folded.added:
         requested = {r["start_seq"]: r["backfill_requested_at"] for r in rows}
-
-        def requested_at(g: Gap) -> Any:
-            parent = next((b for b in before if b.start <= g.start and g.end <= b.end), None)
-            return requested.get(parent.start) if parent is not None else None
-
-        if old - new:
-            await conn.execute(sql.DELETE_GAPS, gateway, [g.start for g in old - new])
-        await write(conn, sql.GAPS, [(gateway, g.start, g.end, _ms_to_ts(g.first_seen_ms), requested_at(g))
-                                     for g in sorted(new - old, key=lambda g: g.start)])
-    metrics.gaps_open.set(len(gaps))
-    metrics.sequences_missing.set(sum(g.missing for g in gaps))
+        await write(conn, sql.GAPS, [(gateway, g.start, g.end, _ms_to_ts(g.first_seen_ms),
+                                      requested.get(origin.start) if origin is not None else None)
+                                     for g, origin in folded.added])
 
 
 class Projector:
@@ -224,7 +220,7 @@ class Projector:
 
     async def read_gauges(self) -> None:
         """The gauges read from PostgreSQL and Kafka: parked deliveries per gateway, quarantined
-        records per stage, and both sinks' consumer lag. Every gateway and stage is set, 0 when it
+        records per stage, open sequence gaps, and both sinks' consumer lag. Every gateway and stage is set, 0 when it
         has none, so that an alert sees the value fall back, not the series vanish."""
         pool = self.sink.pool
         assert pool is not None
@@ -242,10 +238,14 @@ class Projector:
         quarantined = {r["stage"]: r["records"] for r in await pool.fetch(QUARANTINED_BY_STAGE)}
         for stage in sorted(set(STAGES) | set(quarantined)):
             m.quarantine_records.labels(stage).set(quarantined.get(stage, 0))
+        if gateways := sequenced():
+            gaps, missing = await pool.fetchrow(sql.GAPS_OPEN, gateways) or (0, 0)  # an aggregate: one row
+            m.gaps_open.set(gaps)
+            m.sequences_missing.set(missing)
 
     async def request_backfills(self) -> int:
         """Emit one fetch request per gap open longer than the limit (default 4 days), of each
-        gateway whose sequence is backfilled."""
+        gateway whose sequence is backfilled: at most BACKFILLS_PER_PASS a pass, lowest first."""
         pool = self.sink.pool
         assert pool is not None
         now_ms = int(time.time() * 1000)
@@ -254,7 +254,8 @@ class Projector:
         for gateway in sequenced():
             async with pool.acquire() as conn, conn.transaction():
                 await conn.execute(sql.LOCK_SEQUENCES)
-                gaps = _gaps(await conn.fetch(sql.SELECT_GAPS, gateway))
+                gaps = _gaps(await conn.fetch(sql.SELECT_GAPS_DUE, gateway, _ms_to_ts(now_ms - after_ms),
+                                              BACKFILLS_PER_PASS))
                 due = due_for_backfill(gaps, now_ms, after_ms)
                 for gap in due:
                     request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap.start - 1,

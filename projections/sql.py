@@ -153,9 +153,23 @@ SELECT_SEQUENCE_MAX = "SELECT max_seen FROM pg_sequence_state WHERE merchant = $
 UPSERT_SEQUENCE_MAX = """
 INSERT INTO pg_sequence_state (merchant, max_seen) VALUES ($1, $2)
 ON CONFLICT (merchant) DO UPDATE SET max_seen = EXCLUDED.max_seen"""
-SELECT_GAPS = """
+# The gaps that hold any of the numbers $2 (one index probe per number, not every open gap: a broken
+# sequence can leave a gap per event open, and a batch must not read them all).
+SELECT_GAPS_HOLDING = """
+SELECT DISTINCT g.start_seq, g.end_seq, g.first_seen_at, g.backfill_requested_at
+  FROM unnest($2::bigint[]) AS s(seq)
+ CROSS JOIN LATERAL (SELECT start_seq, end_seq, first_seen_at, backfill_requested_at FROM pg_sequence_gaps
+                      WHERE merchant = $1 AND start_seq <= s.seq ORDER BY start_seq DESC LIMIT 1) AS g
+ WHERE g.end_seq >= s.seq
+ ORDER BY g.start_seq"""
+# Those open long enough whose backfill was not requested yet, the oldest numbers first, at most $3.
+SELECT_GAPS_DUE = """
 SELECT start_seq, end_seq, first_seen_at, backfill_requested_at FROM pg_sequence_gaps
- WHERE merchant = $1 ORDER BY start_seq"""
+ WHERE merchant = $1 AND backfill_requested_at IS NULL AND first_seen_at <= $2
+ ORDER BY start_seq LIMIT $3"""
+GAPS_OPEN = """
+SELECT count(*) AS gaps, coalesce(sum(end_seq - start_seq + 1), 0)::bigint AS missing FROM pg_sequence_gaps
+ WHERE merchant = ANY($1::text[])"""
 DELETE_GAPS = "DELETE FROM pg_sequence_gaps WHERE merchant = $1 AND start_seq = ANY($2::bigint[])"
 GAPS = unnest_insert("pg_sequence_gaps", """
     merchant text, start_seq bigint, end_seq bigint, first_seen_at timestamptz,

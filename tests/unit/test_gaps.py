@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.gaps import Gap, due_for_backfill, observe
+from app.core.gaps import Gap, due_for_backfill, observe, observe_all
 
 
 def fold(seqs: list[int], now: int = 0) -> tuple[int | None, list[Gap]]:
@@ -37,3 +37,52 @@ def test_gaps_are_exactly_the_missing_numbers(order: list[int], cut: int) -> Non
     assert max_seen == max(seen)
     # tracking starts at the first number seen: history below it is not a gap
     assert missing == set(range(seen[0], max(seen) + 1)) - set(seen)
+
+
+def fold_all(seqs: list[int], now: int = 0) -> tuple[int | None, list[Gap]]:
+    folded = observe_all(None, [], [(s, now + i) for i, s in enumerate(seqs)])
+    return folded.max_seen, folded.gaps
+
+
+sequences = st.lists(st.integers(1, 60), max_size=40)
+
+
+@given(sequences, sequences)
+def test_a_batch_folds_as_one_number_at_a_time(first: list[int], batch: list[int]) -> None:
+    """observe_all over a batch is observe over each number in turn, and says exactly which given
+    gaps changed or closed and which are new, each new one with the given gap that held it."""
+    max_seen, before = fold(first)
+    expected_max, expected = max_seen, before
+    for i, s in enumerate(batch):
+        expected_max, expected = observe(expected_max, expected, s, 1000 + i)
+    folded = observe_all(max_seen, before, [(s, 1000 + i) for i, s in enumerate(batch)])
+    assert (folded.max_seen, folded.gaps) == (expected_max, expected)
+    assert set(folded.removed) == set(before) - set(expected)
+    assert {gap for gap, _ in folded.added} == set(expected) - set(before)
+    for gap, origin in folded.added:
+        holding: list[Gap | None] = [b for b in before if b.start <= gap.start and gap.end <= b.end]
+        assert [origin] == (holding or [None])
+    assert before == fold(first)[1]  # the given list is not changed
+
+
+@given(sequences, sequences)
+def test_the_gaps_holding_the_late_numbers_are_enough(first: list[int], batch: list[int]) -> None:
+    """The projector reads only the gaps the batch's numbers up to the highest seen fall in: the
+    changes are those of a fold over every open gap."""
+    max_seen, before = fold(first)
+    seen = [(s, 1000 + i) for i, s in enumerate(batch)]
+    whole = observe_all(max_seen, before, seen)
+    holding = [g for g in before if any(g.start <= s <= g.end for s in batch)]
+    part = observe_all(max_seen, holding, seen)
+    assert part.max_seen == whole.max_seen
+    assert part.removed == whole.removed
+    assert part.added == whole.added
+
+
+def test_a_broken_sequence_leaves_a_gap_per_number() -> None:
+    """Every number two past the last: a gap each, all new, none with a given gap to come from."""
+    folded = observe_all(1, [], [(n, n) for n in range(3, 2003, 2)])
+    assert folded.max_seen == 2001
+    assert folded.gaps == [Gap(n - 1, n - 1, n) for n in range(3, 2003, 2)]
+    assert [origin for _, origin in folded.added] == [None] * 1000
+    assert folded.removed == []

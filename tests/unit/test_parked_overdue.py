@@ -16,6 +16,7 @@ from app.gateways import registry
 from app.metrics import ProjectorMetrics
 from app.projector import PARKED_BY_GATEWAY, Projector
 from app.settings import DEV_DEFAULTS, TABLE, Settings
+from projections import sql
 
 
 def test_the_setting_defaults_to_an_hour_and_reads_from_the_environment() -> None:
@@ -35,6 +36,10 @@ class FakePool:
     async def fetch(self, query: str, *args: Any) -> list[dict[str, Any]]:
         self.asked.append((query, args))
         return self.parked if query == PARKED_BY_GATEWAY else []
+
+    async def fetchrow(self, query: str, *args: Any) -> tuple[int, int] | None:
+        self.asked.append((query, args))
+        return (3, 7) if query == sql.GAPS_OPEN else None
 
 
 class FakeSink:
@@ -65,6 +70,10 @@ def test_the_projector_exports_overdue_resources_per_gateway_with_the_setting() 
     assert {g: gauge(projector.metrics, "orderly_parked_overdue_resources", g) for g in registry.GATEWAYS
             if g != "adyen"} == {g: 0 for g in registry.GATEWAYS if g != "adyen"}
     assert b"orderly_parked_overdue_resources{gateway=\"adyen\"} 2.0" in generate_latest(projector.metrics.registry)
+    # the open pg gaps and the numbers they miss, of the gateways whose sequence is backfilled
+    assert (sql.GAPS_OPEN, (["pg"],)) in pool.asked
+    assert projector.metrics.registry.get_sample_value("orderly_pg_sequence_gaps_open") == 3
+    assert projector.metrics.registry.get_sample_value("orderly_pg_sequence_missing") == 7
     # the count is of resources whose oldest parked delivery is older than the bound
     assert "received_at < now() - make_interval(secs => $1)" in PARKED_BY_GATEWAY
 
