@@ -44,10 +44,9 @@ from topics.records import H_SOURCE_KEY, H_TOPIC, quarantine_headers, raw_header
 log = logging.getLogger("orderly.fetcher")
 
 # A resource the gateway answered the same way as last time (404, an unusable or an unchanged answer)
-# is asked again after twice the wait, up to an hour (errors and timeouts do not count: an outage of
-# the API must not push every parked payment back once it is over): 500 payments that no answer resolves (a sender
-# inventing refs with a leaked secret, say) would otherwise take every pass's 500 places for ever,
-# the newer parked payments behind them never fetched.
+# is asked again after twice the wait, up to an hour (errors and timeouts do not count: an API outage
+# must not push every parked payment back): 500 payments no answer resolves (a sender inventing refs
+# with a leaked secret, say) would otherwise take every pass's 500 places for ever, the newer never fetched.
 MAX_BACKOFF_S = 3600.0
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a gateway's answer about one resource, or one page of its events
 LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
@@ -310,15 +309,17 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
                 request = orjson.loads(message.value)
                 await fetcher.carry_out(request)
             except BackfillUnavailable as exc:
-                # not lost: the gap is marked not requested, so the projector asks again at its next
-                # check (every 30 s at most), until the API answers
+                # not lost: the gap (or what late events left of it) is marked not requested, so the
+                # projector asks again at its next check (every 30 s at most), until the API answers
                 gateway = str(request["gateway"])
                 fetcher.metrics.fetches.labels(gateway, "error").inc()
                 start = int(request["since_sequence"]) + 1
                 log.warning("backfill of the %s gap from %d not done (%s); requested again later", gateway, start,
                             exc)
                 assert fetcher.pool is not None
-                await fetcher.pool.execute(sql.UNMARK_BACKFILL_REQUESTED, gateway, start)
+                async with fetcher.pool.acquire() as conn, conn.transaction():
+                    await conn.execute(sql.LOCK_SEQUENCES)
+                    await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, gateway, start, int(request["until_sequence"]))
             except KafkaError:
                 raise  # Kafka out of reach: the supervisor restarts the fetcher
             except UNREACHABLE as exc:  # PostgreSQL away: not the request's fault; carried out once it is back

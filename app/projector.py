@@ -138,16 +138,15 @@ def sequenced() -> list[str]:
     return [g.name for g in registry.GATEWAYS.values() if g.fetch is not None and g.fetch.backfill is not None]
 
 
-async def observe_sequences(conn: Conn, decisions: Sequence[ProjectedDecision],
-                            metrics: ProjectorMetrics) -> None:
+async def observe_sequences(conn: Conn, decisions: Sequence[ProjectedDecision]) -> None:
     for gateway in sequenced():
         seen = [(d.sequence, d.received_at_ms) for d in decisions
                 if d.gateway == gateway and d.sequence is not None and d.outcome != "quarantined"]
         if seen:
-            await _observe(conn, gateway, seen, metrics)
+            await _observe(conn, gateway, seen)
 
 
-async def _observe(conn: Conn, gateway: str, seen: list[tuple[int, int]], metrics: ProjectorMetrics) -> None:
+async def _observe(conn: Conn, gateway: str, seen: list[tuple[int, int]]) -> None:
     """Fold a batch's sequence numbers into the gateway's gaps: only the gaps its late numbers fall
     in are read, and only those that changed are written (a broken sequence can leave a gap per
     event open). The open-gap gauges are read with the others (Projector.read_gauges)."""
@@ -180,6 +179,7 @@ class Projector:
         self.quarantine = PgSink(settings, "quarantine", self.n.quarantine, quarantine.record)
         self.producer = KeyedProducer(settings.kafka_bootstrap, **client_options(settings))
         self.exact: bool | None = None  # payloads stored as sent: the database is UTF-8 (_payload_json)
+        self.backfilled_to: dict[str, int] = {}  # per gateway: the start of the last gap requested
 
     async def _set_aside(self, message: Any, reason: str) -> None:
         record = quarantine.set_aside_record(self.n, CONSUMER, message, reason)
@@ -196,7 +196,7 @@ class Projector:
                 log.warning("the database's encoding is %s, not UTF8: payloads are stored as read, not as sent "
                             "(docs/production.md, \"The database's encoding\")", encoding)
         await project(conn, decisions, self.metrics, self.exact)
-        await observe_sequences(conn, decisions, self.metrics)
+        await observe_sequences(conn, decisions)
         self.metrics.projected.inc(len(decisions))
         now_ms = time.time() * 1000
         for d in decisions:
@@ -245,24 +245,31 @@ class Projector:
 
     async def request_backfills(self) -> int:
         """Emit one fetch request per gap open longer than the limit (default 4 days), of each
-        gateway whose sequence is backfilled: at most BACKFILLS_PER_PASS a pass, lowest first."""
+        gateway whose sequence is backfilled: at most BACKFILLS_PER_PASS a pass, each pass going on
+        from the gap after the last one requested (one whose fetch failed is unmarked by the fetcher
+        and due again: it must not keep the gaps after it waiting), sent together and marked in one
+        statement, so that the sequence lock is held for about a Kafka round trip."""
         pool = self.sink.pool
         assert pool is not None
         now_ms = int(time.time() * 1000)
         after_ms = int(self.settings.gap_backfill_after_s * 1000)
+        cutoff = _ms_to_ts(now_ms - after_ms)
         requested = 0
         for gateway in sequenced():
             async with pool.acquire() as conn, conn.transaction():
                 await conn.execute(sql.LOCK_SEQUENCES)
-                gaps = _gaps(await conn.fetch(sql.SELECT_GAPS_DUE, gateway, _ms_to_ts(now_ms - after_ms),
-                                              BACKFILLS_PER_PASS))
-                due = due_for_backfill(gaps, now_ms, after_ms)
-                for gap in due:
-                    request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap.start - 1,
-                               "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms}
-                    await self.producer.send_and_wait(self.n.fetch, f"{gateway}:sequence:{gap.start}".encode(),
-                                                      orjson.dumps(request))
-                    await conn.execute(sql.MARK_BACKFILL_REQUESTED, gateway, gap.start)
+                last = self.backfilled_to.get(gateway, -1)
+                rows = await conn.fetch(sql.SELECT_GAPS_DUE, gateway, cutoff, last, None, BACKFILLS_PER_PASS)
+                if len(rows) < BACKFILLS_PER_PASS and last >= 0:  # then from the lowest again
+                    rows += await conn.fetch(sql.SELECT_GAPS_DUE, gateway, cutoff, -1, last,
+                                             BACKFILLS_PER_PASS - len(rows))
+                due = due_for_backfill(_gaps(rows), now_ms, after_ms)
+                await self.producer.send_all([
+                    (self.n.fetch, f"{gateway}:sequence:{gap.start}".encode(), orjson.dumps(
+                        {"gateway": gateway, "kind": "backfill", "since_sequence": gap.start - 1,
+                         "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms})) for gap in due])
+                await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap.start for gap in due])
+                self.backfilled_to[gateway] = due[-1].start if due else -1
                 self.metrics.backfills.inc(len(due))
                 requested += len(due)
         return requested

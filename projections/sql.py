@@ -162,11 +162,13 @@ SELECT DISTINCT g.start_seq, g.end_seq, g.first_seen_at, g.backfill_requested_at
                       WHERE merchant = $1 AND start_seq <= s.seq ORDER BY start_seq DESC LIMIT 1) AS g
  WHERE g.end_seq >= s.seq
  ORDER BY g.start_seq"""
-# Those open long enough whose backfill was not requested yet, the oldest numbers first, at most $3.
+# Those open since $2 or longer whose backfill was not requested yet, starting after $3 and up to $4
+# (NULL: no end), the lowest first, at most $5.
 SELECT_GAPS_DUE = """
 SELECT start_seq, end_seq, first_seen_at, backfill_requested_at FROM pg_sequence_gaps
  WHERE merchant = $1 AND backfill_requested_at IS NULL AND first_seen_at <= $2
- ORDER BY start_seq LIMIT $3"""
+   AND start_seq > $3 AND ($4::bigint IS NULL OR start_seq <= $4)
+ ORDER BY start_seq LIMIT $5"""
 GAPS_OPEN = """
 SELECT count(*) AS gaps, coalesce(sum(end_seq - start_seq + 1), 0)::bigint AS missing FROM pg_sequence_gaps
  WHERE merchant = ANY($1::text[])"""
@@ -174,11 +176,13 @@ DELETE_GAPS = "DELETE FROM pg_sequence_gaps WHERE merchant = $1 AND start_seq = 
 GAPS = unnest_insert("pg_sequence_gaps", """
     merchant text, start_seq bigint, end_seq bigint, first_seen_at timestamptz,
     backfill_requested_at timestamptz""", "")
-MARK_BACKFILL_REQUESTED = """
-UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = $1 AND start_seq = $2"""
-MARK_ALL_BACKFILLS_REQUESTED = "UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = $1"
-UNMARK_BACKFILL_REQUESTED = """
-UPDATE pg_sequence_gaps SET backfill_requested_at = NULL WHERE merchant = $1 AND start_seq = $2"""
+MARK_BACKFILLS_REQUESTED = """
+UPDATE pg_sequence_gaps SET backfill_requested_at = now() WHERE merchant = $1 AND start_seq = ANY($2::bigint[])"""
+# Every gap within the range $2..$3 of a backfill that was not done: a late number may have cut the
+# requested gap into pieces meanwhile (run under LOCK_SEQUENCES, after the projector's writes).
+UNMARK_BACKFILLS_REQUESTED = """
+UPDATE pg_sequence_gaps SET backfill_requested_at = NULL
+ WHERE merchant = $1 AND start_seq >= $2 AND start_seq <= $3"""
 
 CARD_EVENTS = unnest_insert("card_events", """
     gateway_event_id text, payment_ref text, event_type text, sequence bigint, occurred_at text::timestamptz,

@@ -179,7 +179,7 @@ async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gat
         request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
                    "until_sequence": gap["end_seq"]}
         await append(producer, n.fetch, f"{gateway}:sequence:{gap['start_seq']}".encode(), orjson.dumps(request), [])
-    await conn.execute(sql.MARK_ALL_BACKFILLS_REQUESTED, gateway)
+    await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap["start_seq"] for gap in gaps])  # not a newer one
     return f"backfill of {len(gaps)} open gap(s) requested"
 
 
