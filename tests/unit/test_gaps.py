@@ -86,3 +86,20 @@ def test_a_broken_sequence_leaves_a_gap_per_number() -> None:
     assert folded.gaps == [Gap(n - 1, n - 1, n) for n in range(3, 2003, 2)]
     assert [origin for _, origin in folded.added] == [None] * 1000
     assert folded.removed == []
+
+
+def test_a_number_below_a_gap_opened_in_the_same_batch_cuts_the_gap_it_falls_in() -> None:
+    """A gap opened by the batch is found at its own start: 4 falls in 2-4, not in 6-7 opened by 8."""
+    folded = observe_all(5, [Gap(2, 4, 0)], [(8, 1), (4, 2), (7, 3)])
+    assert (folded.max_seen, folded.gaps) == (8, [Gap(2, 3, 0), Gap(6, 6, 1)])
+    assert folded.removed == [Gap(2, 4, 0)]
+    assert folded.added == [(Gap(2, 3, 0), Gap(2, 4, 0)), (Gap(6, 6, 1), None)]
+
+
+def test_the_pieces_of_a_gap_whose_backfill_was_requested_keep_the_request() -> None:
+    given = [Gap(10, 20, 5, backfill_requested=True), Gap(30, 40, 6)]
+    expected_max, expected = 50, given
+    for seq in (15, 10, 35):
+        expected_max, expected = observe(expected_max, expected, seq, 99)
+    folded = observe_all(50, given, [(15, 99), (10, 99), (35, 99)])
+    assert folded.gaps == expected == [Gap(11, 14, 5, True), Gap(16, 20, 5, True), Gap(30, 34, 6), Gap(36, 40, 6)]
