@@ -1,13 +1,12 @@
 """`orderly fetcher`: asks the gateway when a parked event has waited too long (I/O shell).
 
 What to ask and how the answer becomes a record is each gateway's ``fetch`` declaration in the
-registry (app/gateways/registry.py's Fetch); this process only carries it out, for the enabled
-gateways whose ``ORDERLY_<NAME>_API_URL`` is set. The card playbook: parking is the right first
-answer, but a payment holding a parked event older than the retry interval (60 s) is fetched with
-``GET /payments/{ref}``. The answer is appended to ``orderly.raw`` as a ``synced`` event whose id is
-derived from the ref, state and totals, so an unchanged repeat is a duplicate; the reducer takes it
-as the new base. pg's sequence gaps are backfilled from its events API. Fetches are rate-limited and
-retried; a 404 or a 5xx appends nothing, so it can never corrupt state.
+registry (app/gateways/registry.py's Fetch), carried out here for the enabled gateways whose
+``ORDERLY_<NAME>_API_URL`` is set. The card playbook: a payment holding a parked event older than the
+retry interval (60 s) is fetched with ``GET /payments/{ref}``, the answer appended to ``orderly.raw``
+as a ``synced`` event whose id is derived from the ref, state and totals (an unchanged repeat is a
+duplicate; the reducer takes it as the new base). pg's sequence gaps are backfilled from its events
+API. Fetches are rate-limited and retried; a 404 or a 5xx appends nothing: it cannot corrupt state.
 """
 
 from __future__ import annotations
@@ -194,9 +193,8 @@ class Fetcher:
             self._answered(key, "unusable")
             self.metrics.set_aside.labels("fetcher", name).inc()
             return 0
-        # each fetch is a delivery of its own: an unchanged answer has the same event id (a duplicate,
-        # shown in the timeline as one), never the same delivery id (the worker would take it for
-        # the first one appended again and decide it "synced" once more)
+        # each fetch is a delivery of its own: an unchanged answer has the same event id (a duplicate in
+        # the timeline), never the same delivery id (the worker would decide it "synced" once more)
         event_id = orjson.loads(body)["id"]
         if (problem := body_error(body)) is not None:  # past the limits every input keeps
             log.error("gateway answer for %s set aside: %s", resource_id, problem,
@@ -266,9 +264,20 @@ class Fetcher:
             since = last
         return appended
 
+    async def not_done(self, gateway: str, request: dict[str, Any], exc: BackfillUnavailable) -> None:
+        """Not lost: the gap, or what late events left of it, is marked not requested, so the projector
+        asks again (PostgreSQL away: raised, and the request carried out again once it is back)."""
+        self.metrics.fetches.labels(gateway, "error").inc()
+        start, until = int(request["since_sequence"]) + 1, int(request["until_sequence"])
+        log.warning("backfill of the %s gap from %d not done (%s); requested again later", gateway, start, exc)
+        assert self.pool is not None
+        async with self.pool.acquire() as conn, conn.transaction():  # after the projector's writes to it
+            await conn.execute(sql.LOCK_SEQUENCES)
+            await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, gateway, start, until)
+
     async def carry_out(self, request: Any) -> None:
         """One request of orderly.fetch: a backfill (a sequence gap older than the limit) or a resource
-        an operator asked for. BackfillUnavailable: not carried out now, to be asked again."""
+        an operator asked for."""
         name = request.get("gateway")
         gateway = registry.find(name) if isinstance(name, str) else None
         fetch = gateway.fetch if gateway is not None else None
@@ -276,9 +285,12 @@ class Fetcher:
             return
         url = self.settings.api_urls.get(gateway.name)
         if request.get("kind") == "backfill" and fetch.backfill is not None:
-            if not url:  # marked not requested: asked again once it is set
-                raise BackfillUnavailable(f"ORDERLY_{gateway.name.upper()}_API_URL is not set")
-            await self.backfill(gateway, url, fetch.backfill, request)
+            try:
+                if not url:  # marked not requested: asked again once it is set
+                    raise BackfillUnavailable(f"ORDERLY_{gateway.name.upper()}_API_URL is not set")
+                await self.backfill(gateway, url, fetch.backfill, request)
+            except BackfillUnavailable as exc:
+                await self.not_done(gateway.name, request, exc)
         elif fetch.kind and request.get("kind") == fetch.kind:
             # an operator's "fetch now" (the admin API): the same fetch the parked sweep makes
             if url:
@@ -308,20 +320,8 @@ async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
             try:
                 request = orjson.loads(message.value)
                 await fetcher.carry_out(request)
-            except BackfillUnavailable as exc:
-                # not lost: the gap (or what late events left of it) is marked not requested, so the
-                # projector asks again at its next check (every 30 s at most), until the API answers
-                gateway = str(request["gateway"])
-                fetcher.metrics.fetches.labels(gateway, "error").inc()
-                start = int(request["since_sequence"]) + 1
-                log.warning("backfill of the %s gap from %d not done (%s); requested again later", gateway, start,
-                            exc)
-                assert fetcher.pool is not None
-                async with fetcher.pool.acquire() as conn, conn.transaction():
-                    await conn.execute(sql.LOCK_SEQUENCES)
-                    await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, gateway, start, int(request["until_sequence"]))
             except KafkaError:
-                raise  # Kafka out of reach: the supervisor restarts the fetcher
+                raise  # Kafka out of reach: the process ends (run), and the supervisor restarts it
             except UNREACHABLE as exc:  # PostgreSQL away: not the request's fault; carried out once it is back
                 assert fetcher.pool is not None
                 await wait_for_postgres(fetcher.pool, fetcher.readiness, exc)
@@ -373,13 +373,13 @@ async def run(settings: Settings) -> None:
         gateway = registry.find(name)
         if gateway is not None and gateway.fetch is not None and not settings.api_urls.get(name):
             log.warning("ORDERLY_%s_API_URL is not set: %s resources are not fetched from its API", name.upper(), name)
-    # stopped in reverse order however the run ends, a SIGTERM during the start included: the
-    # requests' consumer leaves its group before the process ends
+    # stopped in reverse order however the run ends (a SIGTERM during the start too): a consumer leaves its group
     async with contextlib.AsyncExitStack() as started:
         await start_service(started, fetcher, fetcher.metrics.registry, settings.metrics_port, settings.metrics_host,
                             fetcher.readiness)
         # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
-        beside(started, _consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait())
+        consume = _consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait()
+        requests = beside(started, consume)
         assert fetcher.pool is not None
         sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
                           lambda topic: fetcher.metrics.reappended.labels(topic).inc())
@@ -388,7 +388,7 @@ async def run(settings: Settings) -> None:
         beside(started, every(LAG_EVERY_S, fetcher.read_lag, "the fetch requests' lag"))
         tick = min(settings.fetch_interval_s, max(1.0, settings.sweep_after_s / 4))
         next_sync = 0.0
-        while True:
+        while not requests.done() or requests.result():  # its end (Kafka out of reach) raises here
             try:
                 if time.monotonic() >= next_sync:
                     await fetcher.sync_parked()

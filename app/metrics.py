@@ -248,11 +248,12 @@ CLEANUP_GRACE_S = 10.0  # how long a cancelled task beside the main loop may cle
 CANCEL_AGAIN_S = 1.0
 
 
-def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> None:
+def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> asyncio.Future[object]:
     """Run ``task`` beside the process's main loop until ``started`` closes, then cancel it and wait
     until it cleaned up. One still running CLEANUP_GRACE_S later lost the cancellation (code that
     catches it, or Python 3.11's ``asyncio.wait_for``: app/waits.py): where every task waits is
-    logged, and it is cancelled again every CANCEL_AGAIN_S, so that it cannot hold the stop for ever."""
+    logged, and it is cancelled again every CANCEL_AGAIN_S, so that it cannot hold the stop for ever.
+    Returns the task: a caller that cannot go on without it watches it."""
     running = asyncio.ensure_future(task)
 
     async def cancelled() -> None:
@@ -269,6 +270,7 @@ def beside(started: contextlib.AsyncExitStack, task: Awaitable[object]) -> None:
             log.info("a task beside the main loop ended with %r", running.exception())
 
     started.push_async_callback(cancelled)
+    return running
 
 
 async def every(interval_s: float, read: Callable[[], Awaitable[object]], what: str) -> None:

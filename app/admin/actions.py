@@ -66,8 +66,13 @@ async def append(producer: KeyedProducer, topic: str, key: bytes, value: bytes,
                  headers: list[tuple[str, bytes]]) -> None:
     """One append, acknowledged within the deadline: with the broker away the operator gets an
     answer, not a request that hangs until it is back."""
+    await acknowledged(producer.send_and_wait(topic, key, value, headers))
+
+
+async def acknowledged(sending: Awaitable[object]) -> None:
+    """``sending`` acknowledged by Kafka within the deadline, or the action refused (503)."""
     try:
-        await within(producer.send_and_wait(topic, key, value, headers), APPEND_DEADLINE_S)
+        await within(sending, APPEND_DEADLINE_S)
     except Exception as exc:  # timeout or KafkaError: either way not acknowledged
         raise ActionRefused(f"Kafka did not acknowledge the append within {APPEND_DEADLINE_S:.0f} s "
                             f"({type(exc).__name__}); it may still be appended when the broker is back, so "
@@ -172,14 +177,18 @@ async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gat
         request = {"gateway": gateway, "kind": fetch.kind, fetch.id_field: resource_id}
         await append(producer, n.fetch, f"{gateway}:{resource_id}".encode(), orjson.dumps(request), [])
         return f"fetch of the {gateway} {fetch.kind} requested"
-    gaps = await conn.fetch(OPEN_GAPS, gateway)
-    if not gaps:
-        raise ActionRefused(f"{gateway} events are fetched by sequence: there is no open gap to backfill")
-    for gap in gaps:
-        request = {"gateway": gateway, "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
-                   "until_sequence": gap["end_seq"]}
-        await append(producer, n.fetch, f"{gateway}:sequence:{gap['start_seq']}".encode(), orjson.dumps(request), [])
-    await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap["start_seq"] for gap in gaps])  # not a newer one
+    # under the sequence lock, as the projector's backfill pass: a fetch that fails unmarks its gap
+    # only after this marks it, and no gap is cut between the read and the mark
+    async with conn.transaction():
+        await conn.execute(sql.LOCK_SEQUENCES)
+        gaps = await conn.fetch(OPEN_GAPS, gateway)
+        if not gaps:
+            raise ActionRefused(f"{gateway} events are fetched by sequence: there is no open gap to backfill")
+        await acknowledged(producer.send_all([
+            (n.fetch, f"{gateway}:sequence:{gap['start_seq']}".encode(), orjson.dumps(
+                {"gateway": gateway, "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
+                 "until_sequence": gap["end_seq"]})) for gap in gaps]))
+        await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap["start_seq"] for gap in gaps])
     return f"backfill of {len(gaps)} open gap(s) requested"
 
 

@@ -27,6 +27,7 @@ from app.core.model import (
     APPLIED,
     DUPLICATE,
     PARKED,
+    QUARANTINED,
     SYNCED,
     UNPARKED,
     Decision,
@@ -43,6 +44,10 @@ from app.core.times import iso_ms
 from app.gateways.card import Fetched, Stored, Webhook, read, synced_totals
 
 STATES = ("created", "authorised", "captured", "refunded", "voided")
+# Events kept per payment: beyond, quarantined. Every delivery sorts and reduces all of a payment's
+# events again (and the reducer restarts after each change), so a payment without a bound made a
+# broken or hostile sender's stream of events cost seconds a delivery (10 s at 44,000 events).
+MAX_EVENTS = 200
 RANK = {"authorised": 0, "captured": 1, "voided": 1, "refunded": 2, "synced": -1}
 NEXT: dict[str, dict[str, str]] = {
     "created": {"authorised": "authorised"},
@@ -237,12 +242,17 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
         if e.id == event.id:
             return numbered(state, [_decide(d, DUPLICATE, event_id=event.id, event_type=body.type,
                                             sequence=event.sequence, payload=w.payload)])
+    if len(state.events) >= MAX_EVENTS:  # the work a delivery costs stays bounded
+        return numbered(state, [_decide(d, QUARANTINED, event_id=event.id, event_type=body.type,
+                                        sequence=event.sequence, payload=w.payload,
+                                        error=f"payment_ref: payment {d.resource_key.partition(':')[2]} holds "
+                                              f"{MAX_EVENTS} events, the most one payment keeps")])
     state.events.append(event)
     state.currency = body.currency or state.currency
     reduced = reduce(state.events)
-    before = set(state.applied)
+    before, applied = set(state.applied), set(reduced.applied)
     state.applied = reduced.applied
-    newly = [e for e in state.events if e.id in reduced.applied and e.id not in before]
+    newly = [e for e in state.events if e.id in applied and e.id not in before]
     payment_ref = d.resource_key.partition(":")[2]
     applied_at = iso_ms(d.received_at_ms)
     facts = [Fact("card_event", event.id, {
@@ -264,7 +274,7 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
                                "captured_minor": reduced.captured_minor, "refunded_minor": reduced.refunded_minor},
                               d.delivery_id))
         state.emitted.append(kind)
-    outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in reduced.applied else PARKED
+    outcome = SYNCED if event.kind == "synced" else APPLIED if event.id in applied else PARKED
     decisions = [_decide(d, outcome, row=row, table="card_payments" if newly else None, effects=effects,
                          facts=facts, event_id=event.id, event_type=body.type, sequence=event.sequence,
                          payload=w.payload)]

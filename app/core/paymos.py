@@ -52,6 +52,9 @@ INVOICE_EFFECTS = {"paid": "invoice_paid", "paid_over": "invoice_paid_over", "un
                    "expired": "invoice_expired", "cancelled": "invoice_cancelled"}
 WITHDRAWAL_EFFECTS = {"completed": "payout_completed", "failed": "payout_failed", "cancelled": "payout_cancelled"}
 NULL = msgspec.Raw(b"null")
+# Snapshots parked per resource: beyond, quarantined. Each change re-tries every parked one, so
+# without a bound a stream of changes out of a terminal state made one reorg cost seconds.
+MAX_PARKED = 100
 
 
 class Parked(msgspec.Struct, gc=False):
@@ -241,6 +244,10 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
     if current is not None and _key(resource) <= _key(current):
         return numbered(state, [decide(d, STALE, event_id=event_id, event_type=event_type, payload=w.payload)])
     if not _allowed(current, w):
+        if len(state.parked) >= MAX_PARKED:
+            state.seen.remove(event_id)  # its own id, appended above: delivered again, it is decided, not a duplicate
+            full = f"data.id: {resource.object} {resource.id} holds {MAX_PARKED} parked snapshots, the most one keeps"
+            return numbered(state, [decide(d, QUARANTINED, error=full, **_common(w))])
         state.parked.append(Parked(msgspec.Raw(w.raw), d))
         return numbered(state, [decide(d, PARKED, error="change out of a terminal state waits for its reorg",
                                        **_common(w))])

@@ -32,6 +32,7 @@ from app.core.model import (
     APPLIED,
     DUPLICATE,
     PARKED,
+    QUARANTINED,
     STALE,
     SYNCED,
     UNPARKED,
@@ -48,6 +49,9 @@ from app.gateways.stripe import Obj, Snapshot, Synced, Webhook, read
 
 GATEWAY = "stripe"
 TABLE = "stripe_payment_intents"
+# Events kept per PaymentIntent: beyond, quarantined. Every delivery derives the read model from all
+# of them again, so without a bound a sender that never stops made each delivery dearer for ever.
+MAX_EVENTS = 200
 RANK = {
     "payment_intent.created": 0, "payment_intent.requires_action": 1, "payment_intent.processing": 2,
     "payment_intent.amount_capturable_updated": 3, "payment_intent.partially_funded": 3,
@@ -297,6 +301,10 @@ def apply_event(state: State | None, w: Webhook, d: Delivery) -> tuple[State, li
         if e.id == event.id:
             return numbered(state, [decide(d, DUPLICATE, event_id=event.id, event_type=common_type, payload=w.payload)])
     resource_id = d.resource_key.partition(":")[2]
+    if len(state.events) >= MAX_EVENTS:  # the work a delivery costs stays bounded
+        return numbered(state, [decide(d, QUARANTINED, event_id=event.id, event_type=common_type, payload=w.payload,
+                                       error=f"data.object: {resource_id} holds {MAX_EVENTS} events, the most one "
+                                             "PaymentIntent keeps")])
     state.events.append(event)
     facts: list[Fact] = []
     if event.kind == "thin":

@@ -11,7 +11,11 @@ from typing import Any
 
 import asyncpg
 import orjson
+import pytest
+from aiokafka.errors import KafkaConnectionError
 
+from app.admin import actions
+from app.admin.actions import ActionRefused
 from app.core.gaps import Gap, observe
 from app.metrics import ProjectorMetrics
 from app.projector import BACKFILLS_PER_PASS, Projector, _observe
@@ -166,5 +170,32 @@ async def test_a_backfill_not_done_unmarks_what_late_events_left_of_its_gap(post
         assert [(s, e, r) for s, e, _, r in await table(conn)] == [(101, 149, NOW), (151, 200, NOW), (300, 300, NOW)]
         await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, "pg", 100, 200)  # the fetch of 100-200 failed
         assert [(s, e, r) for s, e, _, r in await table(conn)] == [(101, 149, None), (151, 200, None), (300, 300, NOW)]
+    finally:
+        await conn.close()
+
+
+class Refusing(Producer):
+    async def send_all(self, records: list[tuple[str, bytes, bytes]]) -> None:
+        raise KafkaConnectionError("the broker is away")
+
+
+async def test_the_consoles_backfill_marks_the_gaps_it_asked_for_and_none_if_kafka_did_not_take_them(
+        postgres: PostgresServer, namespace: str) -> None:
+    conn = await asyncpg.connect(postgres.dsn)
+    try:
+        await migrate(conn, namespace)
+        await conn.execute(f"SET search_path = {quote_ident(namespace)}")
+        n = names(namespace)
+        with pytest.raises(ActionRefused, match="no open gap"):
+            await actions.request_fetch(conn, Producer(), n, "pg", "dep_1", "ada", "http://127.0.0.1:9")  # type: ignore[arg-type]
+        await conn.execute("INSERT INTO pg_sequence_gaps VALUES ('pg', 5, 6, $1, NULL), ('pg', 9, 9, $1, NULL)", NOW)
+        with pytest.raises(ActionRefused, match="did not acknowledge"):
+            await actions.request_fetch(conn, Refusing(), n, "pg", "dep_1", "ada", "http://127.0.0.1:9")  # type: ignore[arg-type]
+        assert [r for _, _, _, r in await table(conn)] == [None, None]  # nothing asked for, nothing marked
+        producer = Producer()
+        done = await actions.request_fetch(conn, producer, n, "pg", "dep_1", "ada", "http://127.0.0.1:9")  # type: ignore[arg-type]
+        assert done.result == "backfill of 2 open gap(s) requested"
+        assert [(r["since_sequence"], r["until_sequence"]) for r in producer.sent] == [(4, 6), (8, 9)]
+        assert all(r is not None for _, _, _, r in await table(conn))
     finally:
         await conn.close()

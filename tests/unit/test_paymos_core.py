@@ -181,3 +181,22 @@ def test_a_field_is_an_amount_by_a_word_of_its_name_not_a_substring() -> None:
                                          "network_fee": "0.01"}
     refused = adapter.route(event("invoice.paid", "inv_2", "paid", at, net_amount=5))
     assert refused.resource_key is None and "data.net_amount" in (refused.quarantine_reason or "")
+
+
+def test_a_resource_parks_at_most_max_parked_snapshots_and_quarantines_the_rest() -> None:
+    """Every change re-tries every parked snapshot: their number is bounded. One over the bound is
+    quarantined naming the field, and its id is not kept as seen: delivered again, it is decided."""
+    from app.core.paymos import MAX_PARKED
+    paid = event("invoice.paid", "inv_1", "paid", 200)
+    confirming = [event("invoice.confirming", "inv_1", "confirming", 300 + n) for n in range(MAX_PARKED + 3)]
+    state, out = run([paid, *confirming])
+    assert len(state.parked) == MAX_PARKED
+    assert [d.outcome for d in out] == ["applied"] + ["parked"] * MAX_PARKED + ["quarantined"] * 3
+    assert out[-1].error == f"data.id: invoice inv_1 holds {MAX_PARKED} parked snapshots, the most one keeps"
+    assert out[-1].event_id == f"evt_inv_1_invoice.confirming_{300 + MAX_PARKED + 2}"
+    # the reorg: the parked snapshots apply in order, and the quarantined newest, delivered again, is decided
+    # (applied), not taken for a duplicate
+    state, out = run([paid, *confirming, event("invoice.awaiting_payment", "inv_1", "awaiting_payment", 250),
+                      confirming[-1]])
+    assert [d.outcome for d in out[MAX_PARKED + 4:]] == ["applied"] + ["unparked"] * MAX_PARKED + ["applied"]
+    assert applied(state)["updated_at"] == T0 + 300 + MAX_PARKED + 2 and state.parked == []

@@ -269,3 +269,17 @@ def test_a_fetched_answer_unparks_the_thin_events_up_to_its_own_second_as_their_
     assert decisions[1].seq == decisions[0].seq + 1 and state.waiting == ["evt_thin_2"]
     _, decisions = deliver(state, synced("succeeded", 1_500, at + 1), 8)  # another answer: another id
     assert [(d.delivery_id, d.outcome) for d in decisions] == [("d8", "synced"), ("d2", "unparked")]
+
+
+def test_a_payment_intent_keeps_at_most_max_events_events_and_quarantines_the_rest() -> None:
+    """Every delivery derives the row from all of a PaymentIntent's events: their number is bounded.
+    One over the bound is quarantined naming the field; a repeat of a kept one is still a duplicate."""
+    bodies = [event("payment_intent.requires_action", T + n, intent("requires_action"), f"evt_{n}")
+              for n in range(core.MAX_EVENTS + 2)]
+    state, made = run(bodies)
+    assert len(state.events) == core.MAX_EVENTS
+    assert [d.outcome for d in made[-3:]] == ["applied", "quarantined", "quarantined"]
+    assert made[-1].error == f"data.object: {PI} holds {core.MAX_EVENTS} events, the most one PaymentIntent keeps"
+    assert (made[-1].event_id, made[-1].row, made[-1].effects) == (f"evt_{core.MAX_EVENTS + 1}", None, [])
+    state, again = deliver(state, bodies[0], core.MAX_EVENTS + 2)
+    assert [d.outcome for d in again] == ["duplicate"]
