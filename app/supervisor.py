@@ -41,7 +41,7 @@ log = logging.getLogger("orderly.dev")
 
 # The production processes that exist so far, each started as `orderly <name>`.
 PROCESSES = ("ingest", "worker", "projector", "effects", "fetcher", "admin")
-CHILD_STOP_S = 10.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
+CHILD_STOP_S = 8.0  # each process's own stop takes 1-3 s; past this it is killed (nothing is lost by that)
 STATIC_MEMBERS = ("projector", "effects", "fetcher")  # consumer groups' static members (ORDERLY_INSTANCE_ID)
 
 
