@@ -1,14 +1,18 @@
 // Orderly console: refresh the parts of a page marked data-refresh every data-every seconds.
-// The pages work without it; it only saves the reload.
+// The pages work without it; it only saves the reload. The next refresh is timed from the end of
+// the last one, so a slow answer (a large history) is never asked for again while it is computed.
 (function () {
   document.querySelectorAll("[data-refresh]").forEach(function (el) {
     var url = el.getAttribute("data-refresh"), every = Number(el.getAttribute("data-every") || 5) * 1000;
-    setInterval(function () {
-      if (document.hidden) return;
+    function later() { setTimeout(refresh, every); }
+    function refresh() {
+      if (document.hidden) { later(); return; }
       fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) { if (html !== null) el.innerHTML = html; })
-        .catch(function () {});
-    }, every);
+        .catch(function () {})
+        .then(later);
+    }
+    later();
   });
 })();
