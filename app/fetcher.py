@@ -23,10 +23,10 @@ import aiohttp
 import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
 from app import pg_pool
 from app.effects import require_https
+from app.fetch_requests import consume_fetch_requests
 from app.gateways import registry
 from app.gateways.limits import body_error
 from app.gateways.registry import Fetch, Gateway
@@ -36,7 +36,7 @@ from app.producer import KeyedProducer
 from app.readiness import UNREACHABLE, Readiness, wait_for_postgres
 from app.settings import Settings
 from app.sweeper import Sweeper
-from projections import quarantine, sql
+from projections import sql
 from topics.catalog import names
 from topics.records import H_SOURCE_KEY, H_TOPIC, quarantine_headers, raw_headers
 
@@ -266,14 +266,19 @@ class Fetcher:
 
     async def not_done(self, gateway: str, request: dict[str, Any], exc: BackfillUnavailable) -> None:
         """Not lost: the gap, or what late events left of it, is marked not requested, so the projector
-        asks again (PostgreSQL away: raised, and the request carried out again once it is back)."""
+        asks again (PostgreSQL away: once it is back)."""
         self.metrics.fetches.labels(gateway, "error").inc()
         start, until = int(request["since_sequence"]) + 1, int(request["until_sequence"])
         log.warning("backfill of the %s gap from %d not done (%s); requested again later", gateway, start, exc)
         assert self.pool is not None
-        async with self.pool.acquire() as conn, conn.transaction():  # after the projector's writes to it
-            await conn.execute(sql.LOCK_SEQUENCES)
-            await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, gateway, start, until)
+        while True:
+            try:
+                async with self.pool.acquire() as conn, conn.transaction():  # after the projector's writes
+                    await conn.execute(sql.LOCK_SEQUENCES)
+                    await conn.execute(sql.UNMARK_BACKFILLS_REQUESTED, gateway, start, until)
+                return
+            except UNREACHABLE as exc:  # the unmark, not the fetch, is done again once PostgreSQL is back
+                await wait_for_postgres(self.pool, self.readiness, exc)
 
     async def carry_out(self, request: Any) -> None:
         """One request of orderly.fetch: a backfill (a sequence gap older than the limit) or a resource
@@ -298,51 +303,6 @@ class Fetcher:
             else:
                 log.warning("%s fetch requested but ORDERLY_%s_API_URL is not set: not done", gateway.name,
                             gateway.name.upper())
-
-
-async def _consume_fetch_requests(fetcher: Fetcher, settings: Settings) -> None:
-    """orderly.fetch → backfills (sequence gaps older than the limit) and resource fetches an operator
-    asked for. A request that cannot be carried out (a malformed one, an answer the fetcher cannot
-    read) is set aside to quarantine and the next one is taken."""
-    producer = fetcher.producer
-    consumer = AIOKafkaConsumer(names(settings.namespace).fetch, bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=f"{settings.namespace}-fetcher", enable_auto_commit=False,
-                                group_instance_id=settings.instance_member,  # static membership
-                                session_timeout_ms=round(settings.session_timeout_s * 1000),
-                                heartbeat_interval_ms=round(settings.heartbeat_interval_s * 1000),
-                                auto_offset_reset="earliest", isolation_level="read_committed",
-                                **client_options(settings))
-    await consumer.start()
-    fetcher.requests = consumer
-    try:
-        async for message in consumer:
-            request: Any = None
-            try:
-                request = orjson.loads(message.value)
-                await fetcher.carry_out(request)
-            except KafkaError:
-                raise  # Kafka out of reach: the process ends (run), and the supervisor restarts it
-            except UNREACHABLE as exc:  # PostgreSQL away: not the request's fault; carried out once it is back
-                assert fetcher.pool is not None
-                await wait_for_postgres(fetcher.pool, fetcher.readiness, exc)
-                consumer.seek(TopicPartition(message.topic, message.partition), message.offset)
-                continue
-            except Exception as exc:  # the request's own fault: set aside, never retried for ever
-                reason = f"{type(exc).__name__}: {exc}"[:500]
-                log.error("fetch request %s[%d]@%d set aside: %s", message.topic, message.partition, message.offset,
-                          reason)
-                await producer.send_and_wait(*quarantine.set_aside_record(names(settings.namespace), "fetcher",
-                                                                          message, reason))
-                fetcher.metrics.set_aside.labels("fetcher", _gateway_of(request)).inc()
-            await consumer.commit()
-    finally:
-        await consumer.stop()
-
-
-def _gateway_of(request: Any) -> str:
-    """A set-aside request's gateway label: its registered gateway, else "unknown"."""
-    name = request.get("gateway") if isinstance(request, dict) else None
-    return name if isinstance(name, str) and registry.find(name) is not None else "unknown"
 
 
 async def read_answer(resp: aiohttp.ClientResponse) -> Any:
@@ -378,7 +338,7 @@ async def run(settings: Settings) -> None:
         await start_service(started, fetcher, fetcher.metrics.registry, settings.metrics_port, settings.metrics_host,
                             fetcher.readiness)
         # without a gateway API nothing can carry a request out: they wait in orderly.fetch, unread
-        consume = _consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait()
+        consume = consume_fetch_requests(fetcher, settings) if fetching(settings) else asyncio.Event().wait()
         requests = beside(started, consume)
         assert fetcher.pool is not None
         sweeper = Sweeper(settings, fetcher.pool, fetcher.producer,
