@@ -35,8 +35,12 @@ def test_a_payment_keeps_at_most_max_events_events_and_quarantines_the_rest_nami
     assert [d.outcome for d in decisions] == [PARKED] * (core.MAX_EVENTS - 1) + [QUARANTINED] * 20
     quarantined = decisions[-1]
     assert quarantined.error == f"payment_ref: payment pay_1 holds {core.MAX_EVENTS} events, the most one payment keeps"
-    assert (quarantined.event_id, quarantined.row, quarantined.effects, quarantined.facts) == (
-        f"evt_{core.MAX_EVENTS + 20}", None, [], [])
+    assert (quarantined.event_id, quarantined.event_type, quarantined.sequence, quarantined.row,
+            quarantined.effects, quarantined.facts) == (
+        f"evt_{core.MAX_EVENTS + 20}", "payment.refunded", core.MAX_EVENTS + 20, None, [], [])
+    assert quarantined.delivery_id == f"dlv_{core.MAX_EVENTS + 20}" and quarantined.outcome == QUARANTINED
+    assert orjson.loads(orjson.dumps(quarantined.payload))["id"] == f"evt_{core.MAX_EVENTS + 20}"
+    assert len(core.dump(state)) < 1024 * 1024  # far below a record's limit
     # a repeat of a kept event is still a duplicate, not quarantined
     state, again = core.apply_event(state, body(5, "refunded", 1), delivery(5))
     assert [d.outcome for d in again] == [DUPLICATE]

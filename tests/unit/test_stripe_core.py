@@ -280,6 +280,8 @@ def test_a_payment_intent_keeps_at_most_max_events_events_and_quarantines_the_re
     assert len(state.events) == core.MAX_EVENTS
     assert [d.outcome for d in made[-3:]] == ["applied", "quarantined", "quarantined"]
     assert made[-1].error == f"data.object: {PI} holds {core.MAX_EVENTS} events, the most one PaymentIntent keeps"
-    assert (made[-1].event_id, made[-1].row, made[-1].effects) == (f"evt_{core.MAX_EVENTS + 1}", None, [])
+    assert (made[-1].event_id, made[-1].event_type, made[-1].row, made[-1].effects) == (
+        f"evt_{core.MAX_EVENTS + 1}", "payment_intent.requires_action", None, [])
+    assert orjson.loads(orjson.dumps(made[-1].payload)) == orjson.loads(bodies[-1])  # the body, in the timeline
     state, again = deliver(state, bodies[0], core.MAX_EVENTS + 2)
     assert [d.outcome for d in again] == ["duplicate"]
