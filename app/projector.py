@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 import orjson
 
-from app.core.gaps import Gap, due_for_backfill, observe_all
+from app.core.gaps import Gap, backfill_request, due_for_backfill, observe_all
 from app.gateways import registry
 from app.gateways.limits import long_numbers
 from app.kafka_client import client_options
@@ -220,8 +220,8 @@ class Projector:
 
     async def read_gauges(self) -> None:
         """The gauges read from PostgreSQL and Kafka: parked deliveries per gateway, quarantined
-        records per stage, open sequence gaps, and both sinks' consumer lag. Every gateway and stage is set, 0 when it
-        has none, so that an alert sees the value fall back, not the series vanish."""
+        records per stage, open sequence gaps, and both sinks' consumer lag. Every gateway and stage
+        is set, 0 when it has none, so that an alert sees the value fall back, not the series vanish."""
         pool = self.sink.pool
         assert pool is not None
         m = self.metrics
@@ -264,10 +264,8 @@ class Projector:
                     rows += await conn.fetch(sql.SELECT_GAPS_DUE, gateway, cutoff, -1, last,
                                              BACKFILLS_PER_PASS - len(rows))
                 due = due_for_backfill(_gaps(rows), now_ms, after_ms)
-                await self.producer.send_all([
-                    (self.n.fetch, f"{gateway}:sequence:{gap.start}".encode(), orjson.dumps(
-                        {"gateway": gateway, "kind": "backfill", "since_sequence": gap.start - 1,
-                         "until_sequence": gap.end, "gap_first_seen_ms": gap.first_seen_ms})) for gap in due])
+                await self.producer.send_all([(self.n.fetch, *backfill_request(gateway, gap.start, gap.end,
+                                                                                gap.first_seen_ms)) for gap in due])
                 await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap.start for gap in due])
                 self.backfilled_to[gateway] = due[-1].start if due else -1
                 self.metrics.backfills.inc(len(due))

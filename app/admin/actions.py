@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import orjson
 
 from app.admin.queries import audit
+from app.core.gaps import backfill_request
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
@@ -184,10 +185,8 @@ async def _request_fetch(conn: Conn, producer: KeyedProducer, n: TopicNames, gat
         gaps = await conn.fetch(OPEN_GAPS, gateway)
         if not gaps:
             raise ActionRefused(f"{gateway} events are fetched by sequence: there is no open gap to backfill")
-        await acknowledged(producer.send_all([
-            (n.fetch, f"{gateway}:sequence:{gap['start_seq']}".encode(), orjson.dumps(
-                {"gateway": gateway, "kind": "backfill", "since_sequence": gap["start_seq"] - 1,
-                 "until_sequence": gap["end_seq"]})) for gap in gaps]))
+        await acknowledged(producer.send_all([(n.fetch, *backfill_request(gateway, gap["start_seq"], gap["end_seq"]))
+                                              for gap in gaps]))
         await conn.execute(sql.MARK_BACKFILLS_REQUESTED, gateway, [gap["start_seq"] for gap in gaps])
     return f"backfill of {len(gaps)} open gap(s) requested"
 

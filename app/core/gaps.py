@@ -9,6 +9,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,16 @@ def observe_all(max_seen: int | None, gaps: list[Gap], seen: Iterable[tuple[int,
     kept = {id(gap) for gap, origin in zip(gaps, origins, strict=True) if gap is origin}
     added = [(gap, origin) for gap, origin in zip(gaps, origins, strict=True) if gap is not origin]
     return Folded(max_seen, gaps, [g for g in given if id(g) not in kept], added)
+
+
+def backfill_request(gateway: str, start: int, end: int, first_seen_ms: int | None = None) -> tuple[bytes, bytes]:
+    """The (key, value) of an orderly.fetch record asking the fetcher for the events ``start``..``end``
+    of ``gateway``'s sequence (the projector's pass and the console's "backfill now" alike)."""
+    request: dict[str, Any] = {"gateway": gateway, "kind": "backfill", "since_sequence": start - 1,
+                               "until_sequence": end}
+    if first_seen_ms is not None:
+        request["gap_first_seen_ms"] = first_seen_ms
+    return f"{gateway}:sequence:{start}".encode(), orjson.dumps(request)
 
 
 def due_for_backfill(gaps: list[Gap], now_ms: int, after_ms: int) -> list[Gap]:
