@@ -347,3 +347,7 @@ class AdminMetrics(_Metrics):
                                       "Console logins and API requests refused for a wrong or missing token",
                                       ["via"], registry=self.registry)
         self.consumer_lag = self.consumer_lag_gauge()
+        self.overview_count_seconds = Gauge(
+            "orderly_admin_overview_count_seconds",
+            "How long the overview's last count took (it reads every delivery; app/admin/overview.py)",
+            registry=self.registry)

@@ -17,6 +17,7 @@ from app.admin import actions, bulk, queries, timeline
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, problem, text_param
 from app.admin.openapi import document
+from app.admin.overview import StillCounting
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
@@ -50,8 +51,10 @@ def _gateway(value: str | None, required: bool = False) -> str | None:
 
 async def overview_body(admin: Admin) -> dict[str, Any]:
     """The overview, as the API answers it and the console's first page shows it."""
-    async with admin.db() as conn:
-        counts = await queries.overview(conn)
+    try:
+        counts = await admin.counts.read()
+    except StillCounting as exc:
+        raise Refused(503, str(exc)) from None
     projector = [g for g in admin.lag["groups"] if g["group"] == "projector"]
     return {**counts, "consumer_lag": admin.lag["groups"], "lag_error": admin.lag.get("error"),
             "projector_lag": projector[0]["lag"] if projector else None}

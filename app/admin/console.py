@@ -88,10 +88,11 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
 
 async def overview(request: web.Request) -> web.Response:
     body = await overview_body(request.app[ADMIN])
-    template = "counts.html" if request.query.get("partial") == "counts" else "overview.html"
+    if request.query.get("partial") == "counts":  # the refresh of the counts only: not the recent resources
+        return render(request, "counts.html", o=body, outcomes=OUTCOMES)
     async with request.app[ADMIN].db() as conn:
         recent = await queries.search(conn, limit=10)
-    return render(request, template, o=body, outcomes=OUTCOMES, recent=recent["items"])
+    return render(request, "overview.html", o=body, outcomes=OUTCOMES, recent=recent["items"])
 
 
 async def resources(request: web.Request) -> web.Response:
@@ -172,7 +173,7 @@ async def effects(request: web.Request) -> web.Response:
         state = "dead"
     async with request.app[ADMIN].db() as conn:
         items = await queries.effects(conn, state, 200)
-        counts = await queries.overview(conn)
+    counts = await overview_body(request.app[ADMIN])
     return render(request, "effects.html", items=items, state=state, counts=counts, most=bulk.MOST_PER_CALL)
 
 

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.admin import auth, queries, sessions
 from app.admin.oidc import Issuer
+from app.admin.overview import SharedCounts
 from app.admin.sessions import Identity
 from app.kafka_client import client_options
 from app.metrics import AdminMetrics
@@ -28,6 +29,7 @@ from topics.catalog import TopicNames, names
 log = logging.getLogger("orderly.admin")
 LAG_INTERVAL_S = 15.0
 POSTGRES_DEADLINE_S = 10.0  # a query, or the wait for a pooled connection: past it, 503
+COUNT_DEADLINE_S = 600.0  # the overview's count, which reads the whole history in the background
 ACTIONS_AT_ONCE = 2  # actions may wait on Kafka holding a connection: the rest of the pool serves reads
 
 
@@ -68,7 +70,9 @@ class Admin:
         self.throttle = auth.LoginThrottle()
         self.readiness = Readiness()  # /readyz: what the admin waits for (PostgreSQL), and why
         self.pool: asyncpg.Pool | None = None
-        self.acting = asyncio.Semaphore(ACTIONS_AT_ONCE)
+        self.counts = SharedCounts(self._count, first_wait_s=POSTGRES_DEADLINE_S,
+                                   took=self.metrics.overview_count_seconds.set)
+        self.acting = Acting(self.counts)
         self._producer: KeyedProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._kafka_admin: AIOKafkaAdminClient | None = None
@@ -102,6 +106,10 @@ class Admin:
         pool taken by slow queries, answers 503 instead of holding the request)."""
         assert self.pool is not None
         return Pooled(self.pool)
+
+    async def _count(self) -> dict[str, Any]:
+        async with self.db() as conn:
+            return await queries.overview(conn, within_s=COUNT_DEADLINE_S)
 
     async def producer(self) -> KeyedProducer:
         if self._producer is None:
@@ -186,6 +194,23 @@ class Admin:
         """``person@address`` for the audit: the signed-in person, or ``break-glass``."""
         identity = request.get(IDENTITY)
         return f"{identity.person if identity else '?'}@{self.source(request)}"
+
+
+class Acting:
+    """``async with admin.acting``: at most ACTIONS_AT_ONCE actions at a time (an action may wait on
+    Kafka holding a connection: the rest of the pool serves reads); each makes the overview's counts
+    stale, so the page an operator lands on after it counts again."""
+
+    def __init__(self, counts: SharedCounts) -> None:
+        self.slots = asyncio.Semaphore(ACTIONS_AT_ONCE)
+        self.counts = counts
+
+    async def __aenter__(self) -> None:
+        await self.slots.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.slots.release()
+        self.counts.stale()
 
 
 class Pooled:

@@ -57,8 +57,9 @@ def admin_paths() -> dict[str, Json]:
     delivery = path_param("delivery_id", "the record's delivery id")
     bad_limit = {400: "a parameter out of range (e.g. limit), named in detail"}
     return {
-        "/api/overview": {"get": _api("getOverview", "counts now: deliveries by outcome, parked, gaps, quarantine, "
-                                      "effects, consumer lag", ok("the counts", shapes.Overview))},
+        "/api/overview": {"get": _api("getOverview", "counts: deliveries by outcome, parked, gaps, quarantine, effects "
+                                      "(one count shared by every reader: counted_at), consumer lag",
+                                      ok("the counts", shapes.Overview))},
         "/api/resources": {"get": _api(
             "searchResources", "search resources, newest delivery first, cursor-paginated",
             ok("a page", shapes.ResourcePage), 400, why={400: "an unknown gateway, a parameter too long, or a "

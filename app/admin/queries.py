@@ -42,12 +42,15 @@ SELECT dedupe_key, type, payload, caused_by, created_at, delivered_at, attempts,
        next_attempt_at FROM effects
  WHERE gateway = $1 AND resource_id = $2 ORDER BY created_at, dedupe_key"""
 
+# One pass over webhook_events for both columns of deliveries by outcome (app/admin/overview.py shares
+# the result among readers: it reads the whole history); the rest are read through partial indexes,
+# but for the quarantine's and the delivered effects' totals.
 OVERVIEW = """
-SELECT (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM
-          (SELECT outcome, count(*) AS n FROM webhook_events GROUP BY outcome) t) AS total,
-       (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM
-          (SELECT outcome, count(*) AS n FROM webhook_events WHERE received_at > now() - interval '1 hour'
-            GROUP BY outcome) t) AS last_hour,
+WITH t AS (  -- referenced twice: PostgreSQL reads it once
+  SELECT outcome, count(*) AS n, count(*) FILTER (WHERE received_at > now() - interval '1 hour') AS recent
+    FROM webhook_events GROUP BY outcome)
+SELECT (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM t) AS total,
+       (SELECT coalesce(jsonb_object_agg(outcome, recent), '{}') FROM t WHERE recent > 0) AS last_hour,
        (SELECT count(DISTINCT (gateway, resource_id)) FROM webhook_events WHERE outcome = 'parked') AS parked,
        (SELECT count(*) FROM pg_sequence_gaps) AS open_gaps,
        (SELECT count(*) FROM quarantine WHERE redriven_at IS NULL) AS quarantined,
@@ -157,8 +160,9 @@ def effect_status(row: Any) -> str:
     return "delivered" if row["delivered_at"] else "dead" if row["dead_at"] else "pending"
 
 
-async def overview(conn: Conn) -> dict[str, Any]:
-    row = await conn.fetchrow(OVERVIEW)
+async def overview(conn: Conn, within_s: float | None = None) -> dict[str, Any]:
+    """The overview's counts (``within_s``: seconds the query may take, past the connection's own)."""
+    row = await conn.fetchrow(OVERVIEW, timeout=within_s)
     assert row is not None
     counts = dict(row)
     return {"deliveries": {"total": orjson.loads(counts.pop("total")),

@@ -85,6 +85,8 @@ class Overview(Shape):
     consumer_lag: list[ConsumerLag]
     lag_error: str | None  # why the lag could not be measured (Kafka away), or null
     projector_lag: int | None
+    counted_at: datetime  # when the counts above were read (shared by every reader: app/admin/overview.py)
+    counting_s: float  # how long reading them took
 
 
 class ResourceEffect(Shape):

@@ -1,0 +1,9 @@
+-- Indexes for reads made on a timer, so that their cost follows what they look for, not the whole
+-- history (docs/operations.md, "Reads on a timer"):
+-- the projector's gauge of quarantined records per stage (every 5 s) and the console's count of them
+-- read only the records not redriven;
+CREATE INDEX quarantine_open ON quarantine (stage) WHERE redriven_at IS NULL;
+-- the fetcher's Stripe pass (every ORDERLY_FETCH_INTERVAL_S, app/core/stripe.py FETCH_WANTED) reads
+-- only the failed payment attempts, not every delivery. Building it reads webhook_events once.
+CREATE INDEX webhook_events_stripe_failed ON webhook_events (resource_id)
+ WHERE gateway = 'stripe' AND event_type = 'payment_intent.payment_failed';

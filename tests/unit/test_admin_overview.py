@@ -1,0 +1,184 @@
+"""The overview's counts are shared: one count at a time whoever asks, fresh for a second or ten
+times what counting took, stale ones answered while a long count runs, a failed count raised to its
+readers and tried again, an operator's action makes them stale (app/admin/overview.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.admin.overview import SharedCounts, StillCounting
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Counter:
+    """A count whose result is the number of counts made, taking ``seconds`` of the fake clock and
+    ``real_s`` of the loop's time; ``fail`` raises instead."""
+
+    def __init__(self, clock: Clock, seconds: float = 0.01, real_s: float = 0.0) -> None:
+        self.clock, self.seconds, self.real_s = clock, seconds, real_s
+        self.made = 0
+        self.running = 0
+        self.most_at_once = 0
+        self.fail: Exception | None = None
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self) -> dict[str, Any]:
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            await asyncio.sleep(self.real_s)
+            self.clock.now += self.seconds
+            if self.fail is not None:
+                raise self.fail
+            self.made += 1
+            return {"n": self.made}
+        finally:
+            self.running -= 1
+
+
+def shared(counter: Counter, clock: Clock, **kw: Any) -> SharedCounts:
+    return SharedCounts(counter, first_wait_s=kw.pop("first_wait_s", 5.0), clock=clock, **kw)
+
+
+async def test_readers_at_once_share_one_count() -> None:
+    clock = Clock()
+    counter = Counter(clock, real_s=0.02)
+    counts = shared(counter, clock)
+    answers = await asyncio.gather(*(counts.read() for _ in range(20)))
+    assert counter.made == 1 and counter.most_at_once == 1
+    assert {a["n"] for a in answers} == {1} and len({a["counted_at"] for a in answers}) == 1
+
+
+async def test_counts_stay_fresh_a_second_or_ten_times_what_counting_took() -> None:
+    clock = Clock()
+    seconds: list[float] = []
+    counter = Counter(clock, seconds=0.01)
+    counts = shared(counter, clock, took=seconds.append)
+    assert (await counts.read())["n"] == 1
+    clock.now += 0.9
+    assert (await counts.read())["n"] == 1  # within a second: as they were
+    clock.now += 0.2
+    assert (await counts.read())["n"] == 2  # past it: counted again
+    assert seconds == [pytest.approx(0.01), pytest.approx(0.01)]
+
+    counter.seconds = 3.0  # a large history: fresh for 30 s after it
+    clock.now += 2
+    third = await counts.read()
+    assert third["n"] == 3 and third["counting_s"] == 3.0
+    clock.now += 29
+    assert (await counts.read())["n"] == 3
+    clock.now += 2
+    assert (await counts.read())["n"] == 4
+
+
+async def test_a_long_count_answers_the_last_counts_and_goes_on_for_the_next_reader() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counts = shared(counter, clock, wait_s=0.05)
+    first = await counts.read()
+    clock.now += 2
+    counter.gate = asyncio.Event()  # the next count does not finish until let go
+    assert await counts.read() is first  # waited wait_s, then the last counts
+    assert counter.running == 1
+    counter.gate.set()
+    await asyncio.sleep(0.01)
+    assert (await counts.read())["n"] == 2 and counter.made == 2  # the same count, not a new one
+
+
+async def test_no_counts_yet_and_a_count_past_the_deadline_is_still_counting_not_cancelled() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counter.gate = asyncio.Event()
+    counts = shared(counter, clock, first_wait_s=0.05)
+    with pytest.raises(StillCounting, match="being read from PostgreSQL"):
+        await counts.read()
+    reader = asyncio.create_task(counts.read())
+    await asyncio.sleep(0.01)
+    reader.cancel()  # a reader that goes away (a closed tab) leaves the count to the others
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert counter.running == 1
+    counter.gate.set()
+    assert (await counts.read())["n"] == 1 and counter.made == 1
+
+
+async def test_a_failed_count_is_raised_to_its_readers_and_the_next_read_counts_again() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counts = shared(counter, clock)
+    counter.fail = OSError("PostgreSQL away")
+    results = await asyncio.gather(counts.read(), counts.read(), return_exceptions=True)
+    assert all(isinstance(r, OSError) for r in results)
+    counter.fail = None
+    assert (await counts.read())["n"] == 1
+
+
+async def test_stale_counts_whose_refresh_fails_raise_the_failure_not_the_old_counts() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counts = shared(counter, clock)
+    await counts.read()
+    clock.now += 2
+    counter.fail = OSError("PostgreSQL away")
+    with pytest.raises(OSError):
+        await counts.read()  # the operator sees PostgreSQL is away, not silently old counts
+
+
+async def test_an_action_makes_the_counts_stale_even_one_being_counted() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counts = shared(counter, clock)
+    assert (await counts.read())["n"] == 1
+    counts.stale()
+    assert (await counts.read())["n"] == 2  # within the second, counted again
+
+    clock.now += 2
+    counter.gate = asyncio.Event()
+    reading = asyncio.create_task(counts.read())
+    await asyncio.sleep(0.01)
+    counts.stale()  # during a count that began before the action
+    counter.gate.set()
+    assert (await reading)["n"] == 3
+    counter.gate = None
+    assert (await counts.read())["n"] == 4  # what began before the action is not fresh after it
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), st.integers(1, 4), st.floats(0, 0.004), st.booleans()),
+                min_size=1, max_size=12))
+def test_never_two_counts_at_once_and_never_a_count_while_fresh(steps: list[tuple[float, int, float, bool]]) -> None:
+    """Property: whatever the readers' timing, the counts' durations and the actions between them,
+    one count runs at a time, and a read within the fresh window starts none."""
+
+    async def run() -> None:
+        clock = Clock()
+        counter = Counter(clock)
+        counts = shared(counter, clock, wait_s=0.002)
+        for advance, readers, real_s, act in steps:
+            clock.now += advance
+            counter.real_s = real_s
+            fresh = counts.value is not None and clock.now < counts.fresh_until and counts._running is None
+            before = counter.made
+            answers = await asyncio.gather(*(counts.read() for _ in range(readers)))
+            assert counter.most_at_once == 1
+            if fresh:
+                assert counter.made == before and all(a is answers[0] for a in answers)
+            if act:
+                counts.stale()
+        await asyncio.sleep(0.01)  # let a count still running end
+
+    asyncio.run(run())
