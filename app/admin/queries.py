@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -76,6 +76,28 @@ SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.st
    AND ($5::timestamptz IS NULL OR (r.last_at, r.gateway, r.resource_id) < ($5, $6, $7))
  ORDER BY r.last_at DESC, r.gateway DESC, r.resource_id DESC
  LIMIT $8"""
+
+# Without a text search, newest first reads back in time a slice at a time (1 min, then 8 times as
+# long each: 8 min, about 1 h, 8.5 h, 2.8 d, 23 d, half a year, 4 years, all before), through the
+# BRIN index on received_at, until it has found a page of resources: a resource not found yet has
+# no delivery within the slices read, so it ranks below every one found. RECENT_RESOURCES then
+# ranks the resources found by all their deliveries (through the (gateway, resource_id) index).
+SLICES = (60.0, 8.0, 8)  # the first slice's seconds, how much longer each next one is, how many before "all"
+RECENT_SLICE = """
+SELECT DISTINCT gateway, resource_id FROM webhook_events
+ WHERE ($1::timestamptz IS NULL OR received_at >= $1) AND ($2::timestamptz IS NULL OR received_at < $2)
+   AND resource_id IS NOT NULL AND ($3::text IS NULL OR gateway = $3)"""
+RECENT_RESOURCES = """
+WITH r AS (
+  SELECT w.gateway, w.resource_id, max(w.received_at) AS last_at, count(*) AS deliveries,
+         count(*) FILTER (WHERE w.outcome = 'parked') AS parked
+    FROM unnest($1::text[], $2::text[]) AS k(gateway, resource_id)
+    JOIN webhook_events w ON w.gateway = k.gateway AND w.resource_id = k.resource_id
+   GROUP BY w.gateway, w.resource_id)
+SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.status
+  FROM r LEFT JOIN ({statuses}) s ON s.gateway = r.gateway AND s.resource_id = r.resource_id
+ WHERE ($3::text IS NULL OR s.status = $3 OR ($3 = 'parked' AND r.parked > 0))
+   AND ($4::timestamptz IS NULL OR (r.last_at, r.gateway, r.resource_id) < ($4, $5, $6))"""
 
 PARKED = """
 SELECT gateway, resource_id, count(*) AS deliveries, min(received_at) AS parked_since,
@@ -208,15 +230,54 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
                  limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
     """Resources, newest delivery first; ``next_cursor`` continues after the last one (None: no more)."""
     after = Cursor.decode(cursor) if cursor else None
-    rows = await conn.fetch(SEARCH.format(statuses=_status_union()), gateway or None, status or None,
-                            _like(q) if q else None, q or None,
-                            after.last_at if after else None, after.gateway if after else None,
-                            after.resource_id if after else None, limit + 1)
+    if q:
+        rows = await conn.fetch(SEARCH.format(statuses=_status_union()), gateway or None, status or None, _like(q),
+                                q, after.last_at if after else None, after.gateway if after else None,
+                                after.resource_id if after else None, limit + 1)
+    else:
+        rows = await _recent(conn, gateway or None, status or None, limit + 1, after)
     items = [dict(r) for r in rows[:limit]]
     more = len(rows) > limit
     last = items[-1] if items and more else None
     return {"items": items,
             "next_cursor": Cursor(last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
+
+
+async def _recent(conn: Conn, gateway: str | None, status: str | None, wanted: int,
+                  after: Cursor | None) -> list[Any]:
+    """The first ``wanted`` resources newest first (after the cursor), read back a slice at a time."""
+    details = RECENT_RESOURCES.format(statuses=_status_union())
+    keys: set[tuple[str, str]] = set()
+    found: list[Any] = []
+    first, longer, slices = SLICES
+    # the first slice ends just after the cursor's time: a resource last delivered then may rank after it
+    until = after.last_at + timedelta(microseconds=1) if after else None
+    since = _earlier(after.last_at if after else datetime.now(UTC), first)
+    span = first
+    for n in range(slices + 1):
+        if n == slices:
+            since = None  # the rest of the history, at once
+        new = [(r["gateway"], r["resource_id"]) for r in await conn.fetch(RECENT_SLICE, since, until, gateway)]
+        new = [k for k in new if k not in keys]
+        keys.update(new)
+        if new:
+            found += await conn.fetch(details, [k[0] for k in new], [k[1] for k in new], status,
+                                      after.last_at if after else None, after.gateway if after else None,
+                                      after.resource_id if after else None)
+        if len(found) >= wanted or since is None:
+            break
+        span *= longer
+        until, since = since, _earlier(since, span)
+    found.sort(key=lambda r: (r["last_at"], r["gateway"], r["resource_id"]), reverse=True)
+    return found[:wanted]
+
+
+def _earlier(moment: datetime, seconds: float) -> datetime | None:
+    """``seconds`` before ``moment``; None (all before) past the calendar's start."""
+    try:
+        return moment - timedelta(seconds=seconds)
+    except OverflowError:
+        return None
 
 
 def parked_because(gateway: str) -> str:

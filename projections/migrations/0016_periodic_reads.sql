@@ -7,3 +7,7 @@ CREATE INDEX quarantine_open ON quarantine (stage) WHERE redriven_at IS NULL;
 -- only the failed payment attempts, not every delivery. Building it reads webhook_events once.
 CREATE INDEX webhook_events_stripe_failed ON webhook_events (resource_id)
  WHERE gateway = 'stripe' AND event_type = 'payment_intent.payment_failed';
+-- The console's newest resources (its first page, /resources without a search) read back in time a
+-- slice at a time (app/admin/queries.py _recent): a BRIN index, a few pages' worth for the whole
+-- table, as deliveries are stored in about the order they were received.
+CREATE INDEX webhook_events_received_brin ON webhook_events USING brin (received_at);
