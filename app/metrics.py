@@ -351,3 +351,6 @@ class AdminMetrics(_Metrics):
             "orderly_admin_overview_count_seconds",
             "How long the overview's last count took (it reads every delivery; app/admin/overview.py)",
             registry=self.registry)
+        self.overview_count_failures = Counter(
+            "orderly_admin_overview_count_failures", "Overview counts that failed (tried again after a back-off)",
+            registry=self.registry)

@@ -17,7 +17,7 @@ from app.admin import actions, bulk, queries, timeline
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, problem, text_param
 from app.admin.openapi import document
-from app.admin.overview import StillCounting
+from app.admin.overview import NoCounts
 from app.gateways import registry
 from app.gateways.limits import id_error
 from app.producer import KeyedProducer
@@ -53,7 +53,7 @@ async def overview_body(admin: Admin) -> dict[str, Any]:
     """The overview, as the API answers it and the console's first page shows it."""
     try:
         counts = await admin.counts.read()
-    except StillCounting as exc:
+    except NoCounts as exc:
         raise Refused(503, str(exc)) from None
     projector = [g for g in admin.lag["groups"] if g["group"] == "projector"]
     return {**counts, "consumer_lag": admin.lag["groups"], "lag_error": admin.lag.get("error"),

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.admin import auth, queries, sessions
 from app.admin.oidc import Issuer
-from app.admin.overview import SharedCounts
+from app.admin.overview import Counted, SharedCounts
 from app.admin.sessions import Identity
 from app.kafka_client import client_options
 from app.metrics import AdminMetrics
@@ -70,8 +70,9 @@ class Admin:
         self.throttle = auth.LoginThrottle()
         self.readiness = Readiness()  # /readyz: what the admin waits for (PostgreSQL), and why
         self.pool: asyncpg.Pool | None = None
-        self.counts = SharedCounts(self._count, first_wait_s=POSTGRES_DEADLINE_S,
-                                   took=self.metrics.overview_count_seconds.set)
+        self.counts = SharedCounts(self._count, first_wait_s=POSTGRES_DEADLINE_S, changed=self._last_change,
+                                   took=self.metrics.overview_count_seconds.set,
+                                   failed=lambda exc: self.metrics.overview_count_failures.inc())
         self.acting = Acting(self.counts)
         self._producer: KeyedProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -90,6 +91,7 @@ class Admin:
     async def stop(self) -> None:
         if self._lag_task is not None:
             self._lag_task.cancel()
+        await self.counts.close()  # a count under way holds a connection the pool's close would wait for
         for closing in (self._producer.stop() if self._producer else None,
                         self._consumer.stop() if self._consumer else None,
                         self._kafka_admin.close() if self._kafka_admin else None):
@@ -107,9 +109,15 @@ class Admin:
         assert self.pool is not None
         return Pooled(self.pool)
 
-    async def _count(self) -> dict[str, Any]:
+    async def _count(self) -> Counted:
         async with self.db() as conn:
-            return await queries.overview(conn, within_s=COUNT_DEADLINE_S)
+            started = time.monotonic()
+            counts = await queries.overview(conn, within_s=COUNT_DEADLINE_S)
+            return Counted(counts, counts.pop("counted_at"), time.monotonic() - started)
+
+    async def _last_change(self) -> Any:
+        async with self.db() as conn:
+            return await conn.fetchval(queries.LAST_CHANGE)
 
     async def producer(self) -> KeyedProducer:
         if self._producer is None:

@@ -59,7 +59,9 @@ def admin_paths() -> dict[str, Json]:
     return {
         "/api/overview": {"get": _api("getOverview", "counts: deliveries by outcome, parked, gaps, quarantine, effects "
                                       "(one count shared by every reader: counted_at), consumer lag",
-                                      ok("the counts", shapes.Overview))},
+                                      ok("the counts", shapes.Overview), 503,
+                                      why={503: "PostgreSQL is not reachable, or no count has finished yet (the "
+                                                "first still running past 10 s, or the last failed): detail says"})},
         "/api/resources": {"get": _api(
             "searchResources", "search resources, newest delivery first, cursor-paginated",
             ok("a page", shapes.ResourcePage), 400, why={400: "an unknown gateway, a parameter too long, or a "

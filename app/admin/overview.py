@@ -1,31 +1,47 @@
 """The overview's counts, shared by every console tab and API client of an admin process (I/O shell).
 
-Counting deliveries by outcome reads the whole of ``webhook_events``, which only grows: 0.3 s at a
+Counting deliveries by outcome reads the whole of ``webhook_events``, which only grows: 0.2 s at a
 million deliveries, more than the 10 s a request may take at some tens of millions. Counted per
 request, each open tab (its counts refresh every 5 s) kept a PostgreSQL backend scanning, and past
 that size the overview answered 503 for good. Here one count runs at a time whoever asks; what it
 counted stays fresh for a second, or ten times what counting took (so counting keeps at most a
 tenth of one backend busy); a read of stale counts waits a moment for the next count and is
-otherwise answered the last counts with their time (``counted_at``). An action an operator takes
-makes them stale at once.
+otherwise answered the last counts with their time (``counted_at``). An operator's action (this
+process's, another admin's or a command's: ``changed`` reads the audit) makes them stale; a count
+that failed is retried after a back-off, the last counts answered meanwhile with why
+(``count_error``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from app.waits import within
+
+log = logging.getLogger("orderly.admin")
 
 FRESH_S = 1.0  # counts younger than this are answered as they are
 DUTY = 0.1  # counting may keep one backend busy this share of the time at most
 WAIT_S = 2.0  # how long a read of stale counts waits for the next count before answering them
+RETRY_S = (1.0, 60.0)  # the back-off after a failed count: first, most
 
 
-class StillCounting(Exception):
+class Counted(NamedTuple):
+    counts: dict[str, Any]
+    at: datetime  # when the count began reading (its connection in hand)
+    seconds: float  # how long reading took
+
+
+class NoCounts(Exception):
+    """No counts to answer (503)."""
+
+
+class StillCounting(NoCounts):
     """No counts yet, and the first count did not finish within the deadline (a large history)."""
 
     def __init__(self, running_s: float) -> None:
@@ -33,61 +49,109 @@ class StillCounting(Exception):
                          "ask again in a few seconds")
 
 
-class SharedCounts:
-    """``await counts.read()``: the counts ``count()`` returns, with ``counted_at`` (when the count
-    began, UTC) and ``counting_s`` (how long it took)."""
+class CountFailed(NoCounts):
+    """No counts yet, and the last count failed: tried again after a back-off."""
 
-    def __init__(self, count: Callable[[], Awaitable[dict[str, Any]]], *, first_wait_s: float,
-                 took: Callable[[float], None] = lambda seconds: None, fresh_s: float = FRESH_S,
+    def __init__(self, why: str | None, retry_in_s: float) -> None:
+        super().__init__(f"the overview's counts could not be read ({why}); trying again in {retry_in_s:.0f} s")
+
+
+class SharedCounts:
+    """``await counts.read()``: the counts ``count()`` returns, with ``counted_at``, ``counting_s``
+    and ``count_error`` (why the last count failed, when the counts answered are older than it)."""
+
+    def __init__(self, count: Callable[[], Awaitable[Counted]], *, first_wait_s: float,
+                 changed: Callable[[], Awaitable[datetime | None]] | None = None,
+                 took: Callable[[float], None] = lambda seconds: None,
+                 failed: Callable[[BaseException], None] = lambda exc: None, fresh_s: float = FRESH_S,
                  duty: float = DUTY, wait_s: float = WAIT_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.count = count
         self.first_wait_s = first_wait_s
+        self.changed = changed  # when an operator last changed something, as the audit says
         self.took = took  # told each count's seconds (a gauge)
+        self.failed = failed  # told each failed count (a counter)
         self.fresh_s, self.duty, self.wait_s, self.clock = fresh_s, duty, wait_s, clock
         self.value: dict[str, Any] | None = None
         self.fresh_until = float("-inf")
         self.generation = 0  # raised by stale(): a count begun before it is not fresh when it ends
+        self.error: BaseException | None = None  # the last count's failure, until one succeeds
+        self.retry_at = float("-inf")
+        self._retry_s = RETRY_S[0]
         self._running: asyncio.Task[dict[str, Any]] | None = None
         self._started = 0.0
+        self._next_at = float("-inf")  # a count ends no sooner than it took after the last: at most half the time
 
     def stale(self) -> None:
-        """Something changed (an operator's action): the next read counts again."""
+        """Something changed (an operator's action): the next read counts again, and a count under
+        way counts once more before it answers."""
         self.generation += 1
         self.fresh_until = float("-inf")
 
     async def read(self) -> dict[str, Any]:
-        if self.value is not None and self.clock() < self.fresh_until:
-            return self.value
-        running = self._running or self._begin()
+        value = self.value
+        if value is not None and self.clock() < self.fresh_until:
+            if self.changed is None or not (changed := await self.changed()) or changed < value["counted_at"]:
+                return value
+            self.stale()
+        running = self._running
+        if running is None or running.done():  # done, its callback not run yet: over all the same
+            now = self.clock()
+            if now < self.retry_at:  # backing off after a failure
+                if value is None:
+                    raise CountFailed(_why(self.error), self.retry_at - now)
+                return {**value, "count_error": _why(self.error)}
+            if value is not None and now < self._next_at:  # stale at once again (actions one after another)
+                return value
+            running = self._begin()
         # shielded: a reader that gives up (a closed tab) does not cancel the count the others wait for
-        if self.value is None:
-            try:
-                return await within(asyncio.shield(running), self.first_wait_s)
-            except TimeoutError:
-                raise StillCounting(self.clock() - self._started) from None
         try:
-            return await within(asyncio.shield(running), self.wait_s)
+            return await within(asyncio.shield(running), self.first_wait_s if value is None else self.wait_s)
         except TimeoutError:
-            return self.value  # a long count: the last counts, which say when they were made
+            if running.done():  # the count's own failure (a pool or statement deadline), not the wait's
+                return running.result()
+            if value is None:
+                raise StillCounting(self.clock() - self._started) from None
+            return value  # a long count: the last counts, which say when they were made
+
+    async def close(self) -> None:
+        """Stop a count under way (the admin stopping: its connection goes back to the pool)."""
+        if self._running is not None and not self._running.done():
+            self._running.cancel()
+            await asyncio.gather(self._running, return_exceptions=True)
 
     def _begin(self) -> asyncio.Task[dict[str, Any]]:
         self._started = self.clock()
-        running = self._running = asyncio.get_running_loop().create_task(self._count(self.generation))
+        running = self._running = asyncio.get_running_loop().create_task(self._count())
         running.add_done_callback(self._ended)
         return running
 
-    async def _count(self, generation: int) -> dict[str, Any]:
-        counted_at = datetime.now(UTC)
-        started = self.clock()
-        counts = await self.count()
-        seconds = self.clock() - started
-        self.took(seconds)
-        self.value = {**counts, "counted_at": counted_at, "counting_s": round(seconds, 3)}
+    async def _count(self) -> dict[str, Any]:
+        for _ in range(2):  # once more if an action came during the first: what it changed is read
+            generation = self.generation
+            counted = await self.count()
+            if generation == self.generation:
+                break
+        self.took(counted.seconds)
+        self._next_at = self.clock() + counted.seconds
+        self.value = {**counted.counts, "counted_at": counted.at, "counting_s": round(counted.seconds, 3),
+                      "count_error": None}
+        self.error, self._retry_s = None, RETRY_S[0]
         if generation == self.generation:
-            self.fresh_until = self.clock() + max(self.fresh_s, seconds / self.duty)
+            self.fresh_until = self.clock() + max(self.fresh_s, counted.seconds / self.duty)
         return self.value
 
     def _ended(self, task: asyncio.Task[dict[str, Any]]) -> None:
-        self._running = None
-        if not task.cancelled():
-            task.exception()  # a failed count is the waiting readers' to raise; retrieved here for the rest
+        if self._running is task:
+            self._running = None
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        # readers waiting got it; the next read waits out the back-off (the last counts meanwhile)
+        self.error = exc
+        self.retry_at = self.clock() + self._retry_s
+        self._retry_s = min(self._retry_s * 2, RETRY_S[1])
+        self.failed(exc)
+        log.warning("the overview's count failed, tried again in %.0f s: %s", self.retry_at - self.clock(), _why(exc))
+
+
+def _why(exc: BaseException | None) -> str | None:
+    return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]

@@ -49,7 +49,7 @@ OVERVIEW = """
 WITH t AS (  -- referenced twice: PostgreSQL reads it once
   SELECT outcome, count(*) AS n, count(*) FILTER (WHERE received_at > now() - interval '1 hour') AS recent
     FROM webhook_events GROUP BY outcome)
-SELECT (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM t) AS total,
+SELECT now() AS counted_at, (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM t) AS total,
        (SELECT coalesce(jsonb_object_agg(outcome, recent), '{}') FROM t WHERE recent > 0) AS last_hour,
        (SELECT count(DISTINCT (gateway, resource_id)) FROM webhook_events WHERE outcome = 'parked') AS parked,
        (SELECT count(*) FROM pg_sequence_gaps) AS open_gaps,
@@ -58,6 +58,12 @@ SELECT (SELECT coalesce(jsonb_object_agg(outcome, n), '{}') FROM t) AS total,
        (SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
        (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
        (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
+# When an operator last changed what the counts count, by any admin or command (the audit; index
+# admin_actions_changes): counts begun before it are stale.
+LAST_CHANGE = """
+SELECT max(at) FROM admin_actions
+ WHERE action IN ('effects.retry', 'effects.retry.bulk', 'quarantine.redrive', 'quarantine.redrive.bulk',
+                  'resources.fetch')"""
 SINK_POSITIONS = "SELECT consumer, topic, partition, next_offset FROM projector_offsets"
 
 # One row per resource: its latest delivery, its status from its state table (built from the
@@ -120,6 +126,11 @@ SELECT dedupe_key, type, gateway, resource_id, caused_by, created_at, delivered_
                      WHEN 'delivered' THEN delivered_at IS NOT NULL END
  ORDER BY created_at DESC, dedupe_key LIMIT $2"""
 EFFECT_STATES = ("pending", "dead", "delivered")
+# The effects page's tabs, read with its list (on a visit: the shared counts may be a moment old)
+EFFECT_COUNTS = """
+SELECT (SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
+       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
+       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
 
 AUDIT = """
 SELECT id, at, actor, action, target, result FROM admin_actions

@@ -85,8 +85,9 @@ class Overview(Shape):
     consumer_lag: list[ConsumerLag]
     lag_error: str | None  # why the lag could not be measured (Kafka away), or null
     projector_lag: int | None
-    counted_at: datetime  # when the counts above were read (shared by every reader: app/admin/overview.py)
+    counted_at: datetime  # when the count began reading (PostgreSQL's clock; one count for every reader)
     counting_s: float  # how long reading them took
+    count_error: str | None  # why the last count failed, when these counts are older than it; else null
 
 
 class ResourceEffect(Shape):

@@ -11,3 +11,8 @@ CREATE INDEX webhook_events_stripe_failed ON webhook_events (resource_id)
 -- slice at a time (app/admin/queries.py _recent): a BRIN index, a few pages' worth for the whole
 -- table, as deliveries are stored in about the order they were received.
 CREATE INDEX webhook_events_received_brin ON webhook_events USING brin (received_at);
+-- The overview's counts are stale once an operator changed something (app/admin/queries.py
+-- LAST_CHANGE, read on each read of fresh counts): the newest such action at once.
+CREATE INDEX admin_actions_changes ON admin_actions (at)
+ WHERE action IN ('effects.retry', 'effects.retry.bulk', 'quarantine.redrive', 'quarantine.redrive.bulk',
+                  'resources.fetch');

@@ -15,7 +15,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from app.admin import queries
+from app.admin import actions, queries
 from app.admin.context import ADMIN
 from app.core.stripe import FETCH_WANTED
 from app.projector import QUARANTINED_BY_STAGE
@@ -65,6 +65,26 @@ async def test_readers_share_one_count_and_an_action_counts_again(
         assert app_metrics(app).overview_count_seconds._value.get() > 0
 
 
+async def test_an_action_of_a_command_or_another_admin_makes_the_counts_stale(
+        postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    """The audit says when an operator last changed something, whichever process acted: counts
+    begun before it are counted again, within the second they would otherwise stay fresh."""
+    await db.execute("INSERT INTO effects (dedupe_key, type, gateway, resource_id, payload, caused_by, dead_at, "
+                     "attempts) VALUES ('k1', 'credit_user', 'pg', 'dep_1', '{}', 'd1', now(), 5)")
+    settings = make_settings("127.0.0.1:1", postgres.dsn, namespace)
+    bearer = {"Authorization": f"Bearer {admin_token(settings)}"}
+    async with served(settings) as (url, _), aiohttp.ClientSession(headers=bearer) as http:
+        async with http.get(f"{url}/api/overview") as resp:
+            first = await resp.json()
+        assert first["effects_dead"] == 1
+        await actions.retry_effect(db, "k1", "cli:ana@host")  # `orderly effects retry k1`: another process
+        async with http.get(f"{url}/api/overview") as resp:
+            after = await resp.json()
+        assert (after["effects_dead"], after["effects_pending"]) == (0, 1), after
+        async with http.get(f"{url}/api/overview") as resp:
+            assert (await resp.json())["counted_at"] == after["counted_at"]  # and fresh again
+
+
 async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connection) -> None:
     """With sequential scans off, a plan still scans the table only when no index can answer it:
     the partial indexes' predicates match the queries'."""
@@ -79,6 +99,7 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     assert "webhook_events_stripe_failed" in wanted and "Seq Scan on webhook_events" not in wanted
     counts = await plan(queries.OVERVIEW)
     assert "quarantine_open" in counts
+    assert "admin_actions_changes" in await plan(queries.LAST_CHANGE)
 
 
 async def test_the_refresh_of_the_counts_does_not_list_resources(
@@ -136,12 +157,12 @@ async def test_newest_first_read_back_a_slice_at_a_time_lists_what_grouping_ever
             1e8, 1.3e8, 3e8, 2e9, -60]  # 2e9: older than nine slices (about 36 years)
     rows = []
     for i in range(90):
-        gateway = rng.choice(["pg", "card", "stripe"])
-        resource = f"{'pi' if gateway == 'stripe' else 'r'}_{i}"
+        gw = rng.choice(["pg", "card", "stripe"])
+        resource = f"{'pi' if gw == 'stripe' else 'r'}_{i}"
         for j in range(rng.randint(1, 4)):
             at = now - timedelta(seconds=rng.choice(ages)) if i % 7 else now - timedelta(seconds=3_000)  # ties
             outcome = "parked" if rng.random() < 0.15 else rng.choice(["applied", "stale", "duplicate"])
-            rows.append((f"d{i}-{j}", gateway, f"e{i}-{j}", resource, at, outcome))
+            rows.append((f"d{i}-{j}", gw, f"e{i}-{j}", resource, at, outcome))
     await db.executemany("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
                          "received_at, outcome) VALUES ($1, $2, $3, $4, 'x', $5, $6)", rows)
     await db.execute("INSERT INTO stripe_payment_intents (id, status) SELECT DISTINCT resource_id, "
@@ -162,8 +183,10 @@ async def test_newest_first_read_back_a_slice_at_a_time_lists_what_grouping_ever
                                                                   last["resource_id"]).encode() if last else None}
         return page
 
-    for gateway in (None, "pg", "stripe"):
-        for status in (None, "parked", "succeeded", "canceled"):
+    gateways: tuple[str | None, ...] = (None, "pg", "stripe")
+    statuses_asked: tuple[str | None, ...] = (None, "parked", "succeeded", "canceled")
+    for gateway in gateways:
+        for status in statuses_asked:
             for limit in (1, 7, 50):
                 expected = await _pages(every_delivery(gateway, status, limit), limit)
                 listed = await _pages(lambda cursor, g=gateway, s=status, n=limit: queries.search(

@@ -5,13 +5,16 @@ readers and tried again, an operator's action makes them stale (app/admin/overvi
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.admin.overview import SharedCounts, StillCounting
+from app.admin.overview import Counted, CountFailed, SharedCounts, StillCounting
+
+EPOCH = datetime(2026, 12, 7, tzinfo=UTC)
 
 
 class Clock:
@@ -34,10 +37,11 @@ class Counter:
         self.fail: Exception | None = None
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self) -> dict[str, Any]:
+    async def __call__(self) -> Counted:
         self.running += 1
         self.most_at_once = max(self.most_at_once, self.running)
         try:
+            at = EPOCH + timedelta(seconds=self.clock.now)
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(self.real_s)
@@ -45,7 +49,7 @@ class Counter:
             if self.fail is not None:
                 raise self.fail
             self.made += 1
-            return {"n": self.made}
+            return Counted({"n": self.made}, at, self.seconds)
         finally:
             self.running -= 1
 
@@ -116,26 +120,57 @@ async def test_no_counts_yet_and_a_count_past_the_deadline_is_still_counting_not
     assert (await counts.read())["n"] == 1 and counter.made == 1
 
 
-async def test_a_failed_count_is_raised_to_its_readers_and_the_next_read_counts_again() -> None:
+async def test_a_failed_count_is_raised_to_its_readers_and_tried_again_after_a_back_off() -> None:
     clock = Clock()
     counter = Counter(clock)
-    counts = shared(counter, clock)
+    failures: list[BaseException] = []
+    counts = shared(counter, clock, failed=failures.append)
     counter.fail = OSError("PostgreSQL away")
     results = await asyncio.gather(counts.read(), counts.read(), return_exceptions=True)
-    assert all(isinstance(r, OSError) for r in results)
+    assert all(isinstance(r, OSError) for r in results) and len(failures) == 1
+    with pytest.raises(CountFailed, match=r"OSError: PostgreSQL away\); trying again in 1 s"):
+        await counts.read()  # backing off: no count started
+    assert len(failures) == 1
+    clock.now += 1.0
+    with pytest.raises(OSError):
+        await counts.read()
+    clock.now += 1.5  # the back-off doubled: 2 s
+    with pytest.raises(CountFailed):
+        await counts.read()
+    clock.now += 0.5
     counter.fail = None
-    assert (await counts.read())["n"] == 1
+    assert (await counts.read())["n"] == 1 and len(failures) == 2
 
 
-async def test_stale_counts_whose_refresh_fails_raise_the_failure_not_the_old_counts() -> None:
+async def test_stale_counts_whose_refresh_fails_raise_the_failure_then_say_why_beside_the_old_counts() -> None:
     clock = Clock()
     counter = Counter(clock)
     counts = shared(counter, clock)
-    await counts.read()
+    first = await counts.read()
+    assert first["count_error"] is None
     clock.now += 2
     counter.fail = OSError("PostgreSQL away")
     with pytest.raises(OSError):
-        await counts.read()  # the operator sees PostgreSQL is away, not silently old counts
+        await counts.read()  # the reader waiting for it sees PostgreSQL is away
+    later = await counts.read()  # backing off: the last counts, and why they are not newer
+    assert later["n"] == 1 and later["counted_at"] == first["counted_at"]
+    assert later["count_error"] == "OSError: PostgreSQL away"
+
+
+async def test_a_count_failing_with_a_timeout_of_its_own_is_a_failure_not_still_counting() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counts = shared(counter, clock, first_wait_s=0.05)
+    counter.fail = TimeoutError()  # asyncpg's pool or statement deadline
+    with pytest.raises(TimeoutError):
+        await counts.read()
+    counter.fail = None
+    clock.now += 1
+    await counts.read()
+    clock.now += 2
+    counter.fail = TimeoutError()
+    with pytest.raises(TimeoutError):
+        await counts.read()  # not the last counts as if the wait had run out
 
 
 async def test_an_action_makes_the_counts_stale_even_one_being_counted() -> None:
@@ -143,6 +178,7 @@ async def test_an_action_makes_the_counts_stale_even_one_being_counted() -> None
     counter = Counter(clock)
     counts = shared(counter, clock)
     assert (await counts.read())["n"] == 1
+    clock.now += 0.01  # what the action took
     counts.stale()
     assert (await counts.read())["n"] == 2  # within the second, counted again
 
@@ -151,10 +187,52 @@ async def test_an_action_makes_the_counts_stale_even_one_being_counted() -> None
     reading = asyncio.create_task(counts.read())
     await asyncio.sleep(0.01)
     counts.stale()  # during a count that began before the action
+    joining = asyncio.create_task(counts.read())  # the page the operator lands on after it
+    await asyncio.sleep(0.01)
     counter.gate.set()
-    assert (await reading)["n"] == 3
+    assert (await reading)["n"] == 4 and (await joining)["n"] == 4  # counted once more, after the action
     counter.gate = None
-    assert (await counts.read())["n"] == 4  # what began before the action is not fresh after it
+    assert (await counts.read())["n"] == 4 and counter.made == 4  # and fresh
+
+
+async def test_actions_one_after_another_count_at_most_half_the_time() -> None:
+    clock = Clock()
+    counter = Counter(clock, seconds=3.0)
+    counts = shared(counter, clock)
+    await counts.read()
+    counts.stale()
+    assert (await counts.read())["n"] == 1  # within 3 s of a 3 s count: not again yet
+    clock.now += 3
+    assert (await counts.read())["n"] == 2
+
+
+async def test_an_action_of_another_admin_or_a_command_found_in_the_audit_makes_them_stale() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    last: list[datetime | None] = [None]
+
+    async def changed() -> datetime | None:
+        return last[0]
+
+    counts = shared(counter, clock, changed=changed)
+    first = await counts.read()
+    clock.now += 0.1
+    assert (await counts.read())["n"] == 1  # nothing in the audit
+    last[0] = first["counted_at"] - timedelta(seconds=1)
+    assert (await counts.read())["n"] == 1  # an action before the count began
+    last[0] = first["counted_at"] + timedelta(seconds=0.05)
+    assert (await counts.read())["n"] == 2  # one after it
+
+
+async def test_closing_cancels_a_count_under_way() -> None:
+    clock = Clock()
+    counter = Counter(clock)
+    counter.gate = asyncio.Event()
+    counts = shared(counter, clock, first_wait_s=0.02)
+    with pytest.raises(StillCounting):
+        await counts.read()
+    await counts.close()
+    assert counter.running == 0 and counts._running is None
 
 
 @settings(max_examples=60, deadline=None)
