@@ -89,10 +89,18 @@ SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.st
 # no delivery within the slices read, so it ranks below every one found. RECENT_RESOURCES then
 # ranks the resources found by all their deliveries (through the (gateway, resource_id) index).
 SLICES = (60.0, 8.0, 8)  # the first slice's seconds, how much longer each next one is, how many before "all"
-RECENT_SLICE = """
-SELECT DISTINCT gateway, resource_id FROM webhook_events
- WHERE ($1::timestamptz IS NULL OR received_at >= $1) AND ($2::timestamptz IS NULL OR received_at < $2)
-   AND resource_id IS NOT NULL AND ($3::text IS NULL OR gateway = $3)"""
+# A statement per combination of bounds present, each with its bounds written as plain comparisons: a
+# prepared statement's generic plan cannot use the index for "$1 IS NULL OR received_at >= $1".
+
+
+def _slice(since: bool, until: bool) -> str:
+    bounds = [f"received_at {op} ${n}" for n, op in enumerate([op for op, on in ((">=", since), ("<", until))
+                                                                  if on], start=2)]
+    return ("SELECT DISTINCT gateway, resource_id FROM webhook_events WHERE resource_id IS NOT NULL"
+            " AND ($1::text IS NULL OR gateway = $1)" + "".join(f" AND {b}" for b in bounds))
+
+
+RECENT_SLICE = {(since, until): _slice(since, until) for since in (False, True) for until in (False, True)}
 RECENT_RESOURCES = """
 WITH r AS (
   SELECT w.gateway, w.resource_id, max(w.received_at) AS last_at, count(*) AS deliveries,
@@ -268,7 +276,9 @@ async def _recent(conn: Conn, gateway: str | None, status: str | None, wanted: i
     for n in range(slices + 1):
         if n == slices:
             since = None  # the rest of the history, at once
-        new = [(r["gateway"], r["resource_id"]) for r in await conn.fetch(RECENT_SLICE, since, until, gateway)]
+        bounds = [b for b in (since, until) if b is not None]
+        statement = RECENT_SLICE[since is not None, until is not None]
+        new = [(r["gateway"], r["resource_id"]) for r in await conn.fetch(statement, gateway, *bounds)]
         new = [k for k in new if k not in keys]
         keys.update(new)
         if new:

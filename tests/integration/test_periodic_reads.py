@@ -100,6 +100,16 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     counts = await plan(queries.OVERVIEW)
     assert "quarantine_open" in counts
     assert "admin_actions_changes" in await plan(queries.LAST_CHANGE)
+    # asyncpg prepares each statement: after five runs PostgreSQL may keep a plan for any parameters
+    await db.execute("SET plan_cache_mode = force_generic_plan")
+    slices = [(queries.RECENT_SLICE[True, True], "NULL, now(), now()"),
+              (queries.RECENT_SLICE[True, False], "'pg', now()")]
+    for n, (query, args) in enumerate([(FETCH_WANTED, "60, '{}'"), *slices]):
+        await db.execute(f"PREPARE s{n} AS {query}")
+        generic = [r[0] for r in await db.fetch(f"EXPLAIN EXECUTE s{n}({args})")]
+        assert not any("Seq Scan on webhook_events" in line for line in generic), generic
+        # the slice's bounds narrow the scan (an index condition), not only filter what it read
+        assert n == 0 or any("Cond:" in line and "received_at >= $2" in line for line in generic), generic
 
 
 async def test_the_refresh_of_the_counts_does_not_list_resources(
