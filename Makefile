@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell $(PYTHON) -c 'import hashlib,sys;print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: setup kafka-jars browser faketime prometheus valgrind helm-tools toxiproxy dev demo test test-serial test-unit lint typecheck docs bench clean \
+.PHONY: setup kafka-jars browser faketime locales prometheus valgrind helm-tools toxiproxy dev demo test test-serial test-unit lint typecheck docs bench clean \
         mutation mutation-changed
 
 # Every package (the build backend included) from requirements.lock, each checked against its hashes;
@@ -42,6 +42,13 @@ faketime:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends faketime; }
 
+# Debian's locales (the en_US source localedef compiles), for the test that lists resources in a
+# database of PostgreSQL's docker image's collation (tests/integration/test_periodic_reads.py).
+locales:
+	@[ -f /usr/share/i18n/locales/en_US ] && command -v localedef >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends locales; }
+
 # Debian's Prometheus (with promtool), for the test that runs it against the stack with docker/'s
 # scrape config, alert rules and dashboard queries (tests/e2e/test_prometheus.py): installed once.
 prometheus:
@@ -75,10 +82,10 @@ demo: setup
 
 # The whole suite in two lanes at once (tests/lanes.py): the tests that start and kill stacks of their
 # own in one, the rest in the other; `make test-serial` runs it as one pytest run.
-test: setup browser faketime prometheus valgrind helm-tools toxiproxy
+test: setup browser faketime locales prometheus valgrind helm-tools toxiproxy
 	$(PY) -m tests.lanes
 
-test-serial: setup browser faketime prometheus valgrind helm-tools toxiproxy
+test-serial: setup browser faketime locales prometheus valgrind helm-tools toxiproxy
 	$(PY) -m pytest tests
 
 test-unit: $(STAMP)

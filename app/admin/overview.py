@@ -80,6 +80,8 @@ class SharedCounts:
         self._running: asyncio.Task[dict[str, Any]] | None = None
         self._started = 0.0
         self._next_at = float("-inf")  # a count ends no sooner than it took after the last: at most half the time
+        self._checked_at = float("-inf")  # when the audit was last asked (changed)
+        self._last_change: datetime | None = None
 
     def stale(self) -> None:
         """Something changed (an operator's action): the next read counts again, and a count under
@@ -90,7 +92,7 @@ class SharedCounts:
     async def read(self) -> dict[str, Any]:
         value = self.value
         if value is not None and self.clock() < self.fresh_until:
-            if self.changed is None or not (changed := await self.changed()) or changed < value["counted_at"]:
+            if not await self._changed_since(value["counted_at"]):
                 return value
             self.stale()
         running = self._running
@@ -107,11 +109,31 @@ class SharedCounts:
         try:
             return await within(asyncio.shield(running), self.first_wait_s if value is None else self.wait_s)
         except TimeoutError:
-            if running.done():  # the count's own failure (a pool or statement deadline), not the wait's
-                return running.result()
-            if value is None:
-                raise StillCounting(self.clock() - self._started) from None
-            return value  # a long count: the last counts, which say when they were made
+            if not running.done():
+                if value is None:
+                    raise StillCounting(self.clock() - self._started) from None
+                return value  # a long count: the last counts, which say when they were made
+        except Exception:  # the count failed: said below, as the back-off will
+            pass
+        if not running.cancelled() and running.exception() is None:
+            return running.result()  # it ended just as the wait did
+        why = _why(running.exception() if not running.cancelled() else None)
+        if value is None:
+            raise CountFailed(why, max(0.0, self.retry_at - self.clock()))
+        return {**value, "count_error": why}
+
+    async def _changed_since(self, counted_at: datetime) -> bool:
+        """Whether the audit names an action at or after ``counted_at``: asked at most once in
+        ``fresh_s`` (every reader's fresh read would ask); PostgreSQL away, the fresh counts stand."""
+        if self.changed is None:
+            return False
+        if self.clock() - self._checked_at >= self.fresh_s:
+            self._checked_at = self.clock()
+            try:
+                self._last_change = await self.changed()
+            except Exception as exc:  # the counts are fresh; the next count says what is wrong
+                log.debug("reading the audit's last change: %r", exc)
+        return self._last_change is not None and self._last_change >= counted_at
 
     async def close(self) -> None:
         """Stop a count under way (the admin stopping: its connection goes back to the pool)."""

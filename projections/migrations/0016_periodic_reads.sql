@@ -9,8 +9,10 @@ CREATE INDEX webhook_events_stripe_failed ON webhook_events (resource_id)
  WHERE gateway = 'stripe' AND event_type = 'payment_intent.payment_failed';
 -- The console's newest resources (its first page, /resources without a search) read back in time a
 -- slice at a time (app/admin/queries.py _recent): a BRIN index, a few pages' worth for the whole
--- table, as deliveries are stored in about the order they were received.
-CREATE INDEX webhook_events_received_brin ON webhook_events USING brin (received_at);
+-- table, as deliveries are stored in about the order they were received. Summarised as each range
+-- fills (autosummarize), not only at a vacuum: a range not summarised is read on every slice.
+CREATE INDEX webhook_events_received_brin ON webhook_events USING brin (received_at)
+  WITH (autosummarize = on);
 -- The overview's counts are stale once an operator changed something (app/admin/queries.py
 -- LAST_CHANGE, read on each read of fresh counts): the newest such action at once.
 CREATE INDEX admin_actions_changes ON admin_actions (at)
