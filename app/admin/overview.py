@@ -112,7 +112,8 @@ class SharedCounts:
             if not running.done():
                 if value is None:
                     raise StillCounting(self.clock() - self._started) from None
-                return value  # a long count: the last counts, which say when they were made
+                # a long count: the last counts, which say when they were made (and why none is newer)
+                return value if self.error is None else {**value, "count_error": _why(self.error)}
         except Exception:  # the count failed: said below, as the back-off will
             pass
         if not running.cancelled() and running.exception() is None:
@@ -148,16 +149,27 @@ class SharedCounts:
         return running
 
     async def _count(self) -> dict[str, Any]:
-        for _ in range(2):  # once more if an action came during the first: what it changed is read
-            generation = self.generation
-            counted = await self.count()
-            if generation == self.generation:
-                break
+        busy = 0.0  # what counting kept PostgreSQL busy, both counts when it counted twice
+        try:
+            for _ in range(2):  # once more if an action came during the first: what it changed is read
+                generation = self.generation
+                counted = await self.count()
+                busy += counted.seconds
+                if generation == self.generation:
+                    break
+        except Exception as exc:
+            # set here, not in the done callback a turn later: a read in between must see the back-off
+            self.error = exc
+            self.retry_at = self.clock() + self._retry_s
+            self._retry_s = min(self._retry_s * 2, RETRY_S[1])
+            self.failed(exc)
+            log.warning("the overview's count failed, tried again in %.0f s: %r", self.retry_at - self.clock(), exc)
+            raise
         self.took(counted.seconds)
-        self._next_at = self.clock() + counted.seconds
+        self._next_at = self.clock() + busy
         self.value = {**counted.counts, "counted_at": counted.at, "counting_s": round(counted.seconds, 3),
                       "count_error": None}
-        self.error, self._retry_s = None, RETRY_S[0]
+        self.error, self._retry_s, self.retry_at = None, RETRY_S[0], float("-inf")
         if generation == self.generation:
             self.fresh_until = self.clock() + max(self.fresh_s, counted.seconds / self.duty)
         return self.value
@@ -165,15 +177,11 @@ class SharedCounts:
     def _ended(self, task: asyncio.Task[dict[str, Any]]) -> None:
         if self._running is task:
             self._running = None
-        if task.cancelled() or (exc := task.exception()) is None:
-            return
-        # readers waiting got it; the next read waits out the back-off (the last counts meanwhile)
-        self.error = exc
-        self.retry_at = self.clock() + self._retry_s
-        self._retry_s = min(self._retry_s * 2, RETRY_S[1])
-        self.failed(exc)
-        log.warning("the overview's count failed, tried again in %.0f s: %s", self.retry_at - self.clock(), _why(exc))
+        if not task.cancelled():
+            task.exception()  # retrieved: the failure was told and logged by _count
 
 
 def _why(exc: BaseException | None) -> str | None:
-    return None if exc is None else f"{type(exc).__name__}: {exc}"[:300]
+    """What a viewer is told of a failed count: its kind only (a PostgreSQL error's text can name a
+    host, a user or a statement); the log has the rest, as the admin's other PostgreSQL failures."""
+    return None if exc is None else f"{type(exc).__name__}; the admin's log says more"

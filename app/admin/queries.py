@@ -18,6 +18,7 @@ import orjson
 
 from app.admin import timeline
 from app.gateways import registry
+from app.waits import within
 from projections.bulk import Conn
 
 # The timeline: every delivery with its latest outcome and why, the gateway's own ordering fields
@@ -90,6 +91,7 @@ SELECT r.gateway, r.resource_id, r.last_at, r.deliveries, r.parked, s.kind, s.st
 # the cursor's comparison are the database's (its collation); every one ranks below the newer
 # slices' resources. Only the page's resources are counted and given their status.
 SLICES = (10.0, 8.0, 9)  # the first slice's seconds, how much longer each next one is, how many before "all"
+LISTING_DEADLINE_S = 10.0  # all the slices together (app/admin/context.py POSTGRES_DEADLINE_S)
 RECENT = """
 WITH c AS (
   SELECT gateway, resource_id, max(received_at) AS last_at FROM webhook_events
@@ -263,7 +265,10 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
                                 _like(q) if q else None, q or None, after.last_at if after else None,
                                 after.gateway if after else None, after.resource_id if after else None, limit + 1)
     else:
-        rows = await _recent(conn, gateway or None, limit + 1, after)
+        # one snapshot for every slice (a delivery stored between two would hide its resource from both),
+        # and one deadline for them all, as for a single statement
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            rows = await within(_recent(conn, gateway or None, limit + 1, after), LISTING_DEADLINE_S)
     items = [dict(r) for r in rows[:limit]]
     more = len(rows) > limit
     last = items[-1] if items and more else None

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -62,6 +59,7 @@ async def test_readers_share_one_count_and_an_action_counts_again(
         assert (first["effects_dead"], first["effects_pending"]) == (1, 0)
 
         await _deliveries(db, 31, 5, "stale")
+        await asyncio.sleep(first["counting_s"])  # an action counts again at once once a count's own time passed
         async with http.post(f"{url}/api/effects/k1/retry") as resp:
             assert resp.status == 200, await resp.text()
         after = await overview()  # within the second the counts stay fresh: the action made them stale
@@ -83,6 +81,7 @@ async def test_an_action_of_a_command_or_another_admin_makes_the_counts_stale(
         async with http.get(f"{url}/api/overview") as resp:
             first = await resp.json()
         assert first["effects_dead"] == 1
+        await asyncio.sleep(first["counting_s"])  # (as above)
         await actions.retry_effect(db, "k1", "cli:ana@host")  # `orderly effects retry k1`: another process
         async with http.get(f"{url}/api/overview") as resp:
             after = await resp.json()
@@ -223,19 +222,19 @@ async def test_newest_first_read_back_a_slice_at_a_time_lists_what_grouping_ever
 def en_us_postgres(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A PostgreSQL server of its own that knows en_US.UTF-8 (compiled here with `localedef` from
     Debian's `locales`, which `make test` installs): its DSN."""
-    locales = Path(tempfile.mkdtemp(prefix="orderly-locales-"))
-    subprocess.run(["localedef", "-i", "en_US", "-f", "UTF-8", str(locales / "en_US.UTF-8")], check=True,
-                   capture_output=True)
+    locales = tmp_path_factory.mktemp("locales")  # under the tests' base folder, which the server's user reaches
+    compiled = subprocess.run(["localedef", "-i", "en_US", "-f", "UTF-8", str(locales / "en_US.UTF-8")],
+                              capture_output=True, text=True)
+    assert compiled.returncode == 0, f"localedef failed (run `make locales`): {compiled.stderr.strip()}"
     for part in [locales, *locales.rglob("*")]:  # read by the server's own user when the tests run as root
         part.chmod(0o755 if part.is_dir() else 0o644)
     monkeypatch.setenv("LOCPATH", str(locales))  # the server started below inherits it
     server = PostgresServer(tmp_path_factory.mktemp("pg-en-us"))
-    server.start()
     try:
+        server.start()
         yield server.dsn
     finally:
         server.stop()
-        shutil.rmtree(locales, ignore_errors=True)
 
 
 async def test_it_lists_the_same_in_a_database_of_another_collation(en_us_postgres: str) -> None:
