@@ -278,3 +278,38 @@ async def test_a_resource_last_delivered_at_a_slices_edge_is_listed_once(db: asy
     cursor = queries.Cursor(t, "pg", "r_x").encode()
     listed = [(r["resource_id"], r["deliveries"]) for r in (await queries.search(db, cursor=cursor))["items"]]
     assert listed == [("r_y", 2), ("r_z", 1)]
+
+
+async def test_a_delivery_stored_between_two_slices_does_not_hide_its_resource(
+        postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    """The slices are read in one snapshot: a delivery committed between two of them (the pipeline
+    goes on meanwhile) neither moves its resource into a slice already read nor out of the next."""
+    old = datetime.now(UTC) - timedelta(seconds=30)  # in the second slice
+    await db.executemany("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
+                         "received_at, outcome) VALUES ($1, 'pg', $1, $2, 'x', $3, 'applied')",
+                         [("d_old", "r_old", old), ("d_other", "r_other", old - timedelta(seconds=1))])
+    other = await connect(postgres.dsn, namespace)
+
+    class Between:
+        """The listing's connection; another stores a delivery of r_old after the first slice."""
+
+        def __init__(self) -> None:
+            self.slices = 0
+
+        def transaction(self, **kw: Any) -> Any:
+            return db.transaction(**kw)
+
+        async def fetch(self, query: str, *args: Any) -> Any:
+            self.slices += 1
+            if self.slices == 2:
+                await other.execute("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, "
+                                    "event_type, received_at, outcome) VALUES ('d_new', 'pg', 'd_new', 'r_old', "
+                                    "'x', now(), 'applied')")
+            return await db.fetch(query, *args)
+
+    try:
+        listing = Between()
+        listed = [r["resource_id"] for r in (await queries.search(listing, limit=10))["items"]]  # type: ignore[arg-type]
+        assert listing.slices >= 2 and listed == ["r_old", "r_other"]
+    finally:
+        await other.close()
