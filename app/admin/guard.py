@@ -14,6 +14,7 @@ from app.admin import auth, queries, sessions, tokens
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import Refused, form, problem, redirect
 from app.admin.sessions import Identity
+from app.readiness import UNREACHABLE
 
 log = logging.getLogger("orderly.admin")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -49,7 +50,7 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except asyncpg.DataError as exc:  # a value PostgreSQL cannot take (out of range): the input's fault
         text = f"a value PostgreSQL cannot take: {type(exc).__name__}"
         response = problem(400, text) if request.path.startswith("/api/") else web.Response(status=400, text=text)
-    except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, TimeoutError) as exc:
+    except UNREACHABLE as exc:  # asyncpg's InternalClientError too: a rollback on a connection reset mid-query
         log.warning("admin request %s %s: PostgreSQL unavailable: %r", request.method, request.path, exc)
         text = f"PostgreSQL unavailable: {type(exc).__name__}"
         response = problem(503, text) if request.path.startswith("/api/") else web.Response(status=503, text=text)

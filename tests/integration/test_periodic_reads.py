@@ -309,7 +309,27 @@ async def test_a_delivery_stored_between_two_slices_does_not_hide_its_resource(
 
     try:
         listing = Between()
-        listed = [r["resource_id"] for r in (await queries.search(listing, limit=10))["items"]]  # type: ignore[arg-type]
-        assert listing.slices >= 2 and listed == ["r_old", "r_other"]
+        items = (await queries.search(listing, limit=10))["items"]  # type: ignore[arg-type]
+        listed = [(r["resource_id"], r["last_at"], r["deliveries"]) for r in items]
+        # as one statement at the first slice's snapshot would list them: r_old where it was, one delivery
+        assert listing.slices >= 2 and listed == [("r_old", old, 1), ("r_other", old - timedelta(seconds=1), 1)]
     finally:
         await other.close()
+
+
+async def test_a_listing_past_its_deadline_is_given_up_and_leaves_its_connection_usable(
+        postgres: PostgresServer, namespace: str, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All the slices together have the deadline of one statement: past it the read is cancelled, the
+    snapshot rolled back, and the pooled connection serves the next request."""
+    await _deliveries(db, 1, 3, "applied")
+    monkeypatch.setattr(queries, "LISTING_DEADLINE_S", 0.3)
+    locker = await connect(postgres.dsn, namespace)
+    try:
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE webhook_events IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(TimeoutError):
+                await queries.search(db, limit=10)
+        assert not db.is_in_transaction()
+        assert len((await queries.search(db, limit=10))["items"]) == 3
+    finally:
+        await locker.close()
