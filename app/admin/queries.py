@@ -43,6 +43,10 @@ SELECT dedupe_key, type, payload, caused_by, created_at, delivered_at, attempts,
        next_attempt_at FROM effects
  WHERE gateway = $1 AND resource_id = $2 ORDER BY created_at, dedupe_key"""
 
+# Effects pending, dead and delivered: the overview's and the effects page's tabs.
+_EFFECTS_BY_STATE = """(SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
+       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
+       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
 # One pass over webhook_events for both columns of deliveries by outcome (app/admin/overview.py shares
 # the result among readers: it reads the whole history); the rest are read through partial indexes,
 # but for the quarantine's and the delivered effects' totals.
@@ -56,9 +60,7 @@ SELECT now() AS counted_at, (SELECT coalesce(jsonb_object_agg(outcome, n), '{}')
        (SELECT count(*) FROM pg_sequence_gaps) AS open_gaps,
        (SELECT count(*) FROM quarantine WHERE redriven_at IS NULL) AS quarantined,
        (SELECT count(*) FROM quarantine) AS quarantined_total,
-       (SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
-       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
-       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
+       """ + _EFFECTS_BY_STATE
 # When an operator last changed what the counts count, by any admin or command (the audit; index
 # admin_actions_changes): counts begun before it are stale.
 LAST_CHANGE = """
@@ -109,7 +111,7 @@ SELECT f.gateway, f.resource_id, f.last_at, d.deliveries, d.parked, s.kind, s.st
  ORDER BY f.last_at DESC, f.gateway DESC, f.resource_id DESC"""
 
 
-def _recent_statement(since: bool, until: str | None) -> str:
+def _recent_statement(since: bool, until: str | None, statuses: str | None = None) -> str:
     """RECENT for the bounds present (``until``: "<", or "<=" for the cursor's own time), each written as a
     plain comparison: a prepared statement's generic plan cannot narrow a scan by "$6 IS NULL OR ..."."""
     bounds, since_none, n = "", "", 6
@@ -121,7 +123,7 @@ def _recent_statement(since: bool, until: str | None) -> str:
         later = ">=" if until == "<" else ">"
         since_none = (f"NOT EXISTS (SELECT 1 FROM webhook_events n WHERE n.gateway = c.gateway "
                       f"AND n.resource_id = c.resource_id AND n.received_at {later} ${n}) AND ")
-    return RECENT.format(bounds=bounds, since_none=since_none, statuses=_status_union())
+    return RECENT.format(bounds=bounds, since_none=since_none, statuses=statuses or _status_union())
 
 
 PARKED = """
@@ -146,10 +148,7 @@ SELECT dedupe_key, type, gateway, resource_id, caused_by, created_at, delivered_
  ORDER BY created_at DESC, dedupe_key LIMIT $2"""
 EFFECT_STATES = ("pending", "dead", "delivered")
 # The effects page's tabs, read with its list (on a visit: the shared counts may be a moment old)
-EFFECT_COUNTS = """
-SELECT (SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
-       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
-       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
+EFFECT_COUNTS = "SELECT " + _EFFECTS_BY_STATE
 
 AUDIT = """
 SELECT id, at, actor, action, target, result FROM admin_actions
@@ -279,6 +278,7 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
 async def _recent(conn: Conn, gateway: str | None, wanted: int, after: Cursor | None) -> list[Any]:
     """The first ``wanted`` resources newest first (after the cursor), read back a slice at a time."""
     found: list[Any] = []
+    statuses = _status_union()  # once for every slice
     first, longer, slices = SLICES
     until, until_op = (after.last_at, "<=") if after else (None, None)
     since = _earlier(after.last_at if after else datetime.now(UTC), first)
@@ -287,7 +287,7 @@ async def _recent(conn: Conn, gateway: str | None, wanted: int, after: Cursor | 
     for n in range(slices + 1):
         if n == slices:
             since = None  # the rest of the history, at once
-        statement = _recent_statement(since is not None, until_op)
+        statement = _recent_statement(since is not None, until_op, statuses)
         bounds = [b for b in (since, until) if b is not None]
         found += await conn.fetch(statement, gateway, *cursor, wanted - len(found), *bounds)
         if len(found) >= wanted or since is None:
