@@ -91,7 +91,8 @@ async def test_refusals_store_nothing(settings: Settings, ingest: ServedIngest,
     good = signed_headers("pg", body, settings)
     cases = [
         ("pg", body, {}, 401),
-        ("pg", body, {"PG-Signature": good["PG-Signature"][:-2] + "00"}, 401),
+        ("pg", body, {"PG-Signature": good["PG-Signature"][:-2] + ("11" if good["PG-Signature"].endswith("00")
+                                                                 else "00")}, 401),  # never the right one
         # 310 s out, not 301: the header's whole seconds and the request's own time ate the future
         # case's 1 s margin once in CI (the exact bounds: tests/unit/test_mutants_signatures.py)
         ("pg", body, signed_headers("pg", body, settings, now=time.time() - 310), 401),
