@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from app.admin import auth, queries, sessions
 from app.admin.oidc import Issuer
-from app.admin.overview import Counted, SharedCounts
+from app.admin.overview import Counted, SharedCounts, kind_only
 from app.admin.sessions import Identity
 from app.kafka_client import client_options
 from app.metrics import AdminMetrics
@@ -79,6 +79,7 @@ class Admin:
         self._kafka_admin: AIOKafkaAdminClient | None = None
         self._lag_task: asyncio.Task[None] | None = None
         self.lag: dict[str, Any] = {"groups": [], "error": "not measured yet"}
+        self.lag_failure: str | None = None  # the last failure's text, logged once
 
     async def start(self) -> None:
         self.pool = await asyncpg.create_pool(
@@ -131,8 +132,15 @@ class Admin:
         while True:
             try:
                 self.lag = await within(self.measure_lag(), 10)
+                self.lag_failure = None
             except Exception as exc:  # Kafka away: the overview says so, the loop tries again
-                self.lag = {"groups": self.lag.get("groups", []), "error": f"{type(exc).__name__}: {exc}"[:300]}
+                # viewers get the failure's kind (Kafka's text names hosts and addresses), the log the
+                # text, once for each new text (not every LAG_INTERVAL_S while Kafka stays away)
+                text = f"{type(exc).__name__}: {exc}"[:300]
+                if text != self.lag_failure:
+                    log.warning("consumer lag not measured: %s", text)
+                self.lag_failure = text
+                self.lag = {"groups": self.lag.get("groups", []), "error": kind_only(exc)}
                 await self._close_lag_clients()  # not reconnecting in the background: one try per interval
             await asyncio.sleep(LAG_INTERVAL_S)
 

@@ -100,8 +100,8 @@ class SharedCounts:
             now = self.clock()
             if now < self.retry_at:  # backing off after a failure
                 if value is None:
-                    raise CountFailed(_why(self.error), self.retry_at - now)
-                return {**value, "count_error": _why(self.error)}
+                    raise CountFailed(kind_only(self.error), self.retry_at - now)
+                return {**value, "count_error": kind_only(self.error)}
             if value is not None and now < self._next_at:  # stale at once again (actions one after another)
                 return value
             running = self._begin()
@@ -113,12 +113,12 @@ class SharedCounts:
                 if value is None:
                     raise StillCounting(self.clock() - self._started) from None
                 # a long count: the last counts, which say when they were made (and why none is newer)
-                return value if self.error is None else {**value, "count_error": _why(self.error)}
+                return value if self.error is None else {**value, "count_error": kind_only(self.error)}
         except Exception:  # the count failed: said below, as the back-off will
             pass
         if not running.cancelled() and running.exception() is None:
             return running.result()  # it ended just as the wait did
-        why = _why(running.exception() if not running.cancelled() else None)
+        why = kind_only(running.exception() if not running.cancelled() else None)
         if value is None:
             raise CountFailed(why, max(0.0, self.retry_at - self.clock()))
         return {**value, "count_error": why}
@@ -181,7 +181,7 @@ class SharedCounts:
             task.exception()  # retrieved: the failure was told and logged by _count
 
 
-def _why(exc: BaseException | None) -> str | None:
-    """What a viewer is told of a failed count: its kind only (a PostgreSQL error's text can name a
-    host, a user or a statement); the log has the rest, as the admin's other PostgreSQL failures."""
+def kind_only(exc: BaseException | None) -> str | None:
+    """What a viewer is told of a failure (a count, the lag's measure): its kind only (a PostgreSQL or
+    Kafka error's text can name a host, a user or a statement); the admin's log has the rest."""
     return None if exc is None else f"{type(exc).__name__}; the admin's log says more"

@@ -83,7 +83,7 @@ class Overview(Shape):
     effects_dead: int
     effects_delivered: int
     consumer_lag: list[ConsumerLag]
-    lag_error: str | None  # why the lag could not be measured (Kafka away), or null
+    lag_error: str | None  # why the lag is not measured (Kafka away): the failure's kind, the log has its text; or null
     projector_lag: int | None
     counted_at: datetime  # when the count began reading (PostgreSQL's clock; one count for every reader)
     counting_s: float  # how long reading them took
