@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import orjson
 
 from app.admin import timeline
@@ -264,15 +265,27 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
                                 _like(q) if q else None, q or None, after.last_at if after else None,
                                 after.gateway if after else None, after.resource_id if after else None, limit + 1)
     else:
-        # one snapshot for every slice (a delivery stored between two would hide its resource from both),
-        # and one deadline for them all, as for a single statement
-        async with conn.transaction(isolation="repeatable_read", readonly=True):
-            rows = await within(_recent(conn, gateway or None, limit + 1, after), LISTING_DEADLINE_S)
+        rows = await _recent_in_snapshot(conn, gateway or None, limit + 1, after)
     items = [dict(r) for r in rows[:limit]]
     more = len(rows) > limit
     last = items[-1] if items and more else None
     return {"items": items,
             "next_cursor": Cursor(last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
+
+
+async def _recent_in_snapshot(conn: Conn, gateway: str | None, wanted: int, after: Cursor | None) -> list[Any]:
+    """:func:`_recent` in one snapshot (a delivery stored between two slices would hide its resource
+    from both), with one deadline for every slice, as for a single statement. A statement a migration
+    made stale (a column's type changed under it) fails inside a transaction, where asyncpg does not
+    prepare it again as it does outside one: the read is made once more, prepared anew."""
+    async def read() -> list[Any]:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            return await within(_recent(conn, gateway, wanted, after), LISTING_DEADLINE_S)
+
+    try:
+        return await read()
+    except asyncpg.InvalidCachedStatementError:  # asyncpg dropped the stale statement from its cache
+        return await read()
 
 
 async def _recent(conn: Conn, gateway: str | None, wanted: int, after: Cursor | None) -> list[Any]:

@@ -333,3 +333,36 @@ async def test_a_listing_past_its_deadline_is_given_up_and_leaves_its_connection
         assert len((await queries.search(db, limit=10))["items"]) == 3
     finally:
         await locker.close()
+
+
+async def test_a_listing_after_a_migration_changed_a_column_under_it_is_prepared_anew(
+        postgres: PostgresServer, namespace: str, db: asyncpg.Connection) -> None:
+    """Inside its snapshot asyncpg cannot prepare again a statement a schema change made stale, as it
+    does outside a transaction ("cached plan must not change result type"): the listing is read once
+    more, not answered 500 once per pooled connection after a migration."""
+    await _deliveries(db, 1, 3, "applied")
+    assert len((await queries.search(db, limit=10))["items"]) == 3  # its statements prepared and cached
+    migrating = await connect(postgres.dsn, namespace)
+    try:
+        await migrating.execute("ALTER TABLE webhook_events ALTER COLUMN resource_id TYPE varchar(512)")
+    finally:
+        await migrating.close()
+    assert [r["resource_id"] for r in (await queries.search(db, limit=10))["items"]] == ["dep_3", "dep_2", "dep_1"]
+
+
+async def test_a_statement_made_stale_inside_a_transaction_is_answered_503_try_again(
+        postgres: PostgresServer, namespace: str, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Elsewhere (an action's transaction), the same failure rolls the request back: 503 and try
+    again, not a 500 that reads as a bug."""
+
+    async def stale(*args: Any, **kwargs: Any) -> Any:
+        raise asyncpg.InvalidCachedStatementError("cached statement plan is invalid due to a database schema or "
+                                                  "configuration change")
+
+    monkeypatch.setattr(queries, "gaps", stale)
+    settings = make_settings("127.0.0.1:1", postgres.dsn, namespace)
+    bearer = {"Authorization": f"Bearer {admin_token(settings)}"}
+    async with served(settings) as (url, _), aiohttp.ClientSession(headers=bearer) as http:
+        async with http.get(f"{url}/api/gaps") as resp:
+            assert resp.status == 503, await resp.text()
+            assert "schema changed" in (await resp.json())["detail"]
