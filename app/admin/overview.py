@@ -119,9 +119,10 @@ class SharedCounts:
         if not running.cancelled() and running.exception() is None:
             return running.result()  # it ended just as the wait did
         why = kind_only(running.exception() if not running.cancelled() else None)
-        if value is None:
+        latest = self.value  # the failed count may have kept what it counted before an action
+        if latest is None:
             raise CountFailed(why, max(0.0, self.retry_at - self.clock()))
-        return {**value, "count_error": why}
+        return {**latest, "count_error": why}
 
     async def _changed_since(self, counted_at: datetime) -> bool:
         """Whether the audit names an action at or after ``counted_at``: asked at most once in
@@ -150,6 +151,7 @@ class SharedCounts:
 
     async def _count(self) -> dict[str, Any]:
         busy = 0.0  # what counting kept PostgreSQL busy, both counts when it counted twice
+        before: Counted | None = None  # a count an action came during, while it is counted again
         try:
             for _ in range(2):  # once more if an action came during the first: what it changed is read
                 generation = self.generation
@@ -157,7 +159,10 @@ class SharedCounts:
                 busy += counted.seconds
                 if generation == self.generation:
                     break
+                before = counted
         except Exception as exc:
+            if before is not None:  # the recount failed: the count before it is still newer than the last
+                self.value = self._answer(before)
             # set here, not in the done callback a turn later: a read in between must see the back-off
             self.error = exc
             self.retry_at = self.clock() + self._retry_s
@@ -167,12 +172,16 @@ class SharedCounts:
             raise
         self.took(counted.seconds)
         self._next_at = self.clock() + busy
-        self.value = {**counted.counts, "counted_at": counted.at, "counting_s": round(counted.seconds, 3),
-                      "count_error": None}
+        self.value = self._answer(counted)
         self.error, self._retry_s, self.retry_at = None, RETRY_S[0], float("-inf")
         if generation == self.generation:
             self.fresh_until = self.clock() + max(self.fresh_s, counted.seconds / self.duty)
         return self.value
+
+    @staticmethod
+    def _answer(counted: Counted) -> dict[str, Any]:
+        return {**counted.counts, "counted_at": counted.at, "counting_s": round(counted.seconds, 3),
+                "count_error": None}
 
     def _ended(self, task: asyncio.Task[dict[str, Any]]) -> None:
         if self._running is task:

@@ -306,3 +306,28 @@ def test_never_two_counts_at_once_and_never_a_count_while_fresh(steps: list[tupl
         await asyncio.sleep(0.01)  # let a count still running end
 
     asyncio.run(run())
+
+
+async def test_a_recount_after_an_action_that_fails_keeps_what_the_count_before_it_read() -> None:
+    """The count an action came during is newer than the last counts: when counting again fails,
+    it is what readers get (not fresh: with why), not the counts from before it."""
+    clock = Clock()
+    made: list[int] = []
+
+    async def count() -> Counted:
+        made.append(len(made) + 1)
+        at = EPOCH + timedelta(seconds=clock.now)
+        if len(made) == 2:
+            counts.stale()  # an operator's action while the second count reads
+        if len(made) == 3:
+            raise OSError("PostgreSQL away")
+        return Counted({"n": made[-1]}, at, 0.01)
+
+    counts = SharedCounts(count, first_wait_s=5.0, clock=clock)
+    assert (await counts.read())["n"] == 1
+    clock.now += 2
+    answer = await counts.read()  # counted (n=2), counted again after the action: failed
+    assert made == [1, 2, 3]
+    assert answer["n"] == 2 and answer["count_error"] == "OSError; the admin's log says more"
+    later = await counts.read()  # backing off: the same, still with why
+    assert (later["n"], later["count_error"]) == (2, answer["count_error"]) and made == [1, 2, 3]
