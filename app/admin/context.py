@@ -136,7 +136,7 @@ class Admin:
             except Exception as exc:  # Kafka away: the overview says so, the loop tries again
                 # viewers get the failure's kind (Kafka's text names hosts and addresses), the log the
                 # text, once for each new text (not every LAG_INTERVAL_S while Kafka stays away)
-                text = f"{type(exc).__name__}: {exc}"[:300]
+                text = f"{type(exc).__name__}: {exc}"
                 if text != self.lag_failure:
                     log.warning("consumer lag not measured: %s", text)
                 self.lag_failure = text

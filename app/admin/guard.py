@@ -53,7 +53,8 @@ async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     except asyncpg.InvalidCachedStatementError as exc:  # in a transaction, asyncpg does not prepare it again
         log.warning("admin request %s %s: a statement prepared before a schema change (a migration) failed; "
                     "its transaction was rolled back: %r", request.method, request.path, exc)
-        text = "the database's schema changed under a prepared statement; nothing was done: try again"
+        text = ("the database's schema changed under a prepared statement (a migration): the request stopped and "
+                "its transaction was rolled back; try again")
         response = problem(503, text) if request.path.startswith("/api/") else web.Response(status=503, text=text)
     except UNREACHABLE as exc:  # asyncpg's InternalClientError too: a rollback on a connection reset mid-query
         log.warning("admin request %s %s: PostgreSQL unavailable: %r", request.method, request.path, exc)

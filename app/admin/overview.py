@@ -162,7 +162,8 @@ class SharedCounts:
                 before = counted
         except Exception as exc:
             if before is not None:  # the recount failed: the count before it is still newer than the last
-                self.value = self._answer(before)
+                self.took(before.seconds)
+                self.value = {**self._answer(before), "count_error": kind_only(exc)}
             # set here, not in the done callback a turn later: a read in between must see the back-off
             self.error = exc
             self.retry_at = self.clock() + self._retry_s

@@ -7,6 +7,7 @@ so the API answers them as they are, the console renders them and the commands p
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ import orjson
 
 from app.admin import timeline
 from app.gateways import registry
-from app.waits import within
 from projections.bulk import Conn
 
 # The timeline: every delivery with its latest outcome and why, the gateway's own ordering fields
@@ -277,10 +277,13 @@ async def _recent_in_snapshot(conn: Conn, gateway: str | None, wanted: int, afte
     """:func:`_recent` in one snapshot (a delivery stored between two slices would hide its resource
     from both), with one deadline for every slice, as for a single statement. A statement a migration
     made stale (a column's type changed under it) fails inside a transaction, where asyncpg does not
-    prepare it again as it does outside one: the read is made once more, prepared anew."""
+    prepare it again as it does outside one: the read is made once more, prepared anew, within what
+    is left of the same deadline."""
+    deadline = asyncio.get_running_loop().time() + LISTING_DEADLINE_S
+
     async def read() -> list[Any]:
-        async with conn.transaction(isolation="repeatable_read", readonly=True):
-            return await within(_recent(conn, gateway, wanted, after), LISTING_DEADLINE_S)
+        async with conn.transaction(isolation="repeatable_read", readonly=True), asyncio.timeout_at(deadline):
+            return await _recent(conn, gateway, wanted, after)
 
     try:
         return await read()

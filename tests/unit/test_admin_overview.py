@@ -323,11 +323,13 @@ async def test_a_recount_after_an_action_that_fails_keeps_what_the_count_before_
             raise OSError("PostgreSQL away")
         return Counted({"n": made[-1]}, at, 0.01)
 
-    counts = SharedCounts(count, first_wait_s=5.0, clock=clock)
+    took: list[float] = []
+    counts = SharedCounts(count, first_wait_s=5.0, clock=clock, took=took.append)
     assert (await counts.read())["n"] == 1
     clock.now += 2
     answer = await counts.read()  # counted (n=2), counted again after the action: failed
-    assert made == [1, 2, 3]
+    assert made == [1, 2, 3] and took == [0.01, 0.01]
     assert answer["n"] == 2 and answer["count_error"] == "OSError; the admin's log says more"
+    assert answer["counted_at"] == EPOCH + timedelta(seconds=102)  # the second count's, not the first's
     later = await counts.read()  # backing off: the same, still with why
     assert (later["n"], later["count_error"]) == (2, answer["count_error"]) and made == [1, 2, 3]
