@@ -49,6 +49,14 @@ log = logging.getLogger("orderly.fetcher")
 MAX_BACKOFF_S = 3600.0
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a gateway's answer about one resource, or one page of its events
 LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
+# A gateway with a ``parked_recent`` query (Stripe: failed attempts only accumulate) has its full
+# ``parked`` query run at the first pass and then once an hour, and while one finds a full page (the
+# LIMIT of every parked query: a backlog); the passes between read what was received since the last
+# full pass began, and a margin for the projector's lag and the ingest's clock against PostgreSQL's.
+# What a full pass found and a fetch did not settle (the API failing) is asked again by the next one.
+FULL_PASS_S = 3600.0
+FULL_PAGE = 500
+RECENT_MARGIN_S = 600.0
 
 
 def fetching(settings: Settings) -> list[tuple[Gateway, Fetch, str]]:
@@ -76,6 +84,7 @@ class Fetcher:
         self._next_slot = 0.0
         # resource key -> (last answer, repeats, next due)
         self._unchanged: dict[str, tuple[str, int, float]] = {}
+        self._full_at: dict[str, float] = {}  # gateway -> when its last complete full pass began (monotonic)
         self.requests: AIOKafkaConsumer | None = None  # orderly.fetch's consumer, once started
         self.readiness = Readiness()
 
@@ -146,17 +155,27 @@ class Fetcher:
         now = time.monotonic()
         waiting = {key for key, (_, _, due) in self._unchanged.items() if due > now}
         parked: set[str] = set()
+        recent_only: set[str] = set()  # gateways this pass asked for the recent ones only
         appended = 0
         for gateway, fetch, _ in fetching(self.settings):
             if fetch.parked is None:
                 continue
             mine = [key.partition(":")[2] for key in waiting if key.startswith(f"{gateway.name}:")]
-            ids = [r["id"] for r in await self.pool.fetch(fetch.parked, self.settings.fetch_parked_after_s, mine)]
+            full_at = self._full_at.get(gateway.name)
+            if fetch.parked_recent is not None and full_at is not None and now - full_at < FULL_PASS_S:
+                ids = [r["id"] for r in await self.pool.fetch(fetch.parked_recent, self.settings.fetch_parked_after_s,
+                                                              mine, now - full_at + RECENT_MARGIN_S)]
+                recent_only.add(gateway.name)
+            else:
+                ids = [r["id"] for r in await self.pool.fetch(fetch.parked, self.settings.fetch_parked_after_s, mine)]
+                if len(ids) < FULL_PAGE:  # else more may wait: the next pass is a full one too
+                    self._full_at[gateway.name] = now
             parked.update(f"{gateway.name}:{i}" for i in ids)
             for resource_id in ids:
                 appended += await self.sync_resource(gateway.name, resource_id)
         for key in set(self._unchanged) - waiting - parked:
-            del self._unchanged[key]  # no longer parked: forgotten
+            if key.partition(":")[0] not in recent_only:  # an older one is still parked, and still waits
+                del self._unchanged[key]  # no longer parked: forgotten
         self.metrics.backing_off.set(len(waiting))
         self.metrics.passes.inc()  # a pass done: what a test of "not asked again" waits for
         return appended

@@ -81,12 +81,20 @@ FAILED_ATTEMPT = "payment_intent.payment_failed"
 # many is harmless, its answer one more snapshot.
 # Only ``pi_`` ids: a charge's, refund's or dispute's thin event is keyed by its own id, which the
 # PaymentIntents API cannot answer.
-FETCH_WANTED = f"""
+# Failed attempts only accumulate (a decline is common; an abandoned PaymentIntent is never
+# terminal), and a settled tie stays settled: FETCH_WANTED_RECENT (Fetch.parked_recent) reads only
+# those received in the last $3 seconds, the fetcher's passes between two of FETCH_WANTED's.
+WANTED_AT_MOST = 500  # resources a pass fetches at most, oldest first
+
+
+def _fetch_wanted(recent: bool) -> str:
+    since = " AND f.received_at >= now() - make_interval(secs => $3)" if recent else ""
+    return f"""
 WITH wanted AS (
   SELECT resource_id, received_at FROM webhook_events WHERE gateway = '{GATEWAY}' AND outcome = 'parked'
   UNION ALL
   SELECT f.resource_id, f.received_at FROM webhook_events f
-   WHERE f.gateway = '{GATEWAY}' AND f.event_type = '{FAILED_ATTEMPT}' AND EXISTS (
+   WHERE f.gateway = '{GATEWAY}' AND f.event_type = '{FAILED_ATTEMPT}'{since} AND EXISTS (
          SELECT 1 FROM webhook_events s WHERE s.gateway = '{GATEWAY}' AND s.resource_id = f.resource_id
             AND s.event_type IN ({", ".join(f"'{t}'" for t in sorted(ATTEMPT_STEPS))})
             AND s.payload->>'created' = f.payload->>'created')
@@ -98,7 +106,11 @@ WITH wanted AS (
             AND p.status IN ({", ".join(f"'{t}'" for t in sorted(TERMINAL["payment_intent"]))})))
 SELECT resource_id AS id FROM wanted WHERE resource_id LIKE 'pi\\_%' AND resource_id <> ALL($2::text[])
  GROUP BY resource_id HAVING min(received_at) < now() - make_interval(secs => $1)
- ORDER BY min(received_at) LIMIT 500"""
+ ORDER BY min(received_at) LIMIT {WANTED_AT_MOST}"""
+
+
+FETCH_WANTED = _fetch_wanted(recent=False)
+FETCH_WANTED_RECENT = _fetch_wanted(recent=True)
 
 Key = tuple[int, int, int, str]
 

@@ -80,6 +80,9 @@ class Fetch:
     id_field: str = ""
     synced: Callable[[str, object, int], bytes] | None = None
     parked: str | None = None
+    # ``parked`` for what was received in the last ``$3`` seconds only, when what it finds older stays
+    # found until a fetch settles it (the fetcher's passes between two full ones: app/fetcher.py)
+    parked_recent: str | None = None
     backfill: str | None = None
     # the description of ORDERLY_<NAME>_API_KEY (a secret sent as ``Authorization: Bearer`` when
     # set); empty: the gateway's API takes no key, and no such setting exists
@@ -180,6 +183,7 @@ register(Gateway("stripe", stripe, stripe_core.REDUCER,
                              "`GET /v1/refunds`); unset: the payloads alone decide",
                              resource=stripe.INTENT_PATH, also=stripe.REFUNDS_PATH, kind="payment_intent",
                              id_field="payment_intent", synced=stripe.synced, parked=stripe_core.FETCH_WANTED,
+                             parked_recent=stripe_core.FETCH_WANTED_RECENT,
                              key_help="Stripe secret key `sk_…`, sent as `Authorization: Bearer` (unset: none sent)"),
                  parked_because="a thin event waits for its PaymentIntent fetched from Stripe's API", tables=(
     Table("stripe_payment_intents", "id, status, amount_minor, amount_received_minor, amount_refunded_minor, "

@@ -19,7 +19,7 @@ import pytest
 
 from app.admin import actions, queries
 from app.admin.context import ADMIN
-from app.core.stripe import FETCH_WANTED
+from app.core.stripe import FETCH_WANTED, FETCH_WANTED_RECENT
 from app.projector import QUARANTINED_BY_STAGE
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
@@ -101,7 +101,7 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     assert "quarantine_open" in await plan(QUARANTINED_BY_STAGE)
     assert "Seq Scan on quarantine" not in await plan(QUARANTINED_BY_STAGE)
     wanted = await plan(FETCH_WANTED, 60.0, [])
-    assert "webhook_events_stripe_failed" in wanted and "Seq Scan on webhook_events" not in wanted
+    assert "webhook_events_stripe_failed_at" in wanted and "Seq Scan on webhook_events" not in wanted
     counts = await plan(queries.OVERVIEW)
     assert "quarantine_open" in counts
     assert "admin_actions_changes" in await plan(queries.LAST_CHANGE)
@@ -110,7 +110,11 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     await db.execute("SET plan_cache_mode = force_generic_plan")
     await db.execute(f"PREPARE wanted AS {FETCH_WANTED}")
     generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted(60, '{}')")]
-    assert any("webhook_events_stripe_failed" in line for line in generic), generic
+    assert any("webhook_events_stripe_failed_at" in line for line in generic), generic
+    await db.execute(f"PREPARE wanted_recent AS {FETCH_WANTED_RECENT}")
+    generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted_recent(60, '{}', 3600)")]
+    at = next(i for i, line in enumerate(generic) if "webhook_events_stripe_failed_at" in line)
+    assert "Index Cond: (received_at >=" in generic[at + 1], generic  # read from the index, by time
     for n, (since, until) in enumerate([(True, "<"), (True, "<="), (True, None)]):
         await db.execute(f"PREPARE s{n} AS {queries._recent_statement(since, until)}")
         bounds = ", now()" * (1 + (until is not None))
@@ -366,3 +370,21 @@ async def test_a_statement_made_stale_inside_a_transaction_is_answered_503_try_a
         async with http.get(f"{url}/api/gaps") as resp:
             assert resp.status == 503, await resp.text()
             assert "schema changed" in (await resp.json())["detail"]
+
+
+
+async def test_the_stripe_pass_between_full_ones_reads_the_failed_attempts_received_lately(
+        db: asyncpg.Connection) -> None:
+    """A failed attempt tied with an attempt step of the same second and not settled since is wanted;
+    the recent query finds it only when received within its seconds, the full query whenever."""
+    ago = [("pi_old", timedelta(hours=2)), ("pi_new", timedelta(minutes=5))]
+    for pi, age in ago:
+        for n, kind in enumerate(("payment_intent.processing", "payment_intent.payment_failed")):
+            await db.execute(
+                "INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, received_at, "
+                "outcome, payload) VALUES ($1, 'stripe', $1, $2, $3, now() - $4::interval, 'applied', $5)",
+                f"{pi}-{n}", pi, kind, age, '{"created": 1796000000}')
+    full = [r["id"] for r in await db.fetch(FETCH_WANTED, 60.0, [])]
+    recent = [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], 3600.0)]
+    assert (full, recent) == (["pi_old", "pi_new"], ["pi_new"])
+    assert [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], 3 * 3600.0)] == ["pi_old", "pi_new"]
