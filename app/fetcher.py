@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -50,10 +51,11 @@ MAX_BACKOFF_S = 3600.0
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a gateway's answer about one resource, or one page of its events
 LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
 # A gateway with a ``parked_recent`` query (Stripe: failed attempts only accumulate) has its full
-# ``parked`` query run at the first pass and then once an hour, and while one finds a full page (the
-# LIMIT of every parked query: a backlog); the passes between read what was received since the last
-# full pass began, and a margin for the projector's lag and the ingest's clock against PostgreSQL's.
-# What a full pass found and a fetch did not settle (the API failing) is asked again by the next one.
+# ``parked`` query run at the first pass, then once an hour, and again at the next pass while one finds
+# a full page (the LIMIT of every parked query: a backlog) or the API failed a fetch of it; the passes
+# between read what was received since the last complete full pass began (PostgreSQL's time), less
+# ORDERLY_FETCH_PARKED_AFTER_S (what was not due yet then) and a margin for the projector's lag and
+# the ingest's clock against PostgreSQL's.
 FULL_PASS_S = 3600.0
 FULL_PAGE = 500
 RECENT_MARGIN_S = 600.0
@@ -84,7 +86,9 @@ class Fetcher:
         self._next_slot = 0.0
         # resource key -> (last answer, repeats, next due)
         self._unchanged: dict[str, tuple[str, int, float]] = {}
-        self._full_at: dict[str, float] = {}  # gateway -> when its last complete full pass began (monotonic)
+        # gateway -> when its last complete full pass began (monotonic, and PostgreSQL's time)
+        self._full_at: dict[str, tuple[float, datetime]] = {}
+        self._fetch_errors = 0  # fetches the API failed to answer (an error or a timeout each attempt)
         self.requests: AIOKafkaConsumer | None = None  # orderly.fetch's consumer, once started
         self.readiness = Readiness()
 
@@ -146,12 +150,12 @@ class Fetcher:
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 fetches.labels(gateway, "error").inc()
             await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
+        self._fetch_errors += 1
         return None
 
     async def sync_parked(self) -> int:
         """One pass: fetch every resource with a stale parked event, of each gateway that fetches
         resources; returns synced events appended."""
-        assert self.pool is not None
         now = time.monotonic()
         waiting = {key for key, (_, _, due) in self._unchanged.items() if due > now}
         parked: set[str] = set()
@@ -161,24 +165,38 @@ class Fetcher:
             if fetch.parked is None:
                 continue
             mine = [key.partition(":")[2] for key in waiting if key.startswith(f"{gateway.name}:")]
-            full_at = self._full_at.get(gateway.name)
-            if fetch.parked_recent is not None and full_at is not None and now - full_at < FULL_PASS_S:
-                ids = [r["id"] for r in await self.pool.fetch(fetch.parked_recent, self.settings.fetch_parked_after_s,
-                                                              mine, now - full_at + RECENT_MARGIN_S)]
+            ids, recent, began = await self._wanted(gateway.name, fetch, mine, now)
+            if recent:
                 recent_only.add(gateway.name)
-            else:
-                ids = [r["id"] for r in await self.pool.fetch(fetch.parked, self.settings.fetch_parked_after_s, mine)]
-                if len(ids) < FULL_PAGE:  # else more may wait: the next pass is a full one too
-                    self._full_at[gateway.name] = now
             parked.update(f"{gateway.name}:{i}" for i in ids)
+            errors = self._fetch_errors
             for resource_id in ids:
                 appended += await self.sync_resource(gateway.name, resource_id)
+            # complete: less than a full page (else more may wait), each fetched without an API error
+            # (else asked again soon): until then every pass is a full one
+            if began is not None and len(ids) < FULL_PAGE and self._fetch_errors == errors:
+                self._full_at[gateway.name] = (now, began)
         for key in set(self._unchanged) - waiting - parked:
-            if key.partition(":")[0] not in recent_only:  # an older one is still parked, and still waits
+            # what a recent pass cannot see may still be parked: its back-off, if any, is kept
+            if key.partition(":")[0] not in recent_only or self._unchanged[key][1] == 0:
                 del self._unchanged[key]  # no longer parked: forgotten
         self.metrics.backing_off.set(len(waiting))
         self.metrics.passes.inc()  # a pass done: what a test of "not asked again" waits for
         return appended
+
+    async def _wanted(self, name: str, fetch: Fetch, mine: list[str], now: float
+                      ) -> tuple[list[str], bool, datetime | None]:
+        """The ids to fetch this pass (``mine`` left out), whether only the recent ones were asked for,
+        and, for a full pass of a gateway that has a recent query, PostgreSQL's time as it began."""
+        assert self.pool is not None and fetch.parked is not None
+        after_s = self.settings.fetch_parked_after_s
+        full = self._full_at.get(name)
+        if fetch.parked_recent is not None and full is not None and now - full[0] < FULL_PASS_S:
+            # what became due since the full pass too: received up to after_s before it began
+            since = full[1] - timedelta(seconds=after_s + RECENT_MARGIN_S)
+            return [r["id"] for r in await self.pool.fetch(fetch.parked_recent, after_s, mine, since)], True, None
+        began = await self.pool.fetchval("SELECT now()") if fetch.parked_recent is not None else None
+        return [r["id"] for r in await self.pool.fetch(fetch.parked, after_s, mine)], False, began
 
     def _answered(self, key: str, answer: str) -> None:
         """Remember what the gateway said about resource ``key``; the same answer again doubles the wait."""

@@ -82,13 +82,17 @@ FAILED_ATTEMPT = "payment_intent.payment_failed"
 # Only ``pi_`` ids: a charge's, refund's or dispute's thin event is keyed by its own id, which the
 # PaymentIntents API cannot answer.
 # Failed attempts only accumulate (a decline is common; an abandoned PaymentIntent is never
-# terminal), and a settled tie stays settled: FETCH_WANTED_RECENT (Fetch.parked_recent) reads only
-# those received in the last $3 seconds, the fetcher's passes between two of FETCH_WANTED's.
+# terminal), and a settled tie stays settled: FETCH_WANTED_RECENT (Fetch.parked_recent), the
+# fetcher's passes between two of FETCH_WANTED's, looks only at the PaymentIntents with a failed
+# attempt or an attempt step received at or after $3 (a tie appears when the later of its two
+# arrives, in either order); parked thin events, every one.
 WANTED_AT_MOST = 500  # resources a pass fetches at most, oldest first
+_TIED = ", ".join(f"'{t}'" for t in sorted({FAILED_ATTEMPT, *ATTEMPT_STEPS}))
 
 
 def _fetch_wanted(recent: bool) -> str:
-    since = " AND f.received_at >= now() - make_interval(secs => $3)" if recent else ""
+    since = (f" AND f.resource_id IN (SELECT r.resource_id FROM webhook_events r WHERE r.gateway = '{GATEWAY}'"
+             f"\n            AND r.event_type IN ({_TIED}) AND r.received_at >= $3)") if recent else ""
     return f"""
 WITH wanted AS (
   SELECT resource_id, received_at FROM webhook_events WHERE gateway = '{GATEWAY}' AND outcome = 'parked'

@@ -101,7 +101,7 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     assert "quarantine_open" in await plan(QUARANTINED_BY_STAGE)
     assert "Seq Scan on quarantine" not in await plan(QUARANTINED_BY_STAGE)
     wanted = await plan(FETCH_WANTED, 60.0, [])
-    assert "webhook_events_stripe_failed_at" in wanted and "Seq Scan on webhook_events" not in wanted
+    assert "webhook_events_stripe_failed" in wanted and "Seq Scan on webhook_events" not in wanted
     counts = await plan(queries.OVERVIEW)
     assert "quarantine_open" in counts
     assert "admin_actions_changes" in await plan(queries.LAST_CHANGE)
@@ -110,10 +110,10 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     await db.execute("SET plan_cache_mode = force_generic_plan")
     await db.execute(f"PREPARE wanted AS {FETCH_WANTED}")
     generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted(60, '{}')")]
-    assert any("webhook_events_stripe_failed_at" in line for line in generic), generic
+    assert any("webhook_events_stripe_failed" in line for line in generic), generic
     await db.execute(f"PREPARE wanted_recent AS {FETCH_WANTED_RECENT}")
-    generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted_recent(60, '{}', 3600)")]
-    at = next(i for i, line in enumerate(generic) if "webhook_events_stripe_failed_at" in line)
+    generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted_recent(60, '{}', now())")]
+    at = next(i for i, line in enumerate(generic) if "webhook_events_stripe_tied_at" in line)
     assert "Index Cond: (received_at >=" in generic[at + 1], generic  # read from the index, by time
     for n, (since, until) in enumerate([(True, "<"), (True, "<="), (True, None)]):
         await db.execute(f"PREPARE s{n} AS {queries._recent_statement(since, until)}")
@@ -372,19 +372,28 @@ async def test_a_statement_made_stale_inside_a_transaction_is_answered_503_try_a
             assert "schema changed" in (await resp.json())["detail"]
 
 
-
 async def test_the_stripe_pass_between_full_ones_reads_the_failed_attempts_received_lately(
         db: asyncpg.Connection) -> None:
-    """A failed attempt tied with an attempt step of the same second and not settled since is wanted;
-    the recent query finds it only when received within its seconds, the full query whenever."""
-    ago = [("pi_old", timedelta(hours=2)), ("pi_new", timedelta(minutes=5))]
-    for pi, age in ago:
-        for n, kind in enumerate(("payment_intent.processing", "payment_intent.payment_failed")):
-            await db.execute(
-                "INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, received_at, "
-                "outcome, payload) VALUES ($1, 'stripe', $1, $2, $3, now() - $4::interval, 'applied', $5)",
-                f"{pi}-{n}", pi, kind, age, '{"created": 1796000000}')
+    """A failed attempt tied with an attempt step of the same second and not settled since is wanted.
+    The recent query finds it once either of the two was received since its time (a tie appears
+    with the later one, in either order), the full query whenever; a parked thin event, always."""
+    rows = [("pi_old", "payment_intent.processing", timedelta(hours=2)),
+            ("pi_old", "payment_intent.payment_failed", timedelta(hours=2)),
+            ("pi_new", "payment_intent.payment_failed", timedelta(minutes=5)),
+            ("pi_new", "payment_intent.processing", timedelta(minutes=5)),
+            ("pi_late", "payment_intent.payment_failed", timedelta(hours=3)),  # its step came late
+            ("pi_late", "payment_intent.requires_action", timedelta(minutes=2))]
+    for n, (pi, kind, age) in enumerate(rows):
+        await db.execute(
+            "INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, received_at, "
+            "outcome, payload) VALUES ($1, 'stripe', $1, $2, $3, now() - $4::interval, 'applied', $5)",
+            f"d{n}", pi, kind, age, '{"created": 1796000000}')
+    await db.execute("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
+                     "received_at, outcome) VALUES ('thin', 'stripe', 'thin', 'pi_thin', "
+                     "'payment_intent.succeeded', now() - interval '4 hours', 'parked')")
+    hour_ago = await db.fetchval("SELECT now() - interval '1 hour'")
     full = [r["id"] for r in await db.fetch(FETCH_WANTED, 60.0, [])]
-    recent = [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], 3600.0)]
-    assert (full, recent) == (["pi_old", "pi_new"], ["pi_new"])
-    assert [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], 3 * 3600.0)] == ["pi_old", "pi_new"]
+    recent = [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], hour_ago)]
+    assert (full, recent) == (["pi_thin", "pi_late", "pi_old", "pi_new"], ["pi_thin", "pi_late", "pi_new"])
+    three_hours_ago = hour_ago - timedelta(hours=2, minutes=1)
+    assert [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], three_hours_ago)] == full
