@@ -16,7 +16,6 @@ import contextlib
 import logging
 import time
 import uuid
-from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app import pg_pool
 from app.effects import require_https
+from app.fetch_passes import FullPasses
 from app.fetch_requests import consume_fetch_requests
 from app.gateways import registry
 from app.gateways.limits import body_error
@@ -50,15 +50,6 @@ log = logging.getLogger("orderly.fetcher")
 MAX_BACKOFF_S = 3600.0
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # a gateway's answer about one resource, or one page of its events
 LAG_EVERY_S = 5.0  # how often the lag of the fetch requests' group is read
-# A gateway with a ``parked_recent`` query (Stripe: failed attempts only accumulate) has its full
-# ``parked`` query run at the first pass, then once an hour, and again at the next pass while one finds
-# a full page (the LIMIT of every parked query: a backlog) or the API failed a fetch of it; the passes
-# between read what was received since the last complete full pass began (PostgreSQL's time), less
-# ORDERLY_FETCH_PARKED_AFTER_S (what was not due yet then) and a margin for the projector's lag and
-# the ingest's clock against PostgreSQL's.
-FULL_PASS_S = 3600.0
-FULL_PAGE = 500
-RECENT_MARGIN_S = 600.0
 
 
 def fetching(settings: Settings) -> list[tuple[Gateway, Fetch, str]]:
@@ -86,9 +77,8 @@ class Fetcher:
         self._next_slot = 0.0
         # resource key -> (last answer, repeats, next due)
         self._unchanged: dict[str, tuple[str, int, float]] = {}
-        # gateway -> when its last complete full pass began (monotonic, and PostgreSQL's time)
-        self._full_at: dict[str, tuple[float, datetime]] = {}
-        self._fetch_errors = 0  # fetches the API failed to answer (an error or a timeout each attempt)
+        self.passes = FullPasses()
+        self._fetch_errors: dict[str, int] = {}  # per gateway: fetches the API failed (5xx, 429, no answer)
         self.requests: AIOKafkaConsumer | None = None  # orderly.fetch's consumer, once started
         self.readiness = Readiness()
 
@@ -132,6 +122,7 @@ class Fetcher:
         """The gateway's JSON answer for one resource (``url``: its GET URL), or None (a 404 remembered)."""
         assert self.http is not None
         fetches = self.metrics.fetches
+        outage = False
         for attempt in range(1, attempts + 1):
             await self._throttle()
             try:
@@ -147,56 +138,45 @@ class Fetcher:
                         self._answered(f"{gateway}:{resource_id}", "not found")
                         return None
                     fetches.labels(gateway, "error").inc()
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+                    outage = resp.status >= 500 or resp.status == 429
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 fetches.labels(gateway, "error").inc()
+                outage = not isinstance(exc, ValueError)  # an answer that does not read is the resource's
             await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
-        self._fetch_errors += 1
+        if outage:  # the API failing (fetch_passes.py: a full pass is then not complete)
+            self._fetch_errors[gateway] = self._fetch_errors.get(gateway, 0) + 1
         return None
 
     async def sync_parked(self) -> int:
         """One pass: fetch every resource with a stale parked event, of each gateway that fetches
-        resources; returns synced events appended."""
+        resources (app/fetch_passes.py: all of them, or those that can have changed); returns synced
+        events appended."""
+        assert self.pool is not None
         now = time.monotonic()
         waiting = {key for key, (_, _, due) in self._unchanged.items() if due > now}
         parked: set[str] = set()
-        recent_only: set[str] = set()  # gateways this pass asked for the recent ones only
         appended = 0
         for gateway, fetch, _ in fetching(self.settings):
             if fetch.parked is None:
                 continue
-            mine = [key.partition(":")[2] for key in waiting if key.startswith(f"{gateway.name}:")]
-            ids, recent, began = await self._wanted(gateway.name, fetch, mine, now)
-            if recent:
-                recent_only.add(gateway.name)
-            parked.update(f"{gateway.name}:{i}" for i in ids)
-            errors = self._fetch_errors
-            for resource_id in ids:
-                appended += await self.sync_resource(gateway.name, resource_id)
-            # complete: less than a full page (else more may wait), each fetched without an API error
-            # (else asked again soon): until then every pass is a full one
-            if began is not None and len(ids) < FULL_PAGE and self._fetch_errors == errors:
-                self._full_at[gateway.name] = (now, began)
+            name = gateway.name
+            mine = [key.partition(":")[2] for key in waiting if key.startswith(f"{name}:")]
+            asked = [key.partition(":")[2] for key in set(self._unchanged) - waiting if key.startswith(f"{name}:")]
+            wanted = await self.passes.wanted(self.pool, name, fetch, self.settings.fetch_parked_after_s, mine,
+                                              asked, now)
+            parked.update(f"{name}:{i}" for i in wanted.ids)
+            failed = self._fetch_errors.get(name, 0)
+            for resource_id in wanted.ids:
+                appended += await self.sync_resource(name, resource_id)
+            failed = self._fetch_errors.get(name, 0) - failed
+            if not self.passes.fetched(name, wanted, failed, now):
+                log.info("%s: a full pass found %d resources, %d fetches failed at the API: the next pass is a "
+                         "full one too", name, len(wanted.ids), failed)
         for key in set(self._unchanged) - waiting - parked:
-            # what a recent pass cannot see may still be parked: its back-off, if any, is kept
-            if key.partition(":")[0] not in recent_only or self._unchanged[key][1] == 0:
-                del self._unchanged[key]  # no longer parked: forgotten
+            del self._unchanged[key]  # no longer parked: forgotten
         self.metrics.backing_off.set(len(waiting))
         self.metrics.passes.inc()  # a pass done: what a test of "not asked again" waits for
         return appended
-
-    async def _wanted(self, name: str, fetch: Fetch, mine: list[str], now: float
-                      ) -> tuple[list[str], bool, datetime | None]:
-        """The ids to fetch this pass (``mine`` left out), whether only the recent ones were asked for,
-        and, for a full pass of a gateway that has a recent query, PostgreSQL's time as it began."""
-        assert self.pool is not None and fetch.parked is not None
-        after_s = self.settings.fetch_parked_after_s
-        full = self._full_at.get(name)
-        if fetch.parked_recent is not None and full is not None and now - full[0] < FULL_PASS_S:
-            # what became due since the full pass too: received up to after_s before it began
-            since = full[1] - timedelta(seconds=after_s + RECENT_MARGIN_S)
-            return [r["id"] for r in await self.pool.fetch(fetch.parked_recent, after_s, mine, since)], True, None
-        began = await self.pool.fetchval("SELECT now()") if fetch.parked_recent is not None else None
-        return [r["id"] for r in await self.pool.fetch(fetch.parked, after_s, mine)], False, began
 
     def _answered(self, key: str, answer: str) -> None:
         """Remember what the gateway said about resource ``key``; the same answer again doubles the wait."""

@@ -82,17 +82,20 @@ FAILED_ATTEMPT = "payment_intent.payment_failed"
 # Only ``pi_`` ids: a charge's, refund's or dispute's thin event is keyed by its own id, which the
 # PaymentIntents API cannot answer.
 # Failed attempts only accumulate (a decline is common; an abandoned PaymentIntent is never
-# terminal), and a settled tie stays settled: FETCH_WANTED_RECENT (Fetch.parked_recent), the
-# fetcher's passes between two of FETCH_WANTED's, looks only at the PaymentIntents with a failed
-# attempt or an attempt step received at or after $3 (a tie appears when the later of its two
-# arrives, in either order); parked thin events, every one.
+# terminal), and a settled tie stays settled: FETCH_WANTED_RECENT (Fetch.parked_recent, the
+# fetcher's passes between two of FETCH_WANTED's: app/fetch_passes.py) looks only at the
+# PaymentIntents with a failed attempt or an attempt step written to the read model at or after $3
+# (a tie appears with the later of its two, in either order; a redriven or late one is written
+# late, whenever the ingest received it) and at those in $4 (the fetcher asked about them before);
+# at parked thin events, all of them.
 WANTED_AT_MOST = 500  # resources a pass fetches at most, oldest first
 _TIED = ", ".join(f"'{t}'" for t in sorted({FAILED_ATTEMPT, *ATTEMPT_STEPS}))
 
 
 def _fetch_wanted(recent: bool) -> str:
     since = (f" AND f.resource_id IN (SELECT r.resource_id FROM webhook_events r WHERE r.gateway = '{GATEWAY}'"
-             f"\n            AND r.event_type IN ({_TIED}) AND r.received_at >= $3)") if recent else ""
+             f"\n            AND r.event_type IN ({_TIED}) AND r.projected_at >= $3"
+             f"\n            UNION ALL SELECT unnest($4::text[]))") if recent else ""
     return f"""
 WITH wanted AS (
   SELECT resource_id, received_at FROM webhook_events WHERE gateway = '{GATEWAY}' AND outcome = 'parked'

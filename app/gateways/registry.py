@@ -80,8 +80,8 @@ class Fetch:
     id_field: str = ""
     synced: Callable[[str, object, int], bytes] | None = None
     parked: str | None = None
-    # ``parked`` for what was received in the last ``$3`` seconds only, when what it finds older stays
-    # found until a fetch settles it (the fetcher's passes between two full ones: app/fetcher.py)
+    # ``parked`` for the resources with rows written at or after ``$3`` (a time) and the ids in ``$4``
+    # only, when what it finds older stays found until a fetch settles it (app/fetch_passes.py)
     parked_recent: str | None = None
     backfill: str | None = None
     # the description of ORDERLY_<NAME>_API_KEY (a secret sent as ``Authorization: Bearer`` when

@@ -19,7 +19,7 @@ import pytest
 
 from app.admin import actions, queries
 from app.admin.context import ADMIN
-from app.core.stripe import FETCH_WANTED, FETCH_WANTED_RECENT
+from app.core.stripe import FETCH_WANTED
 from app.projector import QUARANTINED_BY_STAGE
 from app.stack.postgres import PostgresServer
 from projections.migrate import connect, migrate
@@ -111,10 +111,6 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     await db.execute(f"PREPARE wanted AS {FETCH_WANTED}")
     generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted(60, '{}')")]
     assert any("webhook_events_stripe_failed" in line for line in generic), generic
-    await db.execute(f"PREPARE wanted_recent AS {FETCH_WANTED_RECENT}")
-    generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted_recent(60, '{}', now())")]
-    at = next(i for i, line in enumerate(generic) if "webhook_events_stripe_tied_at" in line)
-    assert "Index Cond: (received_at >=" in generic[at + 1], generic  # read from the index, by time
     for n, (since, until) in enumerate([(True, "<"), (True, "<="), (True, None)]):
         await db.execute(f"PREPARE s{n} AS {queries._recent_statement(since, until)}")
         bounds = ", now()" * (1 + (until is not None))
@@ -370,30 +366,3 @@ async def test_a_statement_made_stale_inside_a_transaction_is_answered_503_try_a
         async with http.get(f"{url}/api/gaps") as resp:
             assert resp.status == 503, await resp.text()
             assert "schema changed" in (await resp.json())["detail"]
-
-
-async def test_the_stripe_pass_between_full_ones_reads_the_failed_attempts_received_lately(
-        db: asyncpg.Connection) -> None:
-    """A failed attempt tied with an attempt step of the same second and not settled since is wanted.
-    The recent query finds it once either of the two was received since its time (a tie appears
-    with the later one, in either order), the full query whenever; a parked thin event, always."""
-    rows = [("pi_old", "payment_intent.processing", timedelta(hours=2)),
-            ("pi_old", "payment_intent.payment_failed", timedelta(hours=2)),
-            ("pi_new", "payment_intent.payment_failed", timedelta(minutes=5)),
-            ("pi_new", "payment_intent.processing", timedelta(minutes=5)),
-            ("pi_late", "payment_intent.payment_failed", timedelta(hours=3)),  # its step came late
-            ("pi_late", "payment_intent.requires_action", timedelta(minutes=2))]
-    for n, (pi, kind, age) in enumerate(rows):
-        await db.execute(
-            "INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, received_at, "
-            "outcome, payload) VALUES ($1, 'stripe', $1, $2, $3, now() - $4::interval, 'applied', $5)",
-            f"d{n}", pi, kind, age, '{"created": 1796000000}')
-    await db.execute("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
-                     "received_at, outcome) VALUES ('thin', 'stripe', 'thin', 'pi_thin', "
-                     "'payment_intent.succeeded', now() - interval '4 hours', 'parked')")
-    hour_ago = await db.fetchval("SELECT now() - interval '1 hour'")
-    full = [r["id"] for r in await db.fetch(FETCH_WANTED, 60.0, [])]
-    recent = [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], hour_ago)]
-    assert (full, recent) == (["pi_thin", "pi_late", "pi_old", "pi_new"], ["pi_thin", "pi_late", "pi_new"])
-    three_hours_ago = hour_ago - timedelta(hours=2, minutes=1)
-    assert [r["id"] for r in await db.fetch(FETCH_WANTED_RECENT, 60.0, [], three_hours_ago)] == full
