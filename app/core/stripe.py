@@ -92,16 +92,16 @@ WANTED_AT_MOST = 500  # resources a pass fetches at most, oldest first
 _TIED = ", ".join(f"'{t}'" for t in sorted({FAILED_ATTEMPT, *ATTEMPT_STEPS}))
 
 
-def _fetch_wanted(recent: bool) -> str:
-    since = (f" AND f.resource_id IN (SELECT r.resource_id FROM webhook_events r WHERE r.gateway = '{GATEWAY}'"
-             f"\n            AND r.event_type IN ({_TIED}) AND r.projected_at >= $3"
-             f"\n            UNION ALL SELECT unnest($4::text[]))") if recent else ""
-    return f"""
+# the recent pass's filter of the failed attempts ("<since>" in the query)
+_RECENT = (f" AND f.resource_id IN (SELECT r.resource_id FROM webhook_events r WHERE r.gateway = '{GATEWAY}'"
+           f"\n            AND r.event_type IN ({_TIED}) AND r.projected_at >= $3"
+           f"\n            UNION ALL SELECT unnest($4::text[]))")
+_WANTED = f"""
 WITH wanted AS (
   SELECT resource_id, received_at FROM webhook_events WHERE gateway = '{GATEWAY}' AND outcome = 'parked'
   UNION ALL
   SELECT f.resource_id, f.received_at FROM webhook_events f
-   WHERE f.gateway = '{GATEWAY}' AND f.event_type = '{FAILED_ATTEMPT}'{since} AND EXISTS (
+   WHERE f.gateway = '{GATEWAY}' AND f.event_type = '{FAILED_ATTEMPT}'<since> AND EXISTS (
          SELECT 1 FROM webhook_events s WHERE s.gateway = '{GATEWAY}' AND s.resource_id = f.resource_id
             AND s.event_type IN ({", ".join(f"'{t}'" for t in sorted(ATTEMPT_STEPS))})
             AND s.payload->>'created' = f.payload->>'created')
@@ -114,10 +114,8 @@ WITH wanted AS (
 SELECT resource_id AS id FROM wanted WHERE resource_id LIKE 'pi\\_%' AND resource_id <> ALL($2::text[])
  GROUP BY resource_id HAVING min(received_at) < now() - make_interval(secs => $1)
  ORDER BY min(received_at) LIMIT {WANTED_AT_MOST}"""
-
-
-FETCH_WANTED = _fetch_wanted(recent=False)
-FETCH_WANTED_RECENT = _fetch_wanted(recent=True)
+FETCH_WANTED = _WANTED.replace("<since>", "")
+FETCH_WANTED_RECENT = _WANTED.replace("<since>", _RECENT)
 
 Key = tuple[int, int, int, str]
 
