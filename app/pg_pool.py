@@ -1,5 +1,5 @@
 """The asyncpg pools of Orderly's own processes (the ingest's correlations, the sinks, the fetcher),
-made one way (I/O shell).
+made one way, and a transaction made again when a migration made its statements stale (I/O shell).
 
 asyncpg resets a connection each time it goes back to its pool: ``SELECT pg_advisory_unlock_all();
 CLOSE ALL; UNLISTEN *; RESET ALL`` (``Connection.get_reset_query``), one round trip to PostgreSQL and
@@ -15,11 +15,14 @@ operator's queries) keep asyncpg's reset.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 
 from projections.migrate import quote_ident
+
+T = TypeVar("T")
 
 
 async def _nothing_to_reset(_conn: asyncpg.Connection) -> None:
@@ -31,3 +34,13 @@ async def create_pool(dsn: str, namespace: str, **options: Any) -> asyncpg.Pool:
     pool: asyncpg.Pool = await asyncpg.create_pool(
         dsn, reset=_nothing_to_reset, server_settings={"search_path": quote_ident(namespace)}, **options)
     return pool
+
+
+async def prepared_anew(transaction: Callable[[], Awaitable[T]]) -> T:
+    """``transaction()``, made once more if a migration made one of its statements stale (a column's
+    type changed under it): inside a transaction asyncpg does not prepare it again as it does
+    outside one, but drops it from its cache and raises; the transaction was rolled back."""
+    try:
+        return await transaction()
+    except asyncpg.InvalidCachedStatementError:
+        return await transaction()

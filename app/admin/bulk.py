@@ -17,12 +17,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Literal
-
-import asyncpg
 
 from app.admin import actions
 from app.gateways import registry
+from app.pg_pool import prepared_anew
 from app.producer import KeyedProducer
 from projections.bulk import Conn
 from topics.catalog import TopicNames
@@ -223,7 +223,8 @@ async def redrive_quarantined(conn: Conn, producer: KeyedProducer | None, n: Top
     done, refused, first_refusal, lost = 0, 0, "", ""
     for delivery_id, redrives in ids:
         try:
-            await _redrive(conn, producer, n, delivery_id, now_ms, redrives)
+            # a migration made the locking read stale: it failed before the append, rolled back
+            await prepared_anew(partial(actions.redrive_one, conn, producer, n, delivery_id, now_ms, redrives))
             done += 1
         except actions.ActionRefused as exc:
             if exc.status == 503:
@@ -240,15 +241,3 @@ async def redrive_quarantined(conn: Conn, producer: KeyedProducer | None, n: Top
     if lost:
         raise actions.ActionRefused(result, 503)
     return Outcome("quarantine.redrive.bulk", f.describe(), matched, done, refused, False, result)
-
-
-async def _redrive(conn: Conn, producer: KeyedProducer, n: TopicNames, delivery_id: str, now_ms: int,
-                   redrives: int) -> None:
-    """One record's redrive, made once more if a migration made a statement stale meanwhile: the
-    statement that fails is the one that locks the row, before the append, and the record's
-    transaction is rolled back (asyncpg prepares it anew only outside a transaction). Not a stop
-    half-way through the call without its audit row."""
-    try:
-        await actions.redrive_one(conn, producer, n, delivery_id, now_ms, redrives)
-    except asyncpg.InvalidCachedStatementError:
-        await actions.redrive_one(conn, producer, n, delivery_id, now_ms, redrives)

@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-import asyncpg
 import orjson
 
 from app.admin import timeline
 from app.gateways import registry
+from app.pg_pool import prepared_anew
 from projections.bulk import Conn
 
 # The timeline: every delivery with its latest outcome and why, the gateway's own ordering fields
@@ -285,10 +285,7 @@ async def _recent_in_snapshot(conn: Conn, gateway: str | None, wanted: int, afte
         async with conn.transaction(isolation="repeatable_read", readonly=True), asyncio.timeout_at(deadline):
             return await _recent(conn, gateway, wanted, after)
 
-    try:
-        return await read()
-    except asyncpg.InvalidCachedStatementError:  # asyncpg dropped the stale statement from its cache
-        return await read()
+    return await prepared_anew(read)
 
 
 async def _recent(conn: Conn, gateway: str | None, wanted: int, after: Cursor | None) -> list[Any]:
