@@ -173,7 +173,7 @@ async def effects(request: web.Request) -> web.Response:
         state = "dead"
     async with request.app[ADMIN].db() as conn:
         items = await queries.effects(conn, state, 200)
-        counts = await conn.fetchrow(queries.EFFECT_COUNTS)
+        counts = await queries.effect_counts(conn)
     return render(request, "effects.html", items=items, state=state, counts=counts, most=bulk.MOST_PER_CALL)
 
 

@@ -45,9 +45,11 @@ SELECT dedupe_key, type, payload, caused_by, created_at, delivered_at, attempts,
  WHERE gateway = $1 AND resource_id = $2 ORDER BY created_at, dedupe_key"""
 
 # Effects pending, dead and delivered: the overview's and the effects page's tabs.
-_EFFECTS_BY_STATE = """(SELECT count(*) FROM effects WHERE delivered_at IS NULL AND dead_at IS NULL) AS effects_pending,
-       (SELECT count(*) FROM effects WHERE dead_at IS NOT NULL AND delivered_at IS NULL) AS effects_dead,
-       (SELECT count(*) FROM effects WHERE delivered_at IS NOT NULL) AS effects_delivered"""
+_EFFECT_STATE = {"pending": "delivered_at IS NULL AND dead_at IS NULL",
+                 "dead": "dead_at IS NOT NULL AND delivered_at IS NULL",
+                 "delivered": "delivered_at IS NOT NULL"}
+_EFFECTS_BY_STATE = ",\n       ".join(f"(SELECT count(*) FROM effects WHERE {where}) AS effects_{state}"
+                                     for state, where in _EFFECT_STATE.items())
 # One pass over webhook_events for both columns of deliveries by outcome (app/admin/overview.py shares
 # the result among readers: it reads the whole history); the rest are read through partial indexes,
 # but for the quarantine's and the delivered effects' totals.
@@ -139,17 +141,22 @@ SELECT merchant, start_seq, end_seq, end_seq - start_seq + 1 AS missing, first_s
        extract(epoch FROM now() - first_seen_at)::bigint AS age_s, backfill_requested_at
   FROM pg_sequence_gaps ORDER BY first_seen_at, start_seq LIMIT $1"""
 
-EFFECTS = """
+# The effects page's and GET /api/effects' lists, newest first, one statement a state, each through its
+# partial index (effects_due, effects_dead, 0018's effects_delivered): delivered effects only accumulate.
+_EFFECTS = """
 SELECT dedupe_key, type, gateway, resource_id, caused_by, created_at, delivered_at, dead_at, attempts, last_error,
        next_attempt_at
-  FROM effects
- WHERE CASE $1::text WHEN 'pending' THEN delivered_at IS NULL AND dead_at IS NULL
-                     WHEN 'dead' THEN dead_at IS NOT NULL AND delivered_at IS NULL
-                     WHEN 'delivered' THEN delivered_at IS NOT NULL END
- ORDER BY created_at DESC, dedupe_key LIMIT $2"""
+  FROM effects WHERE {where}
+ ORDER BY created_at DESC, dedupe_key LIMIT $1"""
+EFFECTS = {state: _EFFECTS.format(where=where) for state, where in _EFFECT_STATE.items()}
 EFFECT_STATES = ("pending", "dead", "delivered")
-# The effects page's tabs, read with its list (on a visit: the shared counts may be a moment old)
-EFFECT_COUNTS = "SELECT " + _EFFECTS_BY_STATE
+# The effects page's tabs, read with its list on each visit: each counted up to EFFECT_COUNT_CAP through
+# its index, so a visit costs the same whatever the history holds (shown as "100,000+" past it; the
+# overview's shared counts count every effect).
+EFFECT_COUNT_CAP = 100_000
+EFFECT_COUNTS = "SELECT " + ",\n       ".join(
+    f"(SELECT count(*) FROM (SELECT FROM effects WHERE {where} LIMIT $1) e) AS effects_{state}"
+    for state, where in _EFFECT_STATE.items())
 
 AUDIT = """
 SELECT id, at, actor, action, target, result FROM admin_actions
@@ -348,7 +355,14 @@ async def gaps(conn: Conn, limit: int = 200) -> list[dict[str, Any]]:
 async def effects(conn: Conn, state: str, limit: int = 100) -> list[dict[str, Any]]:
     if state not in EFFECT_STATES:
         raise ValueError(f"state must be one of {', '.join(EFFECT_STATES)}")
-    return [{**dict(r), "status": state} for r in await conn.fetch(EFFECTS, state, limit)]
+    return [{**dict(r), "status": state} for r in await conn.fetch(EFFECTS[state], limit)]
+
+
+async def effect_counts(conn: Conn, cap: int = EFFECT_COUNT_CAP) -> dict[str, int | str]:
+    """The effects page's tabs: each state's count, or "100,000+" past ``cap``."""
+    counted = await conn.fetchrow(EFFECT_COUNTS, cap + 1)
+    assert counted is not None  # a SELECT of subqueries: always one row
+    return {name: f"{cap:,}+" if n > cap else n for name, n in counted.items()}
 
 
 async def audit_log(conn: Conn, limit: int = 50, actor: str | None = None,
