@@ -100,16 +100,18 @@ async def resources(request: web.Request) -> web.Response:
     gateway = q.get("gateway") or None
     if gateway is not None and registry.find(gateway) is None:
         gateway = None
+    text = (q.get("q") or "")[:200] or None
     try:
         async with request.app[ADMIN].db() as conn:
-            found = await queries.search(conn, gateway, q.get("status") or None, (q.get("q") or "")[:200] or None,
-                                         50, q.get("cursor") or None)
+            found = await queries.search(conn, gateway, q.get("status") or None, text, 50, q.get("cursor") or None)
+            set_aside = text is not None and await conn.fetchval(queries.SET_ASIDE, text)
     except queries.BadCursor as exc:
         return render(request, "message.html", status=400, title="Search", message=str(exc))
     more = None
     if found["next_cursor"]:
         more = "/resources?" + urlencode({k: v for k, v in {**q, "cursor": found["next_cursor"]}.items() if v})
-    return render(request, "resources.html", items=found["items"], more=more, query=dict(q))
+    return render(request, "resources.html", items=found["items"], more=more, query=dict(q),
+                  set_aside=text if set_aside else None)
 
 
 async def resource(request: web.Request) -> web.Response:

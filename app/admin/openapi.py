@@ -69,7 +69,7 @@ def admin_paths() -> dict[str, Json]:
             parameters=[query("gateway", "only this gateway", {"type": "string", "enum": gateways}),
                         query("status", "the resource's status (e.g. paid, captured), or `parked`",
                               {"type": "string", "maxLength": 200}),
-                        query("q", "part of the resource id, or an exact gateway event id",
+                        query("q", "part of the resource id, or an exact gateway event id or delivery id",
                               {"type": "string", "maxLength": 200}),
                         LIMIT, query("cursor", "next_cursor of the previous page", {"type": "string"})])},
         "/api/resources/{gateway}/{resource_id}": {"get": _api(
