@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.admin import actions, bulk, queries, timeline
+from app.admin import actions, bulk, queries, resource_search, timeline
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, Refused, json_response, kafka_producer, path_id, problem, text_param
 from app.admin.openapi import document
@@ -83,10 +83,10 @@ async def api_search(request: web.Request) -> web.Response:
     q = request.query
     try:
         async with request.app[ADMIN].db() as conn:
-            found = await queries.search(conn, _gateway(q.get("gateway")), text_param(request, "status"),
-                                         text_param(request, "q"), _limit(request),
-                                         text_param(request, "cursor", 2000))
-    except queries.BadCursor as exc:
+            found = await resource_search.search(conn, _gateway(q.get("gateway")), text_param(request, "status"),
+                                                 text_param(request, "q", resource_search.Q_MAX), _limit(request),
+                                                 text_param(request, "cursor", 2000))
+    except resource_search.BadCursor as exc:
         return problem(400, str(exc))
     return json_response(found)
 

@@ -17,7 +17,7 @@ import jinja2
 import orjson
 from aiohttp import web
 
-from app.admin import actions, auth, bulk, display, queries, timeline
+from app.admin import actions, auth, bulk, display, queries, resource_search, timeline
 from app.admin.api import overview_body
 from app.admin.context import ADMIN, IDENTITY, Admin
 from app.admin.http import ID, form, kafka_producer, path_id, redirect, safe_next, text_param
@@ -91,7 +91,7 @@ async def overview(request: web.Request) -> web.Response:
     if request.query.get("partial") == "counts":  # the refresh of the counts only: not the recent resources
         return render(request, "counts.html", o=body, outcomes=OUTCOMES)
     async with request.app[ADMIN].db() as conn:
-        recent = await queries.search(conn, limit=10)
+        recent = await resource_search.search(conn, limit=10)
     return render(request, "overview.html", o=body, outcomes=OUTCOMES, recent=recent["items"])
 
 
@@ -100,18 +100,20 @@ async def resources(request: web.Request) -> web.Response:
     gateway = q.get("gateway") or None
     if gateway is not None and registry.find(gateway) is None:
         gateway = None
-    text = (q.get("q") or "")[:200] or None
+    text = (q.get("q") or "")[:resource_search.Q_MAX] or None
+    cursor = q.get("cursor") or None
     try:
         async with request.app[ADMIN].db() as conn:
-            found = await queries.search(conn, gateway, q.get("status") or None, text, 50, q.get("cursor") or None)
-            set_aside = text is not None and await conn.fetchval(queries.SET_ASIDE, text)
-    except queries.BadCursor as exc:
+            found = await resource_search.search(conn, gateway, q.get("status") or None, text, 50, cursor)
+            # said on the first page: a delivery id searched for that was set aside, with its redrives
+            redrives = await resource_search.set_aside(conn, text, gateway) if text and not cursor else None
+    except resource_search.BadCursor as exc:
         return render(request, "message.html", status=400, title="Search", message=str(exc))
     more = None
     if found["next_cursor"]:
         more = "/resources?" + urlencode({k: v for k, v in {**q, "cursor": found["next_cursor"]}.items() if v})
     return render(request, "resources.html", items=found["items"], more=more, query=dict(q),
-                  set_aside=text if set_aside else None)
+                  set_aside=None if redrives is None else (text, redrives))
 
 
 async def resource(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from app.admin import bulk, shapes
+from app.admin import bulk, resource_search, shapes
 from app.admin.openapi_ingest import INGEST_SERVER, delivery_schema, ingest_paths, webhooks
 from app.admin.openapi_parts import (
     GUARDED,
@@ -69,8 +69,8 @@ def admin_paths() -> dict[str, Json]:
             parameters=[query("gateway", "only this gateway", {"type": "string", "enum": gateways}),
                         query("status", "the resource's status (e.g. paid, captured), or `parked`",
                               {"type": "string", "maxLength": 200}),
-                        query("q", "part of the resource id, or an exact gateway event id or delivery id",
-                              {"type": "string", "maxLength": 200}),
+                        query("q", "a whole resource id, gateway event id or delivery id, else part of a resource id",
+                              {"type": "string", "maxLength": resource_search.Q_MAX}),
                         LIMIT, query("cursor", "next_cursor of the previous page", {"type": "string"})])},
         "/api/resources/{gateway}/{resource_id}": {"get": _api(
             "getResource", "current state, the decision timeline and the effects emitted",

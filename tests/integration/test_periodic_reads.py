@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from app.admin import actions, queries
+from app.admin import actions, queries, resource_search
 from app.admin.context import ADMIN
 from app.core.stripe import FETCH_WANTED
 from app.projector import QUARANTINED_BY_STAGE
@@ -112,7 +112,7 @@ async def test_the_timer_reads_can_use_their_partial_indexes(db: asyncpg.Connect
     generic = [r[0] for r in await db.fetch("EXPLAIN EXECUTE wanted(60, '{}')")]
     assert any("webhook_events_stripe_failed" in line for line in generic), generic
     for n, (since, until) in enumerate([(True, "<"), (True, "<="), (True, None)]):
-        await db.execute(f"PREPARE s{n} AS {queries._recent_statement(since, until)}")
+        await db.execute(f"PREPARE s{n} AS {resource_search.recent_statement(since, until)}")
         bounds = ", now()" * (1 + (until is not None))
         generic = [r[0] for r in await db.fetch(f"EXPLAIN EXECUTE s{n}(NULL, NULL, NULL, NULL, 10{bounds})")]
         assert any("Cond:" in line and "received_at >= $6" in line for line in generic), generic
@@ -124,13 +124,13 @@ async def test_the_refresh_of_the_counts_does_not_list_resources(
     resources (a grouping of every delivery) the page shows once."""
     await _deliveries(db, 1, 3, "applied")
     searches: list[int] = []
-    search = queries.search
+    search = resource_search.search
 
     async def counted(*args: Any, **kw: Any) -> dict[str, Any]:
         searches.append(kw.get("limit", 0))
         return await search(*args, **kw)
 
-    monkeypatch.setattr(queries, "search", counted)
+    monkeypatch.setattr(resource_search, "search", counted)
     settings = make_settings("127.0.0.1:1", postgres.dsn, namespace)
     jar = aiohttp.CookieJar(unsafe=True)  # cookies of an address, not a name
     async with served(settings) as (url, _), aiohttp.ClientSession(cookie_jar=jar) as http:
@@ -184,26 +184,26 @@ async def _lists_what_grouping_every_delivery_lists(db: asyncpg.Connection) -> N
                      "CASE WHEN length(resource_id) % 2 = 0 THEN 'succeeded' ELSE 'processing' END "
                      "FROM webhook_events WHERE gateway = 'stripe'")
     await db.execute("VACUUM ANALYZE webhook_events")  # the BRIN index summarised, as autovacuum leaves it
-    statuses = queries._status_union()
+    statuses = queries.status_union()
 
     def every_delivery(gateway: str | None, limit: int) -> Any:
         async def page(cursor: str | None) -> dict[str, Any]:  # the grouping of every delivery, as before
-            after = queries.Cursor.decode(cursor) if cursor else None
-            found = await db.fetch(queries.SEARCH.format(statuses=statuses), gateway, None, None, None,
+            after = resource_search.Cursor.decode(cursor) if cursor else None
+            found = await db.fetch(resource_search.SEARCH.format(statuses=statuses), gateway, None, None,
                                    after.last_at if after else None, after.gateway if after else None,
                                    after.resource_id if after else None, limit + 1)
             items = [dict(r) for r in found[:limit]]
             last = items[-1] if len(found) > limit else None
-            return {"items": items, "next_cursor": queries.Cursor(last["last_at"], last["gateway"],
-                                                                  last["resource_id"]).encode() if last else None}
+            return {"items": items, "next_cursor": resource_search.Cursor(
+                last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
         return page
 
     gateways: tuple[str | None, ...] = (None, "pg", "stripe")
     for gateway in gateways:
         for limit in (1, 3, 7, 50):
             expected = await _pages(every_delivery(gateway, limit), limit)
-            listed = await _pages(lambda cursor, g=gateway, n=limit: queries.search(db, g, None, None, n, cursor),
-                                  limit)
+            listed = await _pages(
+                lambda cursor, g=gateway, n=limit: resource_search.search(db, g, None, None, n, cursor), limit)
             assert listed == expected, (gateway, limit)
             if gateway is None:
                 assert len(listed) == 96 + len(names)
@@ -258,10 +258,11 @@ async def test_it_lists_the_same_in_a_database_of_another_collation(en_us_postgr
 
 async def test_a_cursor_at_either_end_of_the_calendar_is_answered(db: asyncpg.Connection) -> None:
     await _deliveries(db, 1, 3, "applied")
-    cursor = queries.Cursor(datetime(1, 1, 1, 0, 0, 30, tzinfo=UTC), "pg", "dep_1").encode()
-    assert await queries.search(db, cursor=cursor) == {"items": [], "next_cursor": None}
-    cursor = queries.Cursor(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "pg", "dep_1").encode()
-    assert [r["resource_id"] for r in (await queries.search(db, cursor=cursor))["items"]] == ["dep_3", "dep_2", "dep_1"]
+    cursor = resource_search.Cursor(datetime(1, 1, 1, 0, 0, 30, tzinfo=UTC), "pg", "dep_1").encode()
+    assert await resource_search.search(db, cursor=cursor) == {"items": [], "next_cursor": None}
+    cursor = resource_search.Cursor(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "pg", "dep_1").encode()
+    listed = (await resource_search.search(db, cursor=cursor))["items"]
+    assert [r["resource_id"] for r in listed] == ["dep_3", "dep_2", "dep_1"]
 
 
 async def test_a_resource_last_delivered_at_a_slices_edge_is_listed_once(db: asyncpg.Connection) -> None:
@@ -269,14 +270,14 @@ async def test_a_resource_last_delivered_at_a_slices_edge_is_listed_once(db: asy
     is exactly at the edge is listed by the newer slice only, its earlier deliveries in the older
     slice notwithstanding (the slices after a cursor start at its time: their edges are known)."""
     t = datetime(2026, 12, 1, 12, tzinfo=UTC)
-    first, longer, _ = queries.SLICES
+    first, longer, _ = resource_search.SLICES
     rows = [("x", "pg", "r_x", t), ("y1", "pg", "r_y", t - timedelta(seconds=first)),
             ("y2", "pg", "r_y", t - timedelta(seconds=first + 30)),
             ("z", "pg", "r_z", t - timedelta(seconds=first * (1 + longer)))]
     await db.executemany("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
                          "received_at, outcome) VALUES ($1, $2, $1, $3, 'x', $4, 'applied')", rows)
-    cursor = queries.Cursor(t, "pg", "r_x").encode()
-    listed = [(r["resource_id"], r["deliveries"]) for r in (await queries.search(db, cursor=cursor))["items"]]
+    cursor = resource_search.Cursor(t, "pg", "r_x").encode()
+    listed = [(r["resource_id"], r["deliveries"]) for r in (await resource_search.search(db, cursor=cursor))["items"]]
     assert listed == [("r_y", 2), ("r_z", 1)]
 
 
@@ -309,7 +310,7 @@ async def test_a_delivery_stored_between_two_slices_does_not_hide_its_resource(
 
     try:
         listing = Between()
-        items = (await queries.search(listing, limit=10))["items"]  # type: ignore[arg-type]
+        items = (await resource_search.search(listing, limit=10))["items"]  # type: ignore[arg-type]
         listed = [(r["resource_id"], r["last_at"], r["deliveries"]) for r in items]
         # as one statement at the first slice's snapshot would list them: r_old where it was, one delivery
         assert listing.slices >= 2 and listed == [("r_old", old, 1), ("r_other", old - timedelta(seconds=1), 1)]
@@ -322,15 +323,15 @@ async def test_a_listing_past_its_deadline_is_given_up_and_leaves_its_connection
     """All the slices together have the deadline of one statement: past it the read is cancelled, the
     snapshot rolled back, and the pooled connection serves the next request."""
     await _deliveries(db, 1, 3, "applied")
-    monkeypatch.setattr(queries, "LISTING_DEADLINE_S", 0.3)
+    monkeypatch.setattr(resource_search, "LISTING_DEADLINE_S", 0.3)
     locker = await connect(postgres.dsn, namespace)
     try:
         async with locker.transaction():
             await locker.execute("LOCK TABLE webhook_events IN ACCESS EXCLUSIVE MODE")
             with pytest.raises(TimeoutError):
-                await queries.search(db, limit=10)
+                await resource_search.search(db, limit=10)
         assert not db.is_in_transaction()
-        assert len((await queries.search(db, limit=10))["items"]) == 3
+        assert len((await resource_search.search(db, limit=10))["items"]) == 3
     finally:
         await locker.close()
 
@@ -341,13 +342,14 @@ async def test_a_listing_after_a_migration_changed_a_column_under_it_is_prepared
     does outside a transaction ("cached plan must not change result type"): the listing is read once
     more, not answered 500 once per pooled connection after a migration."""
     await _deliveries(db, 1, 3, "applied")
-    assert len((await queries.search(db, limit=10))["items"]) == 3  # its statements prepared and cached
+    assert len((await resource_search.search(db, limit=10))["items"]) == 3  # its statements prepared and cached
     migrating = await connect(postgres.dsn, namespace)
     try:
         await migrating.execute("ALTER TABLE webhook_events ALTER COLUMN resource_id TYPE varchar(512)")
     finally:
         await migrating.close()
-    assert [r["resource_id"] for r in (await queries.search(db, limit=10))["items"]] == ["dep_3", "dep_2", "dep_1"]
+    listed = (await resource_search.search(db, limit=10))["items"]
+    assert [r["resource_id"] for r in listed] == ["dep_3", "dep_2", "dep_1"]
 
 
 async def test_a_statement_made_stale_inside_a_transaction_is_answered_503_try_again(

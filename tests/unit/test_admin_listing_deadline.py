@@ -1,5 +1,5 @@
 """The newest-first listing has one deadline, whether or not it reads again after a statement a
-migration made stale (app/admin/queries.py _recent_in_snapshot): the second read gets what is left."""
+migration made stale (app/admin/resource_search.py _recent_in_snapshot): the second read gets what is left."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.admin import queries
+from app.admin import resource_search
 
 
 class StaleLate:
@@ -40,10 +40,10 @@ class StaleLate:
 
 
 async def test_the_read_made_again_gets_what_is_left_of_the_one_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(queries, "LISTING_DEADLINE_S", 0.7)
+    monkeypatch.setattr(resource_search, "LISTING_DEADLINE_S", 0.7)
     conn = StaleLate(slice_s=0.2)
     with pytest.raises(TimeoutError):
-        await queries._recent_in_snapshot(conn, None, 51, None)  # type: ignore[arg-type]
+        await resource_search._recent_in_snapshot(conn, None, 51, None)  # type: ignore[arg-type]
     # three slices (0.6 s) then the read again: 0.1 s left, its first slice given up. With a deadline
     # of its own the second read would have read four slices more.
     assert conn.transactions == 2 and conn.fetches == 4

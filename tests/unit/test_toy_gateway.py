@@ -78,7 +78,7 @@ def test_its_oracle_catches_a_reducer_that_breaks_the_version_guard() -> None:
 
 def test_the_console_replay_and_the_name_rule_take_it_in() -> None:
     assert "toy_things" in replay.compared()
-    assert "FROM toy_things" in queries._status_union()
+    assert "FROM toy_things" in queries.status_union()
     assert queries.parked_because("toy") == "a toy thing never waits"
     assert toy_gateway.TOY.state_queries() == [("thing", "SELECT * FROM toy_things WHERE id = $1")]
     # quoted only in tests/: nothing in app/ had to name it
