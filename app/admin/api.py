@@ -38,6 +38,12 @@ def _limit(request: web.Request, default: int = 50, most: int = 500) -> int:
     return int(raw)
 
 
+def _match(value: str | None) -> str:
+    if value and value not in resource_search.MATCHES:
+        raise Refused(400, f"match must be one of {', '.join(resource_search.MATCHES)}")
+    return value or "auto"
+
+
 def _gateway(value: str | None, required: bool = False) -> str | None:
     if not value:
         if required:
@@ -85,7 +91,7 @@ async def api_search(request: web.Request) -> web.Response:
         async with request.app[ADMIN].db() as conn:
             found = await resource_search.search(conn, _gateway(q.get("gateway")), text_param(request, "status"),
                                                  text_param(request, "q", resource_search.Q_MAX), _limit(request),
-                                                 text_param(request, "cursor", 2000))
+                                                 text_param(request, "cursor", 2000), _match(q.get("match")))
     except resource_search.BadCursor as exc:
         return problem(400, str(exc))
     return json_response(found)

@@ -4,8 +4,8 @@ Never on the webhook port. People sign in through OpenID Connect (app/admin/sign
 server-side sessions (sessions.py) with a role; the shared ``ORDERLY_ADMIN_TOKEN`` is break-glass.
 app/admin/guard.py enforces it on every route: without a credential ``/api/*`` answers 401 JSON and
 a page redirects to ``/login``; a role too low gets 403 (app/admin/auth.py says which role a route needs). Reads
-go through app/admin/queries.py, actions through app/admin/actions.py (each one audited), the same
-functions the operator commands call. The API is app/admin/api.py's, the console's pages
+go through app/admin/queries.py (the search: resource_search.py), actions through app/admin/actions.py
+(each one audited), the same functions the operator commands call. The API is app/admin/api.py's, the console's pages
 app/admin/console.py's. Its /metrics is served apart, on ``ORDERLY_METRICS_HOST:ORDERLY_METRICS_PORT``
 like every process's (DESIGN.md §7), so the admin port answers nothing without a credential but
 sign-in and health. Each admin process purges ended and expired sessions every few minutes.

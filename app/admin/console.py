@@ -104,7 +104,8 @@ async def resources(request: web.Request) -> web.Response:
     cursor = q.get("cursor") or None
     try:
         async with request.app[ADMIN].db() as conn:
-            found = await resource_search.search(conn, gateway, q.get("status") or None, text, 50, cursor)
+            match = "part" if q.get("match") == "part" else "auto"
+            found = await resource_search.search(conn, gateway, q.get("status") or None, text, 50, cursor, match)
             # said on the first page: a delivery id searched for that was set aside, with its redrives
             redrives = await resource_search.set_aside(conn, text, gateway) if text and not cursor else None
     except resource_search.BadCursor as exc:
@@ -112,8 +113,10 @@ async def resources(request: web.Request) -> web.Response:
     more = None
     if found["next_cursor"]:
         more = "/resources?" + urlencode({k: v for k, v in {**q, "cursor": found["next_cursor"]}.items() if v})
+    part = "/resources?" + urlencode({k: v for k, v in {**q, "match": "part", "cursor": ""}.items() if v})
     return render(request, "resources.html", items=found["items"], more=more, query=dict(q),
-                  set_aside=None if redrives is None else (text, redrives))
+                  set_aside=None if redrives is None else (text, redrives),
+                  whole=part if found["match"] == "whole" and not cursor else None)
 
 
 async def resource(request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from app.admin import queries
 from app.admin.context import Admin
-from app.gateways.limits import id_error
+from app.gateways.limits import DELIVERY_ID_MAX, ID_MAX, id_error
 from app.problem import CONTENT_TYPE, problem_bytes
 from app.producer import KeyedProducer
 from app.waits import within
@@ -70,9 +70,9 @@ def text_param(request: web.Request, name: str, most: int = 200) -> str | None:
 
 def path_id(request: web.Request, name: str) -> str:
     """An id from the path, within the ingest's limits for ids (so a NUL or 6,000 characters get
-    400 here, not a database error)."""
+    400 here, not a database error); a delivery id within the longest Orderly makes."""
     value = request.match_info[name]
-    if error := id_error(name, value):
+    if error := id_error(name, value, DELIVERY_ID_MAX if name == "delivery_id" else ID_MAX):
         raise Refused(400, error)
     return value
 

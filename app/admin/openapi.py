@@ -69,8 +69,11 @@ def admin_paths() -> dict[str, Json]:
             parameters=[query("gateway", "only this gateway", {"type": "string", "enum": gateways}),
                         query("status", "the resource's status (e.g. paid, captured), or `parked`",
                               {"type": "string", "maxLength": 200}),
-                        query("q", "a whole resource id, gateway event id or delivery id, else part of a resource id",
+                        query("q", "a whole resource id, gateway event id or delivery id (that id's resources "
+                              "only), else part of a resource id",
                               {"type": "string", "maxLength": resource_search.Q_MAX}),
+                        query("match", "`part`: q is part of a resource id even when it is a whole id too",
+                              {"type": "string", "enum": list(resource_search.MATCHES), "default": "auto"}),
                         LIMIT, query("cursor", "next_cursor of the previous page", {"type": "string"})])},
         "/api/resources/{gateway}/{resource_id}": {"get": _api(
             "getResource", "current state, the decision timeline and the effects emitted",

@@ -6,9 +6,10 @@ Three ways, each for what the reader gave:
 - **A whole id** (a resource id, a gateway event id or a delivery id: what an on-call engineer has
   from a log line, the ingest's answer, an effect's ``caused_by`` or the gateway's dashboard) is
   found through the indexes on ``webhook_events``, at any size of the history (under 2 ms at three
-  million deliveries, where grouping them all took 0.4 s).
-- **Part of a resource id**, when no whole id matches, or a status alone: every delivery is read
-  and grouped (0.4 s at three million), within the request's deadline.
+  million deliveries, where grouping them all took 0.4 s). It lists that id's resources only (a
+  status filters them), not those whose ids hold it.
+- **Part of a resource id**, when no whole id matches or when asked (``match`` "part"), or a status
+  alone: every delivery is read and grouped (0.4 s at three million), within the request's deadline.
 - **Nothing**: newest first, read back in time a slice at a time (:func:`_recent`).
 """
 
@@ -29,7 +30,7 @@ from app.pg_pool import prepared_anew
 from projections.bulk import Conn
 
 # The longest id a search may hold: the longest id Orderly makes, a fetched event's delivery id
-# (fetch-<event id of at most 200 characters>~<12 hex digits>), with room to spare.
+# (limits.DELIVERY_ID_MAX, 219 characters), with room to spare.
 Q_MAX = 256
 
 # The resources of which ``$2`` is the whole resource id, an event id or a delivery id, of one of the
@@ -43,7 +44,7 @@ SELECT gateway, resource_id FROM webhook_events
 UNION
 SELECT gateway, resource_id FROM webhook_events
  WHERE delivery_id = $2 AND gateway = ANY($1::text[]) AND resource_id IS NOT NULL"""
-WHOLE_ID = f"SELECT EXISTS ({_WHOLE})"
+WHOLE_ID = f"SELECT EXISTS ({_WHOLE.replace('UNION', 'UNION ALL')})"  # any row: none deduplicated
 # Their rows, each resource counted through its own index entries, its status from its state table
 # (built from the registry: queries.status_union), newest first; the cursor is the last row's (time,
 # gateway, id).
@@ -122,24 +123,30 @@ class BadCursor(ValueError):
     """A search cursor that this API did not hand out."""
 
 
+MATCHES = ("auto", "part")  # a whole id if q is one, else part of a resource id; part of a resource id only
+
+
 @dataclass(frozen=True)
 class Cursor:
     last_at: datetime
     gateway: str
     resource_id: str
+    match: str | None = None  # how the first page matched q ("whole" or "part"): the next pages match so too
 
     def encode(self) -> str:
-        raw = orjson.dumps([self.last_at.isoformat(), self.gateway, self.resource_id])
+        raw = orjson.dumps([self.last_at.isoformat(), self.gateway, self.resource_id,
+                            *([self.match] if self.match else [])])
         return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     @classmethod
     def decode(cls, text: str) -> Cursor:
         try:
-            at, gateway, resource_id = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            at, gateway, resource_id, *match = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
             last_at = datetime.fromisoformat(at).astimezone(UTC)  # out of range: OverflowError
-            if not (isinstance(gateway, str) and isinstance(resource_id, str)) or "\x00" in gateway + resource_id:
+            if not (isinstance(gateway, str) and isinstance(resource_id, str)) or "\x00" in gateway + resource_id \
+                    or match not in ([], ["whole"], ["part"]):
                 raise ValueError("not a cursor")
-            return cls(last_at, gateway, resource_id)
+            return cls(last_at, gateway, resource_id, *match)
         except (ValueError, TypeError, OverflowError, binascii.Error, orjson.JSONDecodeError):
             raise BadCursor("cursor is not one this API handed out") from None
 
@@ -149,14 +156,20 @@ def _like(text: str) -> str:
 
 
 async def search(conn: Conn, gateway: str | None = None, status: str | None = None, q: str | None = None,
-                 limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+                 limit: int = 50, cursor: str | None = None, match: str = "auto") -> dict[str, Any]:
     """Resources, newest delivery first; ``next_cursor`` continues after the last one (None: no more).
-    ``q`` is a whole resource id, event id or delivery id, or else part of a resource id."""
+    ``q`` (``match`` "auto") is a whole resource id, event id or delivery id, else part of a resource
+    id; with ``match`` "part", part of a resource id. ``match`` in the answer says which it was, and
+    the next pages keep to it."""
     after = Cursor.decode(cursor) if cursor else None
     at = (after.last_at, after.gateway, after.resource_id) if after else (None, None, None)
     gateway, status = gateway or None, status or None
     gateways = [gateway] if gateway else list(registry.GATEWAYS)
-    if q and await conn.fetchval(WHOLE_ID, gateways, q):
+    matched = None
+    if q:
+        matched = after.match if after and after.match else "part" if match == "part" else \
+            "whole" if await conn.fetchval(WHOLE_ID, gateways, q) else "part"
+    if matched == "whole":
         rows = await conn.fetch(BY_WHOLE_ID.format(statuses=status_union()), gateways, q, status, *at, limit + 1)
     elif q or status:
         rows = await conn.fetch(SEARCH.format(statuses=status_union()), gateway, status, _like(q) if q else None,
@@ -164,10 +177,9 @@ async def search(conn: Conn, gateway: str | None = None, status: str | None = No
     else:
         rows = await _recent_in_snapshot(conn, gateway, limit + 1, after)
     items = [dict(r) for r in rows[:limit]]
-    more = len(rows) > limit
-    last = items[-1] if items and more else None
-    return {"items": items,
-            "next_cursor": Cursor(last["last_at"], last["gateway"], last["resource_id"]).encode() if last else None}
+    last = items[-1] if items and len(rows) > limit else None
+    return {"items": items, "match": matched, "next_cursor": Cursor(
+        last["last_at"], last["gateway"], last["resource_id"], matched).encode() if last else None}
 
 
 async def set_aside(conn: Conn, q: str, gateway: str | None) -> int | None:

@@ -18,6 +18,8 @@ import orjson
 from msgspec import Meta
 
 ID_MAX = 200
+# The longest delivery id Orderly makes: a fetched event's, fetch-<event id>~<12 hex digits> (app/fetcher.py)
+DELIVERY_ID_MAX = len("fetch-") + ID_MAX + len("~") + 12
 DEPTH_MAX = 32
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SMALLINT_MAX = 2**15 - 1  # PostgreSQL smallint: pg_withdrawal_fills.sequence, pg_withdrawals.settled_splits
@@ -82,12 +84,12 @@ _SHAPE = msgspec.json.Decoder(float_hook=FLOAT_HOOK)
 _NUL = b"\\u0000"  # the only way a NUL reaches a JSON string; PostgreSQL text and jsonb refuse it
 
 
-def id_error(field: str, value: Any) -> str | None:
-    """Why ``value`` is not an id (1-200 printable characters, no NUL), or None if it is one."""
+def id_error(field: str, value: Any, most: int = ID_MAX) -> str | None:
+    """Why ``value`` is not an id (1-``most`` printable characters, no NUL), or None if it is one."""
     if not isinstance(value, str):
         return f"{field}: expected a string id, got {type(value).__name__}"
-    if not 1 <= len(value) <= ID_MAX:
-        return f"{field}: an id has 1-{ID_MAX} characters, got {len(value)}"
+    if not 1 <= len(value) <= most:
+        return f"{field}: an id has 1-{most} characters, got {len(value)}"
     if not value.isprintable():  # NUL, other control characters, line breaks
         return f"{field}: an id has printable characters only"
     if value in (".", ".."):

@@ -259,7 +259,7 @@ async def test_it_lists_the_same_in_a_database_of_another_collation(en_us_postgr
 async def test_a_cursor_at_either_end_of_the_calendar_is_answered(db: asyncpg.Connection) -> None:
     await _deliveries(db, 1, 3, "applied")
     cursor = resource_search.Cursor(datetime(1, 1, 1, 0, 0, 30, tzinfo=UTC), "pg", "dep_1").encode()
-    assert await resource_search.search(db, cursor=cursor) == {"items": [], "next_cursor": None}
+    assert await resource_search.search(db, cursor=cursor) == {"items": [], "match": None, "next_cursor": None}
     cursor = resource_search.Cursor(datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), "pg", "dep_1").encode()
     listed = (await resource_search.search(db, cursor=cursor))["items"]
     assert [r["resource_id"] for r in listed] == ["dep_3", "dep_2", "dep_1"]

@@ -6,20 +6,25 @@ aside and links to it in the quarantine."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import asyncpg
+import orjson
+import pytest
 from markupsafe import escape
 
 from app.admin import queries, resource_search
+from app.gateways.limits import DELIVERY_ID_MAX, ID_MAX
 from app.stack.postgres import PostgresServer
 from tests.integration.test_admin_auth_sessions import served
 from tests.support import admin_token, make_settings
 
 ODD = 'd/odd?"<b>#x'  # a delivery id set aside that a link must encode and a page escape
+LONGEST = f"fetch-{'e' * ID_MAX}~{'0' * 12}"  # a fetched event's delivery id, as long as the fetcher makes one
 
 
 async def _stored(db: asyncpg.Connection) -> None:
@@ -31,7 +36,8 @@ async def _stored(db: asyncpg.Connection) -> None:
                      "VALUES ('dep_ab', 1, 'pending', 'o', 'u'), ('dep_x', 2, 'slip_received', 'o', 'u')")
     await db.executemany("INSERT INTO quarantine (delivery_id, gateway, resource_id, stage, reason, body, redrives) "
                          "VALUES ($1, $2, NULL, 'ingest', 'unroutable', '\\x7b7d', $3)",
-                         [("d-set-aside", "pg", 0), (ODD, "pg", 0), ("d-redriven", "pg", 2), ("d-card", "card", 0)])
+                         [("d-set-aside", "pg", 0), (ODD, "pg", 0), ("d-redriven", "pg", 2), ("d-card", "card", 0),
+                          (LONGEST, "stripe", 0)])
 
 
 async def found(db: asyncpg.Connection, text: str, **filters: Any) -> list[tuple[str, int]]:
@@ -52,6 +58,38 @@ async def test_a_whole_id_finds_its_resource_and_part_of_a_resource_id_the_resou
     assert await found(db, "d-dep_x-0", status="slip_received") == [("dep_x", 2)]
     assert await found(db, "d-dep_x-0", status="pending") == []
     assert await found(db, "evt_dep_x_0", status="parked") == [("dep_x", 2)]
+    assert await found(db, "dep_ab", status="pending") == [("dep_ab", 2)]
+    assert await found(db, "dep_ab", status="slip_received") == []  # a whole id's resources only, then filtered
+    assert await found(db, "dep_ab", match="part") == [("dep_ab", 2), ("dep_abc", 2)]  # asked: the ids holding it
+    assert (await resource_search.search(db, q="dep_ab"))["match"] == "whole"
+    assert (await resource_search.search(db, q="p_ab"))["match"] == "part"
+    assert (await resource_search.search(db))["match"] is None
+
+
+async def test_the_next_pages_match_as_the_first(db: asyncpg.Connection) -> None:
+    """A cursor keeps how its first page matched: a resource stored meanwhile whose id is the text
+    searched does not turn the next page into a whole-id search that ends the listing."""
+    rows = [(f"d-{rid}", f"e-{rid}", rid) for rid in ("zz_1_a", "zz_1_b", "zz_1_c")]
+    await db.executemany("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
+                         "received_at, outcome) VALUES ($1, 'pg', $2, $3, 'x', now() - interval '10 minutes' "
+                         "+ make_interval(secs => ascii(right($3, 1))), 'applied')", rows)
+    first = await resource_search.search(db, q="zz_1", limit=1)
+    assert [r["resource_id"] for r in first["items"]] == ["zz_1_c"] and first["match"] == "part"
+    await db.execute("INSERT INTO webhook_events (delivery_id, gateway, event_id, resource_id, event_type, "
+                     "received_at, outcome) VALUES ('d-zz_1', 'pg', 'e-zz_1', 'zz_1', 'x', now(), 'applied')")
+    listed, cursor = [], first["next_cursor"]
+    while cursor:
+        page = await resource_search.search(db, q="zz_1", limit=1, cursor=cursor)
+        listed += [r["resource_id"] for r in page["items"]]
+        cursor = page["next_cursor"]
+    assert listed == ["zz_1_b", "zz_1_a"]
+    assert (await resource_search.search(db, q="zz_1"))["match"] == "whole"  # a new search: the whole id now
+    before = resource_search.Cursor(datetime.now(UTC), "pg", "zz_9")  # as handed out before cursors said how
+    old = base64.urlsafe_b64encode(orjson.dumps([before.last_at.isoformat(), "pg", "zz_9"])).decode().rstrip("=")
+    assert resource_search.Cursor.decode(old) == before
+    for odd in (["x", "pg", "a"], [before.last_at.isoformat(), "pg", "a", "sideways"]):
+        with pytest.raises(resource_search.BadCursor):
+            resource_search.Cursor.decode(base64.urlsafe_b64encode(orjson.dumps(odd)).decode())
 
 
 async def test_a_whole_id_is_read_through_the_indexes_in_a_generic_plan_too(db: asyncpg.Connection) -> None:
@@ -95,3 +133,18 @@ async def test_the_console_points_at_a_delivery_set_aside(postgres: PostgresServ
         assert "was set aside" not in await page(q="d-set-aside", cursor=later)  # said on the first page only
         listed = await page(q="d-dep_x-0")
         assert "/resources/pg/dep_x" in listed and "was set aside" not in listed
+        whole = await page(q="dep_ab")
+        assert "The resources of this whole id" in whole and "/resources/pg/dep_abc" not in whole
+        assert 'href="/resources?q=dep_ab&amp;match=part"' in whole
+        ids = await page(q="dep_ab", match="part")
+        assert "/resources/pg/dep_abc" in ids and "The resources of this whole id" not in ids
+        async with http.get(f"{url}/api/resources", params={"q": "dep_ab", "match": "part"}) as resp:
+            body = await resp.json()
+            assert resp.status == 200 and body["match"] == "part" and len(body["items"]) == 2, body
+        async with http.get(f"{url}/api/resources", params={"q": "dep_ab", "match": "exact"}) as resp:
+            assert resp.status == 400 and "match must be one of auto, part" in await resp.text()
+        assert len(LONGEST) == DELIVERY_ID_MAX
+        async with http.get(f"{url}/api/quarantine/{quote(LONGEST, safe='')}") as resp:
+            assert resp.status == 200, await resp.text()  # the longest delivery id Orderly makes: viewable
+        async with http.get(f"{url}/api/quarantine/{quote(LONGEST + 'x', safe='')}") as resp:
+            assert resp.status == 400
