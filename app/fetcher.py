@@ -63,6 +63,12 @@ def fetching(settings: Settings) -> list[tuple[Gateway, Fetch, str]]:
     return found
 
 
+def fetched_delivery_id(event_id: str) -> str:
+    """A fetched answer's delivery id: its event id and 12 random hex digits (each fetch is a delivery
+    of its own); at most limits.DELIVERY_ID_MAX characters, the admin's limit for a delivery id."""
+    return f"fetch-{event_id}~{uuid.uuid4().hex[:12]}"
+
+
 class BackfillUnavailable(Exception):
     """The gateway's events API did not answer usefully: the gap is requested again later."""
 
@@ -221,7 +227,7 @@ class Fetcher:
             await self.set_aside(name, key, body, f"fetch-{event_id}", problem)
             return 0
         self._answered(key, event_id)
-        delivery_id = f"fetch-{event_id}~{uuid.uuid4().hex[:12]}"
+        delivery_id = fetched_delivery_id(event_id)
         await self.producer.send_and_wait(names(self.settings.namespace).raw, key.encode(), body,
                                           raw_headers(name, delivery_id, int(time.time() * 1000), source="fetch"))
         self.metrics.fetches.labels(name, "synced").inc()

@@ -14,8 +14,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from app.fetcher import Fetcher
+from app.fetcher import Fetcher, fetched_delivery_id
 from app.gateways import registry
+from app.gateways.limits import DELIVERY_ID_MAX, ID_MAX, id_error
 from tests.pg_events import deposit
 from tests.support import make_settings, serve_in_thread
 
@@ -69,3 +70,13 @@ async def test_a_backfilled_event_past_the_limits_is_set_aside_and_the_rest_appe
     assert (found["stage"], found["topic"], found["source"], found["resource_key"]) == (
         b"fetcher", b"unit.raw", b"fetch", b"pg:dep_lim")
     assert fetcher.metrics.set_aside.labels("fetcher", "pg")._value.get() == 1
+
+
+def test_a_fetched_delivery_id_is_within_the_admins_limit_for_delivery_ids() -> None:
+    """The console and the API view and redrive a quarantined delivery by its id: the longest the
+    fetcher makes (an event id as long as the ingest takes) is within their limit, exactly."""
+    longest = fetched_delivery_id("e" * ID_MAX)
+    assert len(longest) == DELIVERY_ID_MAX and id_error("delivery_id", longest, DELIVERY_ID_MAX) is None
+    assert id_error("delivery_id", longest + "x", DELIVERY_ID_MAX) is not None
+    assert id_error("delivery_id", longest) is not None  # longer than any gateway's id
+    assert fetched_delivery_id("evt_1") != fetched_delivery_id("evt_1")  # each fetch a delivery of its own
