@@ -63,10 +63,11 @@ def fetching(settings: Settings) -> list[tuple[Gateway, Fetch, str]]:
     return found
 
 
-def fetched_delivery_id(event_id: str) -> str:
-    """A fetched answer's delivery id: its event id and 12 random hex digits (each fetch is a delivery
-    of its own); at most limits.DELIVERY_ID_MAX characters, the admin's limit for a delivery id."""
-    return f"fetch-{event_id}~{uuid.uuid4().hex[:12]}"
+def fetched_delivery_id(event_id: str, each: bool = True) -> str:
+    """The delivery id of what the fetcher appends or sets aside: its event id, and with ``each`` 12
+    random hex digits (each fetched answer a delivery of its own; without, the same event one id: one
+    quarantined record, one backfilled delivery). Within limits.DELIVERY_ID_MAX, the admin's limit."""
+    return f"fetch-{event_id}~{uuid.uuid4().hex[:12]}" if each else f"fetch-{event_id}"
 
 
 class BackfillUnavailable(Exception):
@@ -224,7 +225,7 @@ class Fetcher:
                       extra={"gateway": name, "resource_id": resource_id})
             self.metrics.fetches.labels(name, "unusable").inc()
             self._answered(key, "unusable")  # asked again later and later; the same answer is one quarantined record
-            await self.set_aside(name, key, body, f"fetch-{event_id}", problem)
+            await self.set_aside(name, key, body, fetched_delivery_id(event_id, each=False), problem)
             return 0
         self._answered(key, event_id)
         delivery_id = fetched_delivery_id(event_id)
@@ -274,11 +275,13 @@ class Fetcher:
                     reason = route.quarantine_reason or "refused"
                     log.error("backfilled %s event %s set aside: %s", name, event.get("id"), reason)
                     await self.set_aside(name, route.resource_hint, raw,
-                                         f"fetch-{route.event_id or uuid.uuid4().hex[:12]}", reason)
+                                         fetched_delivery_id(route.event_id or uuid.uuid4().hex[:12], each=False),
+                                         reason)
                     continue
                 await self.producer.send_and_wait(
                     names(self.settings.namespace).raw, route.resource_key.encode(), raw,
-                    raw_headers(name, f"fetch-{route.event_id}", int(time.time() * 1000), source="fetch"))
+                    raw_headers(name, fetched_delivery_id(str(route.event_id), each=False), int(time.time() * 1000),
+                                source="fetch"))
                 self.metrics.fetches.labels(name, "synced").inc()
                 appended += 1
             last = int(page[-1]["sequence"])

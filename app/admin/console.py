@@ -180,7 +180,9 @@ async def effects(request: web.Request) -> web.Response:
         state = "dead"
     async with request.app[ADMIN].db() as conn:
         items = await queries.effects(conn, state, 200)
-        counts = await queries.effect_counts(conn)
+        counted = await queries.effect_counts(conn)
+    cap = queries.EFFECT_COUNT_CAP
+    counts = {name: f"{cap:,}+" if n > cap else f"{n:,}" for name, n in counted.items()}  # "1,234", "100,000+"
     return render(request, "effects.html", items=items, state=state, counts=counts, most=bulk.MOST_PER_CALL)
 
 

@@ -205,12 +205,11 @@ async def effects(conn: Conn, state: str, limit: int = 100) -> list[dict[str, An
     return [{**dict(r), "status": state} for r in await conn.fetch(EFFECTS[state], limit)]
 
 
-async def effect_counts(conn: Conn) -> dict[str, str]:
-    """The effects page's tabs: each state's count as shown ("1,234"), or "100,000+" past the cap."""
-    cap = EFFECT_COUNT_CAP
-    counted = await conn.fetchrow(EFFECT_COUNTS, cap + 1)
+async def effect_counts(conn: Conn) -> dict[str, int]:
+    """The effects page's tabs: each state's count, EFFECT_COUNT_CAP + 1 for any count past the cap."""
+    counted = await conn.fetchrow(EFFECT_COUNTS, EFFECT_COUNT_CAP + 1)
     assert counted is not None  # a SELECT of subqueries: always one row
-    return {name: f"{cap:,}+" if n > cap else f"{n:,}" for name, n in counted.items()}
+    return dict(counted.items())
 
 
 async def audit_log(conn: Conn, limit: int = 50, actor: str | None = None,

@@ -26,12 +26,12 @@ import orjson
 
 from app.admin.queries import status_union
 from app.gateways import registry
+from app.gateways.limits import DELIVERY_ID_MAX
 from app.pg_pool import prepared_anew
 from projections.bulk import Conn
 
-# The longest id a search may hold: the longest id Orderly makes, a fetched event's delivery id
-# (limits.DELIVERY_ID_MAX, 219 characters), with room to spare.
-Q_MAX = 256
+# The longest id a search may hold: any delivery id the admin takes (app/gateways/limits.py).
+Q_MAX = DELIVERY_ID_MAX
 
 # The resources of which ``$2`` is the whole resource id, an event id or a delivery id, of one of the
 # gateways ``$1``: one probe of an index each (webhook_events' (gateway, resource_id, received_at),

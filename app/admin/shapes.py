@@ -150,7 +150,7 @@ class ResourceSummary(Shape):
 
 class ResourcePage(Shape):
     items: list[ResourceSummary]
-    match: str | None  # how q matched: "whole" (a whole id's resources) or "part" (ids holding it); null: no q
+    match: Literal["whole", "part"] | None  # how q matched: a whole id's resources, or the ids holding it; null: no q
     next_cursor: str | None  # null: no more
 
 

@@ -18,8 +18,10 @@ import orjson
 from msgspec import Meta
 
 ID_MAX = 200
-# The longest delivery id Orderly makes: a fetched event's, fetch-<event id>~<12 hex digits> (app/fetcher.py)
-DELIVERY_ID_MAX = len("fetch-") + ID_MAX + len("~") + 12
+# A delivery id the admin takes (its paths, its search): room for every one Orderly makes. The longest
+# are the fetcher's, fetch-<event id>~<12 hex digits>, and card's fetched event ids run to about 270
+# characters (app/gateways/card.py synced_body; tests/unit/test_fetch_limits.py checks each gateway's).
+DELIVERY_ID_MAX = 512
 DEPTH_MAX = 32
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SMALLINT_MAX = 2**15 - 1  # PostgreSQL smallint: pg_withdrawal_fills.sequence, pg_withdrawals.settled_splits

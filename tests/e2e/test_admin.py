@@ -536,7 +536,7 @@ HOSTILE_GETS = [
     "/api/resources?q=%00", "/api/resources?status=%00", "/api/quarantine?stage=%00", "/api/quarantine/%00",
     "/api/resources/pg/%00", "/api/resources?limit=%C2%B2", "/api/parked?limit=%C2%B2", "/api/effects?limit=%C2%B2",
     "/api/audit?limit=%C2%B2", "/api/quarantine?limit=%C2%B2", "/api/gaps?limit=%C2%B2",
-    "/api/resources?q=" + "x" * 300, "/api/resources?cursor=" + "A" * 3000,
+    "/api/resources?q=" + "x" * 600, "/api/resources?cursor=" + "A" * 3000,
 ]
 
 

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 
 from app.fetcher import Fetcher, fetched_delivery_id
-from app.gateways import registry
-from app.gateways.limits import DELIVERY_ID_MAX, ID_MAX, id_error
+from app.gateways import card, registry
+from app.gateways.limits import DELIVERY_ID_MAX, ID_MAX, INT64_MAX, id_error
 from tests.pg_events import deposit
 from tests.support import make_settings, serve_in_thread
 
@@ -72,11 +72,19 @@ async def test_a_backfilled_event_past_the_limits_is_set_aside_and_the_rest_appe
     assert fetcher.metrics.set_aside.labels("fetcher", "pg")._value.get() == 1
 
 
+
 def test_a_fetched_delivery_id_is_within_the_admins_limit_for_delivery_ids() -> None:
-    """The console and the API view and redrive a quarantined delivery by its id: the longest the
-    fetcher makes (an event id as long as the ingest takes) is within their limit, exactly."""
-    longest = fetched_delivery_id("e" * ID_MAX)
-    assert len(longest) == DELIVERY_ID_MAX and id_error("delivery_id", longest, DELIVERY_ID_MAX) is None
-    assert id_error("delivery_id", longest + "x", DELIVERY_ID_MAX) is not None
-    assert id_error("delivery_id", longest) is not None  # longer than any gateway's id
-    assert fetched_delivery_id("evt_1") != fetched_delivery_id("evt_1")  # each fetch a delivery of its own
+    """The console and the API view, redrive and search a delivery by its id: the longest the fetcher
+    makes is within their limit. A fetched event id is the longest a gateway's webhook carries or
+    card's synced id (an id as long as the ingest takes, the longest state, the largest totals);
+    Stripe's synced id is cut to 100 characters of its PaymentIntent id and a hash."""
+    card_synced = orjson.loads(card.synced_event("r" * ID_MAX, {
+        "state": max(card.FETCHED_STATES, key=len), "currency": "EUR",
+        **dict.fromkeys(("authorised_minor", "captured_minor", "refunded_minor"), INT64_MAX)}, 0))["id"]
+    longest = max(["e" * ID_MAX, card_synced], key=len)
+    assert len(card_synced) > ID_MAX  # card's are the longest: the limit is not the ingest's
+    for each in (True, False):
+        assert id_error("delivery_id", fetched_delivery_id(longest, each), DELIVERY_ID_MAX) is None
+    assert id_error("delivery_id", "d" * (DELIVERY_ID_MAX + 1), DELIVERY_ID_MAX) is not None
+    assert fetched_delivery_id("evt_1") != fetched_delivery_id("evt_1")  # each fetched answer a delivery of its own
+    assert fetched_delivery_id("evt_1", each=False) == fetched_delivery_id("evt_1", each=False) == "fetch-evt_1"
